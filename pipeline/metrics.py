@@ -1,0 +1,150 @@
+"""Counters collected on the executors and the end-of-run summary built from them.
+
+Executors count into a plain nested dict of numbers (rows, tokens, padded
+tokens, batches, seconds, model loads per worker, batch-size histogram); Spark
+merges those dicts with :func:`merge_counts` through an accumulator. Pure
+Python: no pyspark import.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+__all__ = ["RunSummary", "WorkerCounts", "merge_counts"]
+
+Counts = dict[str, Any]
+
+
+def merge_counts(into: Counts, other: Mapping[str, Any]) -> Counts:
+    """Add ``other`` into ``into`` key by key (numbers sum, dicts merge recursively); returns ``into``."""
+    for key, value in other.items():
+        if isinstance(value, Mapping):
+            merge_counts(into.setdefault(key, {}), value)
+        else:
+            into[key] = into.get(key, 0) + value
+    return into
+
+
+class WorkerCounts:
+    """What one Python worker counts while it scores one Spark task's chunks."""
+
+    def __init__(self) -> None:
+        self.counts: Counts = {}
+
+    def add(self, name: str, value: float = 1) -> None:
+        self.counts[name] = self.counts.get(name, 0) + value
+
+    def add_batch(self, *, rows: int, tokens: int, padded_tokens: int) -> None:
+        self.add("batches")
+        self.add("tokens", tokens)
+        self.add("padded_tokens", padded_tokens)
+        sizes = self.counts.setdefault("batch_sizes", {})
+        sizes[str(rows)] = sizes.get(str(rows), 0) + 1
+
+    def add_status(self, statuses: Mapping[str, int]) -> None:
+        merge_counts(self.counts.setdefault("status", {}), statuses)
+
+    def merge(self, other: Mapping[str, Any]) -> None:
+        merge_counts(self.counts, other)
+
+
+@dataclass
+class RunSummary:
+    """What a run did, printed at the end and returned to the caller."""
+
+    job: str
+    run_id: str
+    ds: str
+    rows_in: int
+    rows_out: int
+    status: dict[str, int]
+    seconds: float
+    tokens: int
+    padded_tokens: int
+    batches: int
+    model_loads: dict[str, int]
+    model_name: str
+    model_revision: str
+    output: str
+    delta_version: int | None
+    writer: str
+    batch_sizes: dict[str, int] = field(default_factory=dict)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def rows_flagged(self) -> int:
+        return sum(n for s, n in self.status.items() if s != "ok")
+
+    @property
+    def docs_per_s(self) -> float:
+        return self.rows_out / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def padding_efficiency(self) -> float:
+        return self.tokens / self.padded_tokens if self.padded_tokens else 1.0
+
+    @property
+    def complete(self) -> bool:
+        return self.rows_in == self.rows_out
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(
+            rows_flagged=self.rows_flagged,
+            docs_per_s=round(self.docs_per_s, 2),
+            tokens_per_s=round(self.tokens_per_s, 2),
+            padding_efficiency=round(self.padding_efficiency, 4),
+            complete=self.complete,
+        )
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str)
+
+    def render(self) -> str:
+        """A human-readable end-of-run report."""
+        loads = self.model_loads
+        load_line = (
+            f"{sum(loads.values())} load(s) in {len(loads)} worker(s); "
+            f"max {max(loads.values())} per worker" if loads else "none (no rows reached a worker)"
+        )
+        status = ", ".join(f"{k}={v}" for k, v in sorted(self.status.items())) or "-"
+        check = "OK: every input row written once" if self.complete else (
+            f"MISMATCH: {self.rows_in} rows in, {self.rows_out} rows out"
+        )
+        lines = [
+            f"== {self.job} run {self.run_id} (ds {self.ds}) ==",
+            f"rows in / out / flagged : {self.rows_in:,} / {self.rows_out:,} / {self.rows_flagged:,}   [{check}]",
+            f"row status              : {status}",
+            f"time                    : {self.seconds:,.1f} s",
+            f"throughput              : {self.docs_per_s:,.1f} docs/s, {self.tokens_per_s:,.0f} tokens/s",
+            f"padding efficiency      : {self.padding_efficiency:.3f} "
+            f"({self.tokens:,} real / {self.padded_tokens:,} padded tokens in {self.batches:,} batches)",
+            f"model                   : {self.model_name} @ {self.model_revision}",
+            f"model loads             : {load_line}",
+            f"output                  : {self.output} (Delta version {self.delta_version}, {self.writer} writer)",
+        ]
+        for row in self.samples:
+            lines.append("sample                  : " + _short(row))
+        return "\n".join(lines)
+
+
+def _short(row: Mapping[str, Any], width: int = 160) -> str:
+    parts = []
+    for key, value in row.items():
+        if isinstance(value, float):
+            value = round(value, 4)
+        elif isinstance(value, (list, tuple)) and len(value) > 4:
+            value = f"[{len(value)} values]"
+        elif isinstance(value, dict):
+            value = {k: round(v, 3) if isinstance(v, float) else v for k, v in value.items()}
+        text = str(value)
+        parts.append(f"{key}={text[:60] + '…' if len(text) > 60 else text}")
+    line = " ".join(parts)
+    return line if len(line) <= width else line[: width - 1] + "…"

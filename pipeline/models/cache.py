@@ -1,0 +1,46 @@
+"""The per-worker model cache: load once per Python worker process, reuse for every task.
+
+It must live in an importable module: a function defined in ``__main__`` is
+pickled by value with its globals, so a cache there would arrive empty in
+every task.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from typing import Any, Callable, Hashable
+
+__all__ = ["clear", "get_or_load", "load_count", "worker_id"]
+
+_models: dict[Hashable, Any] = {}
+_loads: dict[Hashable, int] = {}
+_lock = threading.Lock()
+
+
+def worker_id() -> str:
+    """``host:pid`` of this Python worker, for per-worker counts."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def get_or_load(key: Hashable, factory: Callable[[], Any]) -> tuple[Any, bool]:
+    """The cached object for ``key``, calling ``factory()`` the first time; ``(obj, loaded_now)``."""
+    with _lock:
+        if key in _models:
+            return _models[key], False
+        obj = factory()
+        _models[key] = obj
+        _loads[key] = _loads.get(key, 0) + 1
+        return obj, True
+
+
+def load_count(key: Hashable | None = None) -> int:
+    """How many times ``key`` (or anything, when None) was loaded in this process."""
+    return sum(_loads.values()) if key is None else _loads.get(key, 0)
+
+
+def clear() -> None:
+    """Drop every cached model (tests; freeing accelerator memory)."""
+    with _lock:
+        _models.clear()

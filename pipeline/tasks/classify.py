@@ -1,0 +1,54 @@
+"""``classify``: a sequence classifier's probability per label, top label and top score."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.tasks._torch import forward, label_map_array
+from pipeline.tasks.base import TextTask
+
+__all__ = ["ClassifyTask"]
+
+
+class ClassifyTask(TextTask):
+    """Softmax over the model's labels (sigmoid per label with ``multi_label``); names from ``id2label``."""
+
+    kind: ClassVar[str] = "classify"
+    model_kind: ClassVar[str] = "classify"
+
+    def result_fields(self) -> list[pa.Field]:
+        return [
+            pa.field("label", pa.string()),
+            pa.field("score", pa.float32()),
+            pa.field("scores", pa.map_(pa.string(), pa.float32())),
+        ]
+
+    @staticmethod
+    def label_names(model: Any) -> list[str]:
+        id2label = model.config.id2label or {}
+        return [str(id2label.get(i, f"LABEL_{i}")) for i in range(model.config.num_labels)]
+
+    def forward(self, loaded: Any, input_ids: np.ndarray, attention_mask: np.ndarray) -> dict[str, np.ndarray]:
+        import torch
+
+        logits = forward(loaded[1], input_ids, attention_mask, precision=self.model.precision).logits.float()
+        probs = torch.sigmoid(logits) if self.config.multi_label else torch.softmax(logits, dim=-1)
+        return {"probs": probs.cpu().numpy().astype(np.float32)}
+
+    def build_columns(self, loaded: Any, results: dict[str, np.ndarray | None], valid: np.ndarray) -> list[pa.Array]:
+        names = self.label_names(loaded[1])
+        probs = results.get("probs")
+        label = np.full(valid.size, None, dtype=object)
+        score = np.full(valid.size, np.nan, dtype=np.float32)
+        if probs is not None:
+            best = probs.argmax(axis=1)
+            label[valid] = [names[j] for j in best]
+            score[valid] = probs[np.arange(best.size), best]
+        return [
+            pa.array(label.tolist(), pa.string()),
+            pa.array(score, pa.float32(), mask=~valid),
+            label_map_array(names, probs, valid),
+        ]

@@ -1,0 +1,85 @@
+"""``embed``: sentence embeddings (mean or CLS pooling, L2-normalised), optional zero-shot labels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.tasks._torch import forward, label_map_array, list_array
+from pipeline.tasks.base import TextTask
+
+__all__ = ["EmbedTask"]
+
+
+class EmbedTask(TextTask):
+    """Embeds each row; with ``labels`` also scores it against each label description (cosine).
+
+    MiniLM-style sentence encoders list a Normalize module they do not ship as
+    weights, so normalisation happens here, after pooling.
+    """
+
+    kind: ClassVar[str] = "embed"
+    model_kind: ClassVar[str] = "embed"
+
+    def result_fields(self) -> list[pa.Field]:
+        fields = []
+        if self.config.store_embedding:
+            fields.append(pa.field("embedding", pa.list_(pa.float32())))
+        if self.config.labels:
+            fields += [
+                pa.field("label", pa.string()),
+                pa.field("score", pa.float32()),
+                pa.field("scores", pa.map_(pa.string(), pa.float32())),
+            ]
+        return fields
+
+    def load(self, model_dir: Path, device: str) -> Any:
+        tokenizer, model = super().load(model_dir, device)
+        label_matrix = None
+        if self.config.labels:
+            enc = tokenizer(list(self.config.labels.values()), padding=True, truncation=True,
+                            max_length=self.batching.max_length, return_tensors="np")
+            label_matrix = self._embed((tokenizer, model, None), enc["input_ids"].astype(np.int64),
+                                       enc["attention_mask"].astype(np.int64))
+        return tokenizer, model, label_matrix
+
+    def _embed(self, loaded: Any, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        import torch
+
+        out = forward(loaded[1], input_ids, attention_mask, precision=self.model.precision)
+        hidden = out.last_hidden_state.float()
+        if self.config.pooling == "cls":
+            pooled = hidden[:, 0]
+        else:
+            mask = torch.from_numpy(attention_mask).to(hidden.device).unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        if self.config.normalize:
+            pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+        return pooled.cpu().numpy().astype(np.float32)
+
+    def forward(self, loaded: Any, input_ids: np.ndarray, attention_mask: np.ndarray) -> dict[str, np.ndarray]:
+        return {"embedding": self._embed(loaded, input_ids, attention_mask)}
+
+    def build_columns(self, loaded: Any, results: dict[str, np.ndarray | None], valid: np.ndarray) -> list[pa.Array]:
+        emb = results.get("embedding")
+        columns = []
+        if self.config.store_embedding:
+            columns.append(list_array(emb, valid, pa.float32()))
+        if self.config.labels:
+            names = list(self.config.labels)
+            scores = None if emb is None else emb @ loaded[2].T
+            label = np.full(valid.size, None, dtype=object)
+            score = np.full(valid.size, np.nan, dtype=np.float32)
+            if scores is not None:
+                best = scores.argmax(axis=1)
+                label[valid] = [names[j] for j in best]
+                score[valid] = scores[np.arange(best.size), best]
+            columns += [
+                pa.array(label.tolist(), pa.string()),
+                pa.array(score, pa.float32(), mask=~valid),
+                label_map_array(names, scores, valid),
+            ]
+        return columns
