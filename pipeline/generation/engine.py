@@ -117,6 +117,7 @@ class BatchGenerator:
                     f"request {i}: {len(req.prompt_ids)} prompt + {req.max_new_tokens} new tokens exceed "
                     f"max_seq_len {self.max_seq_len}; lower max_input_tokens / max_new_tokens or raise max_seq_len"
                 )
+        self.stats = {}
         results: list[GenerationResult | None] = [None] * len(requests)
         queue = deque(self._admission_order(requests))
         active: SlotBatch | None = None
