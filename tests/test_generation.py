@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from generation_models import CORPUS, build_model, build_tokenizer, reference_generate  # noqa: E402
+from .generation_models import CORPUS, build_model, build_tokenizer, reference_generate  # noqa: E402
 from pipeline.generation import (  # noqa: E402
     BatchGenerator,
     GenerationRequest,

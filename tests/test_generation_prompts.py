@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from generation_models import build_tokenizer  # noqa: E402
+from .generation_models import build_tokenizer  # noqa: E402
 from pipeline.generation.prompts import PromptBuilder, PromptError, template_fields  # noqa: E402
 
 LONG = " ".join(f"word{i}" for i in range(200))

@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from generation_models import reference_generate, save_model_folder  # noqa: E402
+from .generation_models import reference_generate, save_model_folder  # noqa: E402
 from pipeline.config import ConfigError, GenerateTaskConfig, ModelConfig, BatchingConfig, build_config  # noqa: E402
 from pipeline.metrics import WorkerCounts  # noqa: E402
 from pipeline.tasks import GenerateTask, build_task  # noqa: E402
