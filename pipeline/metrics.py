@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
-__all__ = ["RunSummary", "WorkerCounts", "merge_counts"]
+__all__ = ["RunSummary", "WorkerCounts", "WorkerProgress", "merge_counts"]
 
 Counts = dict[str, Any]
 
@@ -28,10 +28,14 @@ def merge_counts(into: Counts, other: Mapping[str, Any]) -> Counts:
 
 
 class WorkerCounts:
-    """What one Python worker counts while it scores one Spark task's chunks."""
+    """What one Python worker counts while it scores one Spark task's chunks.
 
-    def __init__(self) -> None:
+    ``on_batch(counts)`` is called after every batch (the worker's progress line hangs there).
+    """
+
+    def __init__(self, on_batch: Callable[["WorkerCounts"], None] | None = None) -> None:
         self.counts: Counts = {}
+        self.on_batch = on_batch
 
     def add(self, name: str, value: float = 1) -> None:
         self.counts[name] = self.counts.get(name, 0) + value
@@ -42,6 +46,9 @@ class WorkerCounts:
         self.add("padded_tokens", padded_tokens)
         sizes = self.counts.setdefault("batch_sizes", {})
         sizes[str(rows)] = sizes.get(str(rows), 0) + 1
+        self.add("batch_rows", rows)
+        if self.on_batch is not None:
+            self.on_batch(self)
 
     def add_status(self, statuses: Mapping[str, int]) -> None:
         merge_counts(self.counts.setdefault("status", {}), statuses)
@@ -148,3 +155,35 @@ def _short(row: Mapping[str, Any], width: int = 160) -> str:
         parts.append(f"{key}={text[:60] + '…' if len(text) > 60 else text}")
     line = " ".join(parts)
     return line if len(line) <= width else line[: width - 1] + "…"
+
+
+class WorkerProgress:
+    """Prints a worker's progress to stderr at most every ``interval`` seconds.
+
+    Spark's accumulators only reach the driver when a task ends, so a long task
+    would look stuck; the worker's own line shows it moving (in the console
+    under ``local[*]``, in the executor's stderr log on a cluster).
+    """
+
+    def __init__(self, label: str, interval: float, *, stream: Any = None) -> None:
+        import sys
+        import time
+
+        self.label, self.interval = label, interval
+        self.stream = stream if stream is not None else sys.stderr
+        self._clock = time.monotonic
+        self.started = self.last = self._clock()
+
+    def __call__(self, counts: WorkerCounts) -> None:
+        now = self._clock()
+        if now - self.last < self.interval:
+            return
+        self.last = now
+        c = counts.counts
+        rows, elapsed = int(c.get("batch_rows", 0)), now - self.started
+        print(
+            f"[{self.label}] {rows:,} rows in {int(c.get('batches', 0)):,} batches, "
+            f"{rows / elapsed if elapsed else 0:,.0f} rows/s, "
+            f"{c.get('tokens', 0) / elapsed if elapsed else 0:,.0f} tokens/s",
+            file=self.stream, flush=True,
+        )

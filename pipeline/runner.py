@@ -54,8 +54,8 @@ class _Progress(threading.Thread):
             elapsed = time.perf_counter() - self.started
             pct = f" ({100 * rows / self.rows_in:.0f}%)" if self.rows_in else ""
             print(
-                f"[{self.job}] {elapsed:6.0f}s  tasks {done}/{total}  rows scored {rows:,}/{self.rows_in:,}{pct}"
-                f"  {rows / elapsed if elapsed else 0:,.0f} rows/s (counted as tasks finish)",
+                f"[{self.job}] {elapsed:6.0f}s  tasks {done}/{total} done  rows in finished tasks "
+                f"{rows:,}/{self.rows_in:,}{pct}",
                 file=self.out, flush=True,
             )
 
@@ -90,6 +90,7 @@ def prepare_scores(
     plan = InferencePlan(
         task=config.task, model=config.model, batching=config.batching,
         keep_columns=tuple(config.source.keep_columns), input_columns=tuple(task.input_columns),
+        job=config.job, progress_interval_s=config.run.progress_interval_s if config.run.progress else None,
     )
     scored = apply_inference(df, plan, counts_acc).withColumnRenamed("id", config.source.id_column)
     scored = scored.select(

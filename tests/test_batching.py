@@ -95,3 +95,19 @@ def test_invalid_arguments():
         plan_batches([1], batch_size=0)
     with pytest.raises(ValueError, match="one-dimensional"):
         plan_batches([[1, 2]], batch_size=2)
+
+
+def test_worker_progress_prints_at_most_every_interval():
+    import io
+
+    from pipeline.metrics import WorkerCounts, WorkerProgress
+
+    out = io.StringIO()
+    progress = WorkerProgress("job worker 1", interval=3600, stream=out)
+    counts = WorkerCounts(on_batch=progress)
+    counts.add_batch(rows=4, tokens=40, padded_tokens=48)
+    assert out.getvalue() == ""  # too soon
+    progress.last -= 7200
+    counts.add_batch(rows=2, tokens=10, padded_tokens=12)
+    line = out.getvalue()
+    assert line.startswith("[job worker 1] 6 rows in 2 batches") and line.count("\n") == 1

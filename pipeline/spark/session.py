@@ -45,6 +45,7 @@ def get_session(config: SparkConfig) -> "SparkSession":
     defaults = {
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
+        "spark.log.level": "WARN",
         "spark.python.worker.reuse": "true",
         "spark.sql.session.timeZone": "UTC",
         "spark.driver.memory": "2g",

@@ -15,7 +15,7 @@ import pyarrow as pa
 from pyspark.accumulators import AccumulatorParam
 
 from pipeline.config import BatchingConfig, ModelConfig
-from pipeline.metrics import WorkerCounts, merge_counts
+from pipeline.metrics import WorkerCounts, WorkerProgress, merge_counts
 
 if TYPE_CHECKING:
     from pyspark import Accumulator
@@ -43,6 +43,9 @@ class InferencePlan:
     batching: BatchingConfig
     keep_columns: tuple[str, ...] = ()
     input_columns: tuple[str, ...] = ("text",)
+    job: str = "job"
+    # seconds between a worker's progress lines on stderr; None: silent
+    progress_interval_s: float | None = None
 
     def build_task(self) -> Any:
         from pipeline.tasks import build_task
@@ -80,8 +83,12 @@ def score_partition(
     from pipeline.models.device import pick_device, task_threads
 
     ctx = TaskContext.get()
-    counts = WorkerCounts()
     worker = cache.worker_id()
+    progress = None
+    if plan.progress_interval_s:
+        part = f" task {ctx.partitionId()}" if ctx else ""
+        progress = WorkerProgress(f"{plan.job} worker {worker}{part}", plan.progress_interval_s)
+    counts = WorkerCounts(on_batch=progress)
     counts.merge({"tasks_per_worker": {worker: 1}})
     task = plan.build_task()
     device = pick_device(ctx.resources() if ctx else None, prefer=plan.model.device)
