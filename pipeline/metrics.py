@@ -174,6 +174,9 @@ class WorkerProgress:
         self._clock = time.monotonic
         self.started = self.last = self._clock()
 
+    def restart(self) -> None:
+        self.started = self.last = self._clock()
+
     def __call__(self, counts: WorkerCounts) -> None:
         now = self._clock()
         if now - self.last < self.interval:

@@ -140,3 +140,33 @@ def test_binary_text_with_invalid_utf8_is_scored_not_dropped(embed):
     out = task.process(loaded, chunk, WorkerCounts()).to_pylist()
     assert [r["status"] for r in out] == ["ok", "ok", "skipped_null"]
     assert out[1]["embedding"] is not None
+
+
+def test_poison_rows_are_isolated_and_the_rest_scored(embed, monkeypatch):
+    task, loaded = embed
+    monkeypatch.setenv("SBI_FAULTS", '{"poison_marker": "POISON"}')
+    texts = [f"good movie {i}" for i in range(11)]
+    texts[3] = "a POISON review"
+    texts[8] = "another POISON one"
+    counts = WorkerCounts()
+    out = task.process(loaded, _chunk(texts), counts).to_pylist()
+    assert [i for i, r in enumerate(out) if r["status"] == "error"] == [3, 8]
+    assert "injected poison row" in out[3]["error"] and out[3]["embedding"] is None and out[3]["label"] is None
+    assert all(r["status"] == "ok" and r["embedding"] is not None and r["error"] is None
+               for i, r in enumerate(out) if i not in (3, 8))
+    assert counts.counts["poison_bisections"] >= 2 and counts.counts["row_errors"] == 2
+    # the good rows' results are exactly what a clean run gives
+    monkeypatch.delenv("SBI_FAULTS")
+    clean = task.process(loaded, _chunk(texts), WorkerCounts()).to_pylist()
+    assert out[0]["embedding"] == pytest.approx(clean[0]["embedding"], abs=1e-6)
+    assert out[10]["embedding"] == pytest.approx(clean[10]["embedding"], abs=1e-6)
+
+
+def test_out_of_memory_splits_batches_without_losing_rows(embed, monkeypatch):
+    task, loaded = embed  # batch_size 4
+    monkeypatch.setenv("SBI_FAULTS", '{"oom_above_rows": 1}')
+    texts = [f"good movie number {i}" for i in range(9)]
+    counts = WorkerCounts()
+    out = task.process(loaded, _chunk(texts), counts).to_pylist()
+    assert all(r["status"] == "ok" for r in out)
+    assert counts.counts["oom_splits"] >= 2 and counts.counts["batch_sizes"] == {"1": 9}

@@ -102,6 +102,8 @@ def score_partition(
     loaded, fresh = cache.get_or_load(key, lambda: _load(task, plan.model, device))
     if fresh:
         counts.merge({"model_loads": {worker: 1}, "load_seconds": time.perf_counter() - started})
+    if progress is not None:
+        progress.restart()  # rates from the first batch on, not from the model load
     keep = ("id", *plan.keep_columns)
     for batch in batches:
         t0 = time.perf_counter()

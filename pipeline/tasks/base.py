@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Hashable, Protocol, Sequence
 import numpy as np
 import pyarrow as pa
 
-from pipeline.batching import Batch, collate, pad_multiple, plan_batches
+from pipeline.batching import Batch, collate, pad_multiple, padded_length, plan_batches
 from pipeline.config import BatchingConfig, ModelConfig
 from pipeline.metrics import WorkerCounts
 
@@ -63,15 +63,54 @@ class Task(Protocol):
 
 @dataclass
 class TokenizedChunk:
-    """The valid rows of a chunk, tokenised: positions in the chunk, token ids, truncation flags."""
+    """The valid rows of a chunk, tokenised: positions in the chunk, texts, token ids, truncation flags."""
 
     rows: np.ndarray
+    texts: list[str]
     token_ids: list[list[int]]
     truncated: np.ndarray
 
     @property
     def lengths(self) -> np.ndarray:
         return np.fromiter((len(t) for t in self.token_ids), dtype=np.int64, count=len(self.token_ids))
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """A CUDA (or simulated) out-of-memory error: worth retrying with a smaller batch."""
+    from pipeline.faults import SimulatedOutOfMemory
+
+    if isinstance(exc, SimulatedOutOfMemory):
+        return True
+    name = type(exc).__name__
+    return name == "OutOfMemoryError" or (isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
+
+
+def _describe(exc: BaseException, limit: int = 500) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def tokenize_rows(tokenizer: Any, texts: Sequence[str], *, max_length: int) -> tuple[list[list[int] | None], np.ndarray, dict[int, str]]:
+    """Like :func:`tokenize`, but a text the tokenizer rejects becomes an error instead of failing all.
+
+    Returns ``(ids, truncated, errors)``; ``ids[i]`` is None for rows in ``errors``.
+    """
+    try:
+        ids, truncated = tokenize(tokenizer, texts, max_length=max_length)
+        return list(ids), truncated, {}
+    except Exception:  # noqa: BLE001 - find the offending rows one by one
+        ids_out: list[list[int] | None] = []
+        trunc = np.zeros(len(texts), dtype=bool)
+        errors: dict[int, str] = {}
+        for i, text in enumerate(texts):
+            try:
+                one, flag = tokenize(tokenizer, [text], max_length=max_length)
+                ids_out.append(one[0])
+                trunc[i] = flag[0]
+            except Exception as exc:  # noqa: BLE001
+                ids_out.append(None)
+                errors[i] = "tokenizer: " + _describe(exc)
+        return ids_out, trunc, errors
 
 
 def tokenize(tokenizer: Any, texts: Sequence[str], *, max_length: int) -> tuple[list[list[int]], np.ndarray]:
@@ -154,12 +193,28 @@ class TextTask:
         results: dict[str, np.ndarray | None] = {}
         if rows.size:
             tokenizer = loaded[0]
-            token_ids, trunc = tokenize(tokenizer, [texts[i] for i in rows], max_length=self.batching.max_length)
-            tok = TokenizedChunk(rows, token_ids, trunc)
-            results = self._run_batches(loaded, tok, counts)
+            valid_texts = [texts[i] for i in rows]
+            token_ids, trunc, tok_errors = tokenize_rows(tokenizer, valid_texts, max_length=self.batching.max_length)
+            for i, message in tok_errors.items():
+                status[rows[i]], error[rows[i]] = "error", message
+            keep = np.array([i not in tok_errors for i in range(rows.size)], dtype=bool)
+            rows = rows[keep]
+            tok = TokenizedChunk(
+                rows, [t for t, k in zip(valid_texts, keep) if k],
+                [t for t, k in zip(token_ids, keep) if k], trunc[keep],
+            )
+            results, batch_errors = self._run_batches(loaded, tok, counts)
             n_tokens[rows] = tok.lengths
             truncated[rows] = tok.truncated
             status[rows[tok.truncated]] = "truncated"
+            if batch_errors:
+                failed = np.fromiter(batch_errors, dtype=np.int64)
+                for i, message in batch_errors.items():
+                    status[rows[i]], error[rows[i]] = "error", message
+                ok = np.ones(rows.size, dtype=bool)
+                ok[failed] = False
+                results = {name: arr[ok] for name, arr in results.items()}
+                rows = rows[ok]
 
         valid_mask = np.zeros(n, dtype=bool)
         valid_mask[rows] = True
@@ -175,26 +230,73 @@ class TextTask:
         ]
         return pa.RecordBatch.from_arrays(columns, schema=self.output_schema())
 
-    def _run_batches(self, loaded: Any, tok: TokenizedChunk, counts: WorkerCounts) -> dict[str, np.ndarray]:
-        """Forward every batch and scatter results back to chunk order (indexed by position in ``tok``)."""
+    def _run_batches(
+        self, loaded: Any, tok: TokenizedChunk, counts: WorkerCounts
+    ) -> tuple[dict[str, np.ndarray], dict[int, str]]:
+        """Forward every batch; results scattered to ``tok`` order, plus ``{position: error}`` for poison rows."""
         tokenizer = loaded[0]
         lengths = tok.lengths
         device_type = next(loaded[1].parameters()).device.type
+        self._multiple = pad_multiple(self.batching.pad_to_multiple_of, device_type)
         batches: list[Batch] = plan_batches(
             lengths,
             batch_size=self.batching.batch_size,
-            pad_to_multiple_of=pad_multiple(self.batching.pad_to_multiple_of, device_type),
+            pad_to_multiple_of=self._multiple,
             max_length=self.batching.max_length,
             sort=self.batching.sort_by_length,
         )
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         out: dict[str, np.ndarray] = {}
+        errors: dict[int, str] = {}
         for batch in batches:
+            self._run_guarded(loaded, tok, batch.indices, pad_id, out, errors, counts)
+        return out, errors
+
+    def _run_guarded(
+        self, loaded: Any, tok: TokenizedChunk, indices: np.ndarray, pad_id: int,
+        out: dict[str, np.ndarray], errors: dict[int, str], counts: WorkerCounts,
+    ) -> None:
+        """Run one batch; on failure split it in half and retry each half, down to single rows.
+
+        Out-of-memory errors mean "too big": the halves usually succeed. Any
+        other error is a poison row: bisection isolates it (about log2(batch)
+        extra forwards) and only that row is marked ``error``; its neighbours are
+        scored normally. Nothing is lost and nothing is scored twice.
+        """
+        from pipeline import faults
+
+        lengths = tok.lengths
+        longest = int(lengths[indices].max())
+        batch = Batch(indices, padded_length(longest, multiple=self._multiple, cap=self.batching.max_length))
+        try:
+            faults.check_batch([tok.texts[i] for i in indices])
             ids, mask = collate(tok.token_ids, batch, pad_id=pad_id)
             values = self.forward(loaded, ids, mask)
-            for name, arr in values.items():
-                if name not in out:
-                    out[name] = np.zeros((lengths.size, *arr.shape[1:]), dtype=arr.dtype)
-                out[name][batch.indices] = arr
-            counts.add_batch(rows=batch.size, tokens=int(lengths[batch.indices].sum()), padded_tokens=batch.padded_tokens)
-        return out
+        except Exception as exc:  # noqa: BLE001 - classified below
+            oom = is_out_of_memory(exc)
+            if oom:
+                _free_accelerator_memory()
+            if indices.size == 1:
+                counts.add("row_errors")
+                errors[int(indices[0])] = ("out of memory even alone: " if oom else "") + _describe(exc)
+                return
+            counts.add("oom_splits" if oom else "poison_bisections")
+            half = indices.size // 2
+            self._run_guarded(loaded, tok, indices[:half], pad_id, out, errors, counts)
+            self._run_guarded(loaded, tok, indices[half:], pad_id, out, errors, counts)
+            return
+        for name, arr in values.items():
+            if name not in out:
+                out[name] = np.zeros((lengths.size, *arr.shape[1:]), dtype=arr.dtype)
+            out[name][indices] = arr
+        counts.add_batch(rows=batch.size, tokens=int(lengths[indices].sum()), padded_tokens=batch.padded_tokens)
+
+
+def _free_accelerator_memory() -> None:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except ImportError:  # pragma: no cover
+        pass
