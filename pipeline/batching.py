@@ -17,7 +17,10 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["Batch", "collate", "pad_multiple", "padded_length", "padding_efficiency", "plan_batches"]
+__all__ = [
+    "Batch", "BatchSizeMemory", "bucket_length", "collate", "pad_multiple", "padded_length", "padding_efficiency",
+    "plan_batches",
+]
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,24 @@ def padded_length(longest: int, *, multiple: int = 8, cap: int | None = None) ->
     return min(length, cap) if cap is not None else length
 
 
+def bucket_length(longest: int, shapes: Sequence[int] | None, *, multiple: int = 8, cap: int | None = None) -> int:
+    """The padded length for a batch whose longest row has ``longest`` tokens.
+
+    With ``shapes`` (fixed bucket shapes such as ``(32, 64, 128, 256)``, for
+    static-shape runtimes) it is the smallest shape that fits; a row longer
+    than every shape falls back to :func:`padded_length`. Without shapes it is
+    :func:`padded_length`.
+
+    >>> bucket_length(20, (32, 64)), bucket_length(33, (32, 64)), bucket_length(70, (32, 64), multiple=8)
+    (32, 64, 72)
+    """
+    if shapes:
+        for shape in shapes:
+            if longest <= shape:
+                return min(shape, cap) if cap is not None else shape
+    return padded_length(longest, multiple=multiple, cap=cap)
+
+
 def plan_batches(
     lengths: Sequence[int] | np.ndarray,
     *,
@@ -66,26 +87,61 @@ def plan_batches(
     pad_to_multiple_of: int = 8,
     max_length: int | None = None,
     sort: bool = True,
+    token_budget: int | None = None,
+    bucket_shapes: Sequence[int] | None = None,
 ) -> list[Batch]:
-    """Cut rows with token counts ``lengths`` into batches of at most ``batch_size`` rows.
+    """Cut rows with token counts ``lengths`` into padded batches.
 
     With ``sort`` the rows are ordered by length first (stable, so equal lengths
-    keep their order), which puts similar lengths together; each batch is padded
-    to its own longest row rounded up to ``pad_to_multiple_of`` (capped at
-    ``max_length``). Every row appears in exactly one batch; the last batch may
-    be ragged (smaller). An empty input gives no batches.
+    keep their order), which puts similar lengths together. Rows are then taken
+    greedily: a batch grows while it has fewer than ``batch_size`` rows and, with
+    ``token_budget``, while its padded size (rows x padded length) stays within
+    the budget, so short rows travel in big batches and long rows in small ones
+    (memory stays flat; a single row over the budget still gets a batch of its
+    own). Each batch is padded to its longest row rounded up to
+    ``pad_to_multiple_of`` (capped at ``max_length``), or with ``bucket_shapes``
+    to the smallest shape that fits, and a batch never mixes rows of two shapes.
+    Every row appears in exactly one batch; an empty input gives no batches.
+
+    >>> [(b.size, b.length) for b in plan_batches([4, 4, 4, 30], batch_size=8, pad_to_multiple_of=1, token_budget=12)]
+    [(3, 4), (1, 30)]
     """
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
+    if token_budget is not None and token_budget <= 0:
+        raise ValueError(f"token_budget must be positive (max padded tokens per batch), got {token_budget}")
+    shapes = sorted(set(int(s) for s in bucket_shapes)) if bucket_shapes else None
+    if shapes and shapes[0] <= 0:
+        raise ValueError(f"bucket_shapes must be positive token counts, got {list(bucket_shapes or [])}")
     lens = np.asarray(lengths, dtype=np.int64)
     if lens.ndim != 1:
         raise ValueError(f"lengths must be one-dimensional, got shape {lens.shape}")
     order = np.argsort(lens, kind="stable") if sort else np.arange(lens.size)
-    batches = []
-    for start in range(0, lens.size, batch_size):
-        idx = order[start : start + batch_size]
-        longest = int(lens[idx].max())
-        batches.append(Batch(idx, padded_length(longest, multiple=pad_to_multiple_of, cap=max_length)))
+
+    def length_of(longest: int) -> int:
+        return bucket_length(longest, shapes, multiple=pad_to_multiple_of, cap=max_length)
+
+    if token_budget is None and shapes is None:  # the common case: fixed row counts, vectorised
+        return [
+            Batch(idx, length_of(int(lens[idx].max())))
+            for idx in (order[s : s + batch_size] for s in range(0, lens.size, batch_size))
+        ]
+    batches: list[Batch] = []
+    start, longest = 0, 0
+    for pos in range(lens.size):
+        n = int(lens[order[pos]])
+        rows = pos - start
+        if rows:
+            grown = length_of(max(longest, n))
+            full = rows >= batch_size
+            over_budget = token_budget is not None and (rows + 1) * grown > token_budget
+            new_shape = shapes is not None and grown != length_of(longest)
+            if full or over_budget or new_shape:
+                batches.append(Batch(order[start:pos], length_of(longest)))
+                start, longest = pos, 0
+        longest = max(longest, n)
+    if start < lens.size:
+        batches.append(Batch(order[start:], length_of(longest)))
     return batches
 
 
@@ -110,3 +166,48 @@ def collate(token_ids: Sequence[Sequence[int]], batch: Batch, *, pad_id: int) ->
         ids[row, :n] = seq
         mask[row, :n] = 1
     return ids, mask
+
+
+class BatchSizeMemory:
+    """The largest batch (in rows) known to fit in memory, per length bucket, for one worker's life.
+
+    When a batch runs out of memory the task splits it in half and retries
+    (see ``TextTask._run_guarded``); :meth:`record_out_of_memory` remembers that
+    its length bucket cannot take that many rows, so later batches of similar
+    length are cut to the remembered size up front instead of failing again.
+    Buckets are padded lengths rounded up to a power of two (16, 32, 64, ...):
+    memory grows with length, so a limit learned on 200-token rows must not
+    shrink batches of 20-token rows. Kept with the loaded model in the
+    per-worker cache.
+
+    >>> memory = BatchSizeMemory()
+    >>> memory.record_out_of_memory(length=100, rows=64); memory.limit(120), memory.limit(30)
+    (32, None)
+    """
+
+    MIN_BUCKET = 16
+
+    def __init__(self) -> None:
+        self._limits: dict[int, int] = {}
+
+    @classmethod
+    def bucket(cls, length: int) -> int:
+        """The power-of-two bucket (at least :attr:`MIN_BUCKET`) that ``length`` tokens fall in."""
+        bucket = cls.MIN_BUCKET
+        while bucket < length:
+            bucket *= 2
+        return bucket
+
+    def limit(self, length: int) -> int | None:
+        """The most rows a batch padded to ``length`` may have, or None when no limit was learned."""
+        return self._limits.get(self.bucket(length))
+
+    def record_out_of_memory(self, *, length: int, rows: int) -> None:
+        """A batch of ``rows`` rows padded to ``length`` ran out of memory: allow at most half as many."""
+        bucket = self.bucket(length)
+        safe = max(1, rows // 2)
+        self._limits[bucket] = min(self._limits.get(bucket, safe), safe)
+
+    def as_dict(self) -> dict[int, int]:
+        """``{bucket: max rows}`` learned so far."""
+        return dict(sorted(self._limits.items()))
