@@ -23,11 +23,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 __all__ = [
+    "AccuracyGateConfig",
     "BatchingConfig",
     "ClassifyTaskConfig",
     "ConfigError",
     "EmbedTaskConfig",
     "GenerateTaskConfig",
+    "Int8Config",
     "JobConfig",
     "ModelConfig",
     "RunConfig",
@@ -87,7 +89,39 @@ class SourceConfig(_Model):
         return self
 
 
-Precision = Literal["fp32", "bf16", "fp16"]
+Precision = Literal["fp32", "bf16", "fp16", "int8"]
+
+
+class Int8Config(_Model):
+    """How ``precision: int8`` quantises (torch dynamic quantisation of ``nn.Linear`` layers, CPU only).
+
+    Defaults come from docs/benchmarks.md: per-tensor int8 on every layer of
+    MiniLM loses too much accuracy (mean cosine to fp32 about 0.9); which
+    layers may stay in fp32 is the knob that keeps accuracy.
+    """
+
+    # one scale per output channel instead of one per tensor
+    per_channel: bool = True
+    # Linear layers whose qualified name contains any of these stay fp32
+    # (e.g. "output.dense": the FFN down-projection, whose GELU inputs have outliers).
+    skip_modules: list[str] = Field(default_factory=list)
+
+
+class AccuracyGateConfig(_Model):
+    """Checks a reduced precision against fp32 at model load, before any row is scored.
+
+    The calibration texts run in fp32 and in the chosen precision; below a
+    threshold the worker falls back to the next safer precision (int8 -> bf16
+    -> fp32, fp16 -> fp32) and the run summary says so, or fails with
+    ``on_fail: fail``.
+    """
+
+    enabled: bool = True
+    min_mean_cosine: float = Field(0.999, ge=-1, le=1)
+    min_top_label_agreement: float = Field(0.99, ge=0, le=1)
+    # Texts to calibrate on; empty: built-in review/tweet-like sentences.
+    calibration_texts: list[str] = Field(default_factory=list)
+    on_fail: Literal["fallback", "fail"] = "fallback"
 
 
 class ModelConfig(_Model):
@@ -97,6 +131,11 @@ class ModelConfig(_Model):
     name: str | None = None
     precision: Precision = "fp32"
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    int8: Int8Config = Field(default_factory=Int8Config)
+    accuracy_gate: AccuracyGateConfig = Field(default_factory=AccuracyGateConfig)
+    # Torch threads per task; None (the default, and the rule): the cores Spark gave the task
+    # (spark.task.cpus). Setting it oversubscribes the machine; the bench uses it to measure that.
+    torch_threads: int | None = Field(None, gt=0)
 
 
 class EmbedTaskConfig(_Model):
@@ -167,9 +206,16 @@ TaskConfig = Annotated[
 
 
 class BatchingConfig(_Model):
-    """How each Arrow chunk is cut into padded batches."""
+    """How each Arrow chunk is cut into padded batches (see ``pipeline.batching.plan_batches``)."""
 
+    # rows per padded batch (the most, when token_budget is set)
     batch_size: int = Field(64, gt=0)
+    # max padded tokens (rows x padded length) per batch: rows per batch then vary with length
+    token_budget: int | None = Field(None, gt=0)
+    # fixed padded lengths for static-shape runtimes, e.g. [32, 64, 128, 256]; empty: pad to the longest row
+    bucket_shapes: list[Annotated[int, Field(gt=0)]] = Field(default_factory=list)
+    # remember, per length bucket, the batch size that fitted after an out-of-memory split
+    adaptive_batch_size: bool = True
     max_length: int = Field(256, gt=0)
     # "auto": 8 on CUDA (tensor-core shapes), 1 on CPU (rounding up only adds padding there)
     pad_to_multiple_of: Union[Literal["auto"], Annotated[int, Field(gt=0)]] = "auto"
@@ -222,6 +268,15 @@ class JobConfig(_Model):
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
     sink: SinkConfig
     run: RunConfig = Field(default_factory=RunConfig)
+
+    @model_validator(mode="after")
+    def _precision_suits_task(self) -> "JobConfig":
+        if self.model.precision == "int8" and self.task.kind == "generate":
+            raise ValueError(
+                "model.precision int8 is for encoder tasks (embed, classify); "
+                "generate runs in fp32, or bf16/fp16 on CUDA"
+            )
+        return self
 
 
 # ---------------------------------------------------------------- loading
