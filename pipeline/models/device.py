@@ -37,11 +37,14 @@ def pick_device(resources: Mapping[str, Any] | None = None, *, prefer: str = "au
     return "cpu"
 
 
-def task_threads(task_cpus: int | None, default: int = 1) -> int:
+def task_threads(task_cpus: int | None, default: int = 1, *, override: int | None = None) -> int:
     """Torch intra-op threads for one task: the cores Spark gave it (``spark.task.cpus``).
 
     Spark runs one Python worker per concurrent task, so more threads than the
-    task's cores oversubscribe the machine (measured here: 2 threads per worker
-    on 2 cores was 42% slower than 1).
+    task's cores oversubscribe the machine (measured in docs/benchmarks.md:
+    2 threads per worker on local[2] against 1). ``override``
+    (``model.torch_threads``) wins when set; the bench uses it to measure that.
     """
+    if override:
+        return int(override)
     return max(1, int(task_cpus)) if task_cpus else default

@@ -11,16 +11,20 @@ __all__ = ["forward", "label_map_array", "list_array"]
 
 
 def forward(model: Any, input_ids: np.ndarray, attention_mask: np.ndarray, *, precision: str) -> Any:
-    """Run ``model`` on one padded batch under inference mode (and CPU autocast for bf16/fp16)."""
+    """Run ``model`` on one padded batch under inference mode (and CPU autocast for bf16/fp16).
+
+    ``precision`` is the one the model was prepared for (``pipeline.models.precision``):
+    an int8 model is already quantised, CUDA half-precision weights already cast.
+    """
     import torch
+
+    from pipeline.models.precision import autocast_dtype
 
     device = next(model.parameters()).device
     ids = torch.from_numpy(input_ids).to(device, non_blocking=True)
     mask = torch.from_numpy(attention_mask).to(device, non_blocking=True)
-    autocast: Any = contextlib.nullcontext()
-    if precision != "fp32" and device.type == "cpu":
-        dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-        autocast = torch.autocast("cpu", dtype=dtype)
+    dtype = autocast_dtype(precision, device.type)
+    autocast: Any = torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
     with torch.inference_mode(), autocast:
         return model(input_ids=ids, attention_mask=mask)
 

@@ -12,18 +12,18 @@ is ever dropped.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Hashable, Protocol, Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from pipeline.batching import Batch, collate, pad_multiple, padded_length, plan_batches
+from pipeline.batching import Batch, BatchSizeMemory, bucket_length, collate, pad_multiple, plan_batches
 from pipeline.config import BatchingConfig, ModelConfig
 from pipeline.metrics import WorkerCounts
 
-__all__ = ["STATUS_FIELDS", "Task", "TextTask", "TokenizedChunk"]
+__all__ = ["STATUS_FIELDS", "LoadedText", "Task", "TextTask", "TokenizedChunk"]
 
 STATUS_FIELDS = [
     pa.field("n_tokens", pa.int32()),
@@ -59,6 +59,29 @@ class Task(Protocol):
     def process(self, loaded: Any, chunk: pa.RecordBatch, counts: WorkerCounts) -> pa.RecordBatch:
         """Results for every row of ``chunk``, in the same order."""
         ...
+
+
+@dataclass
+class LoadedText:
+    """What a text task keeps per worker in the model cache, for the worker's life.
+
+    ``precision`` is the one in use after the accuracy gate (``gate`` says how
+    it was chosen); ``labels`` holds anything derived once from the model (the
+    embed task's label embeddings); ``memory`` the batch sizes learned from
+    out-of-memory splits.
+    """
+
+    tokenizer: Any
+    model: Any
+    precision: str = "fp32"
+    labels: Any = None
+    gate: Any = None
+    memory: BatchSizeMemory = field(default_factory=BatchSizeMemory)
+
+    @property
+    def load_counts(self) -> dict[str, Any]:
+        """Counts to report once per load (the precision used, any fallback)."""
+        return self.gate.counts() if self.gate is not None else {"precision_used": {self.precision: 1}}
 
 
 @dataclass
@@ -151,15 +174,48 @@ class TextTask:
         return pa.schema(self.result_fields() + STATUS_FIELDS)
 
     def cache_key(self) -> Hashable:
-        return (self.kind, self.model.path, self.model.precision, self.model.device, repr(self.config))
+        # the whole model config: precision, int8 options and the gate all change what is loaded
+        return (self.kind, repr(self.model), repr(self.config))
 
     def result_fields(self) -> list[pa.Field]:
         raise NotImplementedError
 
-    def load(self, model_dir: Path, device: str) -> Any:
+    def load(self, model_dir: Path, device: str) -> LoadedText:
+        """Load in fp32, derive :meth:`load_extras`, then move to the configured precision through the accuracy gate."""
         from pipeline.models.loading import load_model
+        from pipeline.models.precision import select_precision
 
-        return load_model(model_dir, kind=self.model_kind, device=device, precision=self.model.precision)
+        tokenizer, model = load_model(model_dir, kind=self.model_kind, device=device, precision="fp32")
+        reference = LoadedText(tokenizer, model)
+        reference.labels = self.load_extras(reference)
+
+        def run(candidate: Any, precision: str, texts: Sequence[str]) -> dict[str, np.ndarray]:
+            return self.score_texts(LoadedText(tokenizer, candidate, precision, reference.labels), texts)
+
+        model, gate = select_precision(
+            model, self.model.precision, run=run, top_labels=lambda out: self.top_labels(reference, out),
+            gate=self.model.accuracy_gate, int8=self.model.int8,
+        )
+        return LoadedText(tokenizer, model, gate.precision, reference.labels, gate)
+
+    def load_extras(self, loaded: LoadedText) -> Any:
+        """Anything computed once per load from the fp32 model (stored as ``loaded.labels``); None by default."""
+        return None
+
+    def top_labels(self, loaded: LoadedText, outputs: dict[str, np.ndarray]) -> np.ndarray | None:
+        """The top label index per row of ``outputs`` (for the accuracy gate), or None when the task has none."""
+        return None
+
+    def score_texts(self, loaded: LoadedText, texts: Sequence[str]) -> dict[str, np.ndarray]:
+        """:meth:`forward` outputs for ``texts``, in order (no statuses, no fault handling: calibration)."""
+        ids, _ = tokenize(loaded.tokenizer, texts, max_length=self.batching.max_length)
+        lengths = np.fromiter((len(t) for t in ids), dtype=np.int64, count=len(ids))
+        pad_id = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else 0
+        out: dict[str, np.ndarray] = {}
+        for batch in plan_batches(lengths, batch_size=self.batching.batch_size, pad_to_multiple_of=1):
+            for name, arr in self.forward(loaded, *collate(ids, batch, pad_id=pad_id)).items():
+                out.setdefault(name, np.zeros((len(ids), *arr.shape[1:]), dtype=arr.dtype))[batch.indices] = arr
+        return out
 
     def forward(self, loaded: Any, input_ids: np.ndarray, attention_mask: np.ndarray) -> dict[str, np.ndarray]:
         raise NotImplementedError
@@ -192,7 +248,7 @@ class TextTask:
 
         results: dict[str, np.ndarray | None] = {}
         if rows.size:
-            tokenizer = loaded[0]
+            tokenizer = loaded.tokenizer
             valid_texts = [texts[i] for i in rows]
             token_ids, trunc, tok_errors = tokenize_rows(tokenizer, valid_texts, max_length=self.batching.max_length)
             for i, message in tok_errors.items():
@@ -234,9 +290,9 @@ class TextTask:
         self, loaded: Any, tok: TokenizedChunk, counts: WorkerCounts
     ) -> tuple[dict[str, np.ndarray], dict[int, str]]:
         """Forward every batch; results scattered to ``tok`` order, plus ``{position: error}`` for poison rows."""
-        tokenizer = loaded[0]
+        tokenizer = loaded.tokenizer
         lengths = tok.lengths
-        device_type = next(loaded[1].parameters()).device.type
+        device_type = next(loaded.model.parameters()).device.type
         self._multiple = pad_multiple(self.batching.pad_to_multiple_of, device_type)
         batches: list[Batch] = plan_batches(
             lengths,
@@ -244,6 +300,8 @@ class TextTask:
             pad_to_multiple_of=self._multiple,
             max_length=self.batching.max_length,
             sort=self.batching.sort_by_length,
+            token_budget=self.batching.token_budget,
+            bucket_shapes=self.batching.bucket_shapes,
         )
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         out: dict[str, np.ndarray] = {}
@@ -253,29 +311,42 @@ class TextTask:
         return out, errors
 
     def _run_guarded(
-        self, loaded: Any, tok: TokenizedChunk, indices: np.ndarray, pad_id: int,
+        self, loaded: LoadedText, tok: TokenizedChunk, indices: np.ndarray, pad_id: int,
         out: dict[str, np.ndarray], errors: dict[int, str], counts: WorkerCounts,
     ) -> None:
         """Run one batch; on failure split it in half and retry each half, down to single rows.
 
-        Out-of-memory errors mean "too big": the halves usually succeed. Any
-        other error is a poison row: bisection isolates it (about log2(batch)
-        extra forwards) and only that row is marked ``error``; its neighbours are
-        scored normally. Nothing is lost and nothing is scored twice.
+        Out-of-memory errors mean "too big": the halves usually succeed, and
+        with ``batching.adaptive_batch_size`` the worker remembers the size
+        that fits for this length bucket (``loaded.memory``), so later batches
+        of similar length are cut to it before they run instead of failing
+        again. Any other error is a poison row: bisection isolates it (about
+        log2(batch) extra forwards) and only that row is marked ``error``; its
+        neighbours are scored normally. Nothing is lost and nothing is scored twice.
         """
         from pipeline import faults
 
         lengths = tok.lengths
         longest = int(lengths[indices].max())
-        batch = Batch(indices, padded_length(longest, multiple=self._multiple, cap=self.batching.max_length))
+        length = bucket_length(longest, self.batching.bucket_shapes, multiple=self._multiple,
+                               cap=self.batching.max_length)
+        limit = loaded.memory.limit(length) if self.batching.adaptive_batch_size else None
+        if limit is not None and indices.size > limit:
+            counts.add("adaptive_splits")
+            for start in range(0, indices.size, limit):
+                self._run_guarded(loaded, tok, indices[start : start + limit], pad_id, out, errors, counts)
+            return
+        batch = Batch(indices, length)
         try:
-            faults.check_batch([tok.texts[i] for i in indices])
+            faults.check_batch([tok.texts[i] for i in indices], padded_tokens=batch.padded_tokens)
             ids, mask = collate(tok.token_ids, batch, pad_id=pad_id)
             values = self.forward(loaded, ids, mask)
         except Exception as exc:  # noqa: BLE001 - classified below
             oom = is_out_of_memory(exc)
             if oom:
                 _free_accelerator_memory()
+                if self.batching.adaptive_batch_size and indices.size > 1:
+                    loaded.memory.record_out_of_memory(length=length, rows=indices.size)
             if indices.size == 1:
                 counts.add("row_errors")
                 errors[int(indices[0])] = ("out of memory even alone: " if oom else "") + _describe(exc)

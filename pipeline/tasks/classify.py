@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.tasks._torch import forward, label_map_array
-from pipeline.tasks.base import TextTask
+from pipeline.tasks.base import LoadedText, TextTask
 
 __all__ = ["ClassifyTask"]
 
@@ -31,15 +31,18 @@ class ClassifyTask(TextTask):
         id2label = model.config.id2label or {}
         return [str(id2label.get(i, f"LABEL_{i}")) for i in range(model.config.num_labels)]
 
-    def forward(self, loaded: Any, input_ids: np.ndarray, attention_mask: np.ndarray) -> dict[str, np.ndarray]:
+    def top_labels(self, loaded: LoadedText, outputs: dict[str, np.ndarray]) -> np.ndarray:
+        return outputs["probs"].argmax(axis=1)
+
+    def forward(self, loaded: LoadedText, input_ids: np.ndarray, attention_mask: np.ndarray) -> dict[str, np.ndarray]:
         import torch
 
-        logits = forward(loaded[1], input_ids, attention_mask, precision=self.model.precision).logits.float()
+        logits = forward(loaded.model, input_ids, attention_mask, precision=loaded.precision).logits.float()
         probs = torch.sigmoid(logits) if self.config.multi_label else torch.softmax(logits, dim=-1)
         return {"probs": probs.cpu().numpy().astype(np.float32)}
 
-    def build_columns(self, loaded: Any, results: dict[str, np.ndarray | None], valid: np.ndarray) -> list[pa.Array]:
-        names = self.label_names(loaded[1])
+    def build_columns(self, loaded: LoadedText, results: dict[str, np.ndarray | None], valid: np.ndarray) -> list[pa.Array]:
+        names = self.label_names(loaded.model)
         probs = results.get("probs")
         label = np.full(valid.size, None, dtype=object)
         score = np.full(valid.size, np.nan, dtype=np.float32)

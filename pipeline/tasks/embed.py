@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
 
 from pipeline.tasks._torch import forward, label_map_array, list_array
-from pipeline.tasks.base import TextTask
+from pipeline.tasks.base import LoadedText, TextTask
 
 __all__ = ["EmbedTask"]
 
@@ -36,20 +35,23 @@ class EmbedTask(TextTask):
             ]
         return fields
 
-    def load(self, model_dir: Path, device: str) -> Any:
-        tokenizer, model = super().load(model_dir, device)
-        label_matrix = None
-        if self.config.labels:
-            enc = tokenizer(list(self.config.labels.values()), padding=True, truncation=True,
-                            max_length=self.batching.max_length, return_tensors="np")
-            label_matrix = self._embed((tokenizer, model, None), enc["input_ids"].astype(np.int64),
-                                       enc["attention_mask"].astype(np.int64))
-        return tokenizer, model, label_matrix
+    def load_extras(self, loaded: LoadedText) -> np.ndarray | None:
+        """The label descriptions' embeddings, once per load, in fp32 whatever precision rows then run in."""
+        if not self.config.labels:
+            return None
+        enc = loaded.tokenizer(list(self.config.labels.values()), padding=True, truncation=True,
+                               max_length=self.batching.max_length, return_tensors="np")
+        return self._embed(loaded, enc["input_ids"].astype(np.int64), enc["attention_mask"].astype(np.int64))
 
-    def _embed(self, loaded: Any, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+    def top_labels(self, loaded: LoadedText, outputs: dict[str, np.ndarray]) -> np.ndarray | None:
+        if loaded.labels is None:
+            return None
+        return (outputs["embedding"] @ loaded.labels.T).argmax(axis=1)
+
+    def _embed(self, loaded: LoadedText, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         import torch
 
-        out = forward(loaded[1], input_ids, attention_mask, precision=self.model.precision)
+        out = forward(loaded.model, input_ids, attention_mask, precision=loaded.precision)
         hidden = out.last_hidden_state.float()
         if self.config.pooling == "cls":
             pooled = hidden[:, 0]
@@ -60,17 +62,17 @@ class EmbedTask(TextTask):
             pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
         return pooled.cpu().numpy().astype(np.float32)
 
-    def forward(self, loaded: Any, input_ids: np.ndarray, attention_mask: np.ndarray) -> dict[str, np.ndarray]:
+    def forward(self, loaded: LoadedText, input_ids: np.ndarray, attention_mask: np.ndarray) -> dict[str, np.ndarray]:
         return {"embedding": self._embed(loaded, input_ids, attention_mask)}
 
-    def build_columns(self, loaded: Any, results: dict[str, np.ndarray | None], valid: np.ndarray) -> list[pa.Array]:
+    def build_columns(self, loaded: LoadedText, results: dict[str, np.ndarray | None], valid: np.ndarray) -> list[pa.Array]:
         emb = results.get("embedding")
         columns = []
         if self.config.store_embedding:
             columns.append(list_array(emb, valid, pa.float32()))
         if self.config.labels:
             names = list(self.config.labels)
-            scores = None if emb is None else emb @ loaded[2].T
+            scores = None if emb is None else emb @ loaded.labels.T
             label = np.full(valid.size, None, dtype=object)
             score = np.full(valid.size, np.nan, dtype=np.float32)
             if scores is not None:

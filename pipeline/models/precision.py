@@ -1,0 +1,219 @@
+"""Reduced precision for encoder models, and the accuracy gate that guards it.
+
+``fp32`` is the reference. ``bf16``/``fp16`` run under CPU autocast (weights
+stay fp32) or with cast weights on CUDA. ``int8`` is torch dynamic
+quantisation of the ``nn.Linear`` layers (CPU only), per channel by default,
+with named layers optionally left in fp32.
+
+Reduced precision can silently wreck a model (measured on MiniLM: per-tensor
+int8 on every layer is ~2.3x faster but its embeddings have mean cosine ~0.9
+to fp32), so at load the worker scores a small calibration sample in fp32 and
+in the chosen precision (:func:`select_precision`). Below the configured
+agreement it falls back along :data:`SAFER` (int8 -> bf16 -> fp32,
+fp16 -> fp32) and reports the fallback, or fails when the config says so.
+Imported lazily on executors (torch).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from pipeline.config import AccuracyGateConfig, Int8Config
+
+__all__ = [
+    "CALIBRATION_TEXTS", "SAFER", "GateCheck", "GateResult", "PrecisionGateError", "agreement",
+    "autocast_dtype", "fallback_chain", "prepare_model", "select_precision",
+]
+
+# The next safer precision: bf16 keeps fp32's range, so it is int8's first
+# fallback; fp16 can overflow, so it falls straight back to fp32.
+SAFER: dict[str, str] = {"int8": "bf16", "bf16": "fp32", "fp16": "fp32"}
+
+# Built-in calibration sample: short and long, positive and negative, review-
+# and tweet-like, so both the embedding and the zero-shot label are exercised.
+CALIBRATION_TEXTS: tuple[str, ...] = (
+    "A wonderful, moving film with a brilliant cast. I loved every minute of it.",
+    "Boring, predictable and far too long; I nearly walked out.",
+    "The plot follows a retired detective who returns to his home town when an old friend disappears.",
+    "Great night at the rally, thank you Ohio! Huge crowd, tremendous energy.",
+    "Fake news media is at it again. Sad!",
+    "It's not great, but the music is good and the leads have real chemistry.",
+    "An awful script sinks what could have been a fun summer blockbuster.",
+    "Quietly devastating, and the best performance of the actor's career.",
+    "meh",
+    "Two sisters inherit a crumbling hotel on the coast and must decide whether to sell it to a developer "
+    "or restore it themselves, while old family secrets surface one summer at a time.",
+    "This is the worst sequel I have seen in years; the jokes are stale and the action is incoherent.",
+    "Funny, warm and surprisingly wise about growing older.",
+    "Congratulations to the team on a great win tonight!",
+    "The director never decides whether this is a thriller or a comedy, and it fails at both.",
+    "A visually stunning but emotionally hollow epic.",
+    "I laughed, I cried, I bought the soundtrack.",
+)
+
+
+class PrecisionGateError(RuntimeError):
+    """A reduced precision failed the accuracy gate and the config says to fail rather than fall back."""
+
+
+def fallback_chain(precision: str) -> list[str]:
+    """``precision`` then each safer one down to fp32: ``fallback_chain("int8") == ["int8", "bf16", "fp32"]``."""
+    chain = [precision]
+    while chain[-1] != "fp32":
+        chain.append(SAFER[chain[-1]])
+    return chain
+
+
+def autocast_dtype(precision: str, device_type: str) -> Any:
+    """The CPU autocast dtype for ``precision``, or None (fp32, int8, or CUDA where weights are cast)."""
+    import torch
+
+    if device_type == "cpu" and precision in ("bf16", "fp16"):
+        return torch.bfloat16 if precision == "bf16" else torch.float16
+    return None
+
+
+def prepare_model(model: Any, precision: str, *, int8: Int8Config | None = None, copy_model: bool = False) -> Any:
+    """``model`` ready to run at ``precision`` (fp32 weights in; a new object when quantising or ``copy_model``).
+
+    On CPU bf16/fp16 change nothing here (autocast at forward time); on CUDA
+    they cast the weights. int8 quantises the Linear layers dynamically and is
+    refused on CUDA, where bf16/fp16 are the fast, accurate choice.
+    """
+    import torch
+
+    device = next(model.parameters()).device
+    if precision == "fp32":
+        return model
+    if precision == "int8":
+        if device.type != "cpu":
+            raise ValueError(
+                f"model.precision int8 uses torch dynamic quantisation, which runs on the CPU only, but this model is "
+                f"on {device}; use model.precision bf16 or fp16 on CUDA, or model.device cpu"
+            )
+        return _quantize_int8(model, int8 or Int8Config())
+    if precision not in ("bf16", "fp16"):
+        raise ValueError(f"unknown precision {precision!r}; use fp32, bf16, fp16 or int8")
+    if device.type == "cpu":
+        return model
+    target = copy.deepcopy(model) if copy_model else model
+    return target.to(torch.bfloat16 if precision == "bf16" else torch.float16)
+
+
+def _quantize_int8(model: Any, config: Int8Config) -> Any:
+    import torch
+    from torch.ao.quantization import default_dynamic_qconfig, per_channel_dynamic_qconfig, quantize_dynamic
+
+    qconfig = per_channel_dynamic_qconfig if config.per_channel else default_dynamic_qconfig
+    spec = {
+        name: qconfig for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and not any(skip in name for skip in config.skip_modules)
+    }
+    if not spec:
+        raise ValueError(
+            f"model.int8.skip_modules {config.skip_modules} leaves no Linear layer to quantise; "
+            "skip fewer layers or use model.precision fp32"
+        )
+    with warnings.catch_warnings():  # torch.ao.quantization announces its move to torchao on every call
+        warnings.simplefilter("ignore")
+        return quantize_dynamic(model, qconfig_spec=spec, dtype=torch.qint8, inplace=False)
+
+
+@dataclass(frozen=True)
+class GateCheck:
+    """One precision measured against fp32 on the calibration sample."""
+
+    precision: str
+    mean_cosine: float
+    top_label_agreement: float | None  # None: the task has no labels to compare
+    passed: bool
+
+    def describe(self) -> str:
+        label = "" if self.top_label_agreement is None else f", top-label agreement {self.top_label_agreement:.4f}"
+        return f"{self.precision}: mean cosine {self.mean_cosine:.5f}{label} ({'pass' if self.passed else 'FAIL'})"
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """What the gate decided: the precision requested, the one used, and every check on the way."""
+
+    requested: str
+    precision: str
+    checks: tuple[GateCheck, ...] = field(default_factory=tuple)
+
+    @property
+    def fell_back(self) -> bool:
+        return self.precision != self.requested
+
+    def counts(self) -> dict[str, Any]:
+        """For the WorkerCounts accumulator: the precision each load ended on, and any fallback with its reason."""
+        out: dict[str, Any] = {"precision_used": {self.precision: 1}}
+        if self.fell_back:
+            failed = "; ".join(c.describe() for c in self.checks if not c.passed)
+            out["precision_fallbacks"] = {f"{self.requested}->{self.precision} ({failed})": 1}
+        return out
+
+
+def agreement(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray],
+              top_labels: Callable[[dict[str, np.ndarray]], np.ndarray | None]) -> tuple[float, float | None]:
+    """``(mean cosine, top-label agreement)`` of ``candidate`` outputs against ``reference`` (row by row).
+
+    The cosine is averaged over rows of every output array (embeddings,
+    probabilities); ``top_labels`` maps outputs to one label index per row
+    (None when the task has no labels).
+    """
+    cosines = []
+    for name, ref in reference.items():
+        a = ref.reshape(ref.shape[0], -1).astype(np.float64)
+        b = candidate[name].reshape(a.shape[0], -1).astype(np.float64)
+        denom = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+        cosines.append((a * b).sum(1) / np.where(denom == 0, 1.0, denom))
+    mean_cosine = float(np.concatenate(cosines).mean()) if cosines else 1.0
+    ref_top, cand_top = top_labels(reference), top_labels(candidate)
+    top = None if ref_top is None or cand_top is None else float((ref_top == cand_top).mean())
+    return mean_cosine, top
+
+
+def select_precision(
+    model: Any,
+    requested: str,
+    *,
+    run: Callable[[Any, str, Sequence[str]], dict[str, np.ndarray]],
+    top_labels: Callable[[dict[str, np.ndarray]], np.ndarray | None],
+    gate: AccuracyGateConfig,
+    int8: Int8Config | None = None,
+) -> tuple[Any, GateResult]:
+    """The model to use and the gate's verdict, trying ``requested`` then each safer precision.
+
+    ``run(model, precision, texts)`` scores texts and returns the task's
+    outputs (row-aligned arrays). With the gate disabled, or for fp32, the
+    requested precision is used unchecked.
+    """
+    if requested == "fp32" or not gate.enabled:
+        return prepare_model(model, requested, int8=int8), GateResult(requested, requested)
+    texts = list(gate.calibration_texts or CALIBRATION_TEXTS)
+    reference = run(model, "fp32", texts)
+    checks: list[GateCheck] = []
+    for precision in fallback_chain(requested):
+        if precision == "fp32":
+            return model, GateResult(requested, "fp32", tuple(checks))
+        candidate = prepare_model(model, precision, int8=int8, copy_model=True)
+        cosine, top = agreement(reference, run(candidate, precision, texts), top_labels)
+        passed = cosine >= gate.min_mean_cosine and (top is None or top >= gate.min_top_label_agreement)
+        checks.append(GateCheck(precision, cosine, top, passed))
+        if passed:
+            return candidate, GateResult(requested, precision, tuple(checks))
+        if gate.on_fail == "fail":
+            raise PrecisionGateError(
+                f"model.precision {requested} failed the accuracy gate on {len(texts)} calibration texts "
+                f"({checks[-1].describe()}; thresholds: mean cosine >= {gate.min_mean_cosine}, top-label agreement >= "
+                f"{gate.min_top_label_agreement}); use a safer precision, relax model.accuracy_gate, or set "
+                "model.accuracy_gate.on_fail: fallback"
+            )
+        del candidate
+    raise AssertionError("unreachable: the chain ends at fp32")  # pragma: no cover
