@@ -79,6 +79,9 @@ class RunSummary:
     writer: str
     batch_sizes: dict[str, int] = field(default_factory=dict)
     samples: list[dict[str, Any]] = field(default_factory=list)
+    # model loads per precision actually used, and accuracy-gate fallbacks with their reason
+    precision_used: dict[str, int] = field(default_factory=dict)
+    precision_fallbacks: dict[str, int] = field(default_factory=dict)
 
     @property
     def rows_flagged(self) -> int:
@@ -135,6 +138,13 @@ class RunSummary:
             f"({self.tokens:,} real / {self.padded_tokens:,} padded tokens in {self.batches:,} batches)",
             f"model                   : {self.model_name} @ {self.model_revision}",
             f"model loads             : {load_line}",
+        ]
+        if self.precision_used:
+            used = ", ".join(f"{p} x{n}" for p, n in sorted(self.precision_used.items()))
+            lines.append(f"precision               : {used} (model loads)")
+        for reason, n in sorted(self.precision_fallbacks.items()):
+            lines.append(f"precision fallback      : {reason} in {n} load(s)")
+        lines += [
             f"output                  : {self.output} (Delta version {self.delta_version}, {self.writer} writer)",
         ]
         for row in self.samples:

@@ -169,6 +169,7 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
         model_name=model_name, model_revision=revision, output=result.output,
         delta_version=result.version, writer=result.writer,
         batch_sizes={k: int(v) for k, v in counts.get("batch_sizes", {}).items()}, samples=samples,
+        precision_used=counts.get("precision_used", {}), precision_fallbacks=counts.get("precision_fallbacks", {}),
     )
     print(summary.render(), file=out, flush=True)
     if config.run.summary_path:

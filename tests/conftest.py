@@ -114,3 +114,17 @@ def read_delta(path: Path | str, **filters: Any) -> pa.Table:
     from deltalake import DeltaTable
 
     return pa.table(DeltaTable(str(path)).to_pyarrow_table())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip ``gpu``-marked tests where torch sees no CUDA device (run them on a GPU machine: bench/gpu.sh)."""
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+    for item in gpu_items:
+        item.add_marker(skip)

@@ -96,12 +96,13 @@ def score_partition(
     import torch
 
     # set on every task: a reused worker keeps whatever the previous task set
-    torch.set_num_threads(task_threads(ctx.cpus() if ctx else None))
+    torch.set_num_threads(task_threads(ctx.cpus() if ctx else None, override=plan.model.torch_threads))
     key = (task.cache_key(), device)
     started = time.perf_counter()
     loaded, fresh = cache.get_or_load(key, lambda: _load(task, plan.model, device))
     if fresh:
         counts.merge({"model_loads": {worker: 1}, "load_seconds": time.perf_counter() - started})
+        counts.merge(getattr(loaded, "load_counts", {}))  # e.g. the precision the accuracy gate chose
     if progress is not None:
         progress.restart()  # rates from the first batch on, not from the model load
     keep = ("id", *plan.keep_columns)
