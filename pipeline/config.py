@@ -112,7 +112,8 @@ class AccuracyGateConfig(_Model):
 
     The calibration texts run in fp32 and in the chosen precision; below a
     threshold the worker falls back to the next safer precision (int8 -> bf16
-    -> fp32, fp16 -> fp32) and the run summary says so, or fails with
+    -> fp32, fp16 -> fp32; int8 -> fp32 on a CPU without native bf16) and the
+    run summary says so, or fails with
     ``on_fail: fail``.
     """
 

@@ -3,7 +3,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.batching import Batch, collate, pad_multiple, padded_length, padding_efficiency, plan_batches
+from pipeline.batching import (
+    Batch, BatchSizeMemory, bucket_length, collate, pad_multiple, padded_length, padding_efficiency, plan_batches,
+)
 
 
 def test_padded_length_rounds_up_and_caps():
@@ -111,3 +113,74 @@ def test_worker_progress_prints_at_most_every_interval():
     counts.add_batch(rows=2, tokens=10, padded_tokens=12)
     line = out.getvalue()
     assert line.startswith("[job worker 1] 6 rows in 2 batches") and line.count("\n") == 1
+
+
+# -- token budget, bucket shapes, batch-size memory ------------------------------------------
+
+def _check_partition(batches, n):
+    seen = np.concatenate([b.indices for b in batches]) if batches else np.array([], dtype=np.int64)
+    assert sorted(seen.tolist()) == list(range(n)), "every row in exactly one batch"
+
+
+def test_token_budget_varies_rows_with_length():
+    rng = np.random.default_rng(2)
+    lengths = np.clip(rng.lognormal(3.5, 0.9, size=3000).astype(int), 3, 256)
+    batches = plan_batches(lengths, batch_size=256, pad_to_multiple_of=1, max_length=256, token_budget=2048)
+    _check_partition(batches, lengths.size)
+    assert all(b.padded_tokens <= 2048 for b in batches)
+    assert all(b.length == lengths[b.indices].max() for b in batches)
+    # short rows travel in big batches, long rows in small ones
+    assert batches[0].size > 8 * batches[-1].size
+    assert max(b.size for b in batches) <= 256
+    # greedy: a batch stops only when one more row would break the budget (or the row cap)
+    order = np.concatenate([b.indices for b in batches])
+    for b, nxt in zip(batches, batches[1:]):
+        grown = max(b.length, int(lengths[nxt.indices[0]]))
+        assert b.size == 256 or (b.size + 1) * grown > 2048
+    assert np.all(np.diff(lengths[order]) >= 0)
+
+
+def test_token_budget_gives_an_over_budget_row_its_own_batch():
+    batches = plan_batches([4, 4, 4, 30], batch_size=8, pad_to_multiple_of=1, token_budget=12)
+    assert [(b.indices.tolist(), b.length) for b in batches] == [([0, 1, 2], 4), ([3], 30)]
+
+
+def test_bucket_shapes_pad_to_fixed_shapes_without_mixing():
+    lengths = [5, 40, 31, 33, 64, 65, 200, 12]
+    batches = plan_batches(lengths, batch_size=4, max_length=256, bucket_shapes=[32, 64, 128, 256])
+    _check_partition(batches, len(lengths))
+    assert [(sorted(np.asarray(lengths)[b.indices].tolist()), b.length) for b in batches] == [
+        ([5, 12, 31], 32), ([33, 40, 64], 64), ([65], 128), ([200], 256),
+    ]
+
+
+def test_bucket_shapes_with_a_row_longer_than_every_shape():
+    (batch,) = plan_batches([70], batch_size=4, pad_to_multiple_of=8, bucket_shapes=[32, 64])
+    assert batch.length == 72
+    assert bucket_length(33, [32, 64]) == 64 and bucket_length(60, [32, 64], cap=48) == 48
+
+
+def test_bucket_shapes_and_budget_together():
+    batches = plan_batches([10] * 10 + [50] * 3, batch_size=64, bucket_shapes=[16, 64], token_budget=64)
+    assert [(b.size, b.length) for b in batches] == [(4, 16), (4, 16), (2, 16), (1, 64), (1, 64), (1, 64)]
+
+
+def test_invalid_budget_and_shapes():
+    with pytest.raises(ValueError, match="token_budget"):
+        plan_batches([1], batch_size=2, token_budget=0)
+    with pytest.raises(ValueError, match="bucket_shapes"):
+        plan_batches([1], batch_size=2, bucket_shapes=[0, 32])
+
+
+def test_batch_size_memory_is_per_length_bucket_and_only_shrinks():
+    memory = BatchSizeMemory()
+    assert memory.limit(100) is None
+    memory.record_out_of_memory(length=100, rows=64)
+    assert memory.limit(65) == memory.limit(128) == 32
+    assert memory.limit(64) is None and memory.limit(129) is None
+    memory.record_out_of_memory(length=120, rows=32)
+    assert memory.limit(100) == 16
+    memory.record_out_of_memory(length=100, rows=64)  # a stale, bigger failure never raises the limit
+    assert memory.limit(100) == 16
+    memory.record_out_of_memory(length=3, rows=1)
+    assert memory.as_dict() == {16: 1, 128: 16}

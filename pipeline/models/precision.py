@@ -10,7 +10,8 @@ int8 on every layer is ~2.3x faster but its embeddings have mean cosine ~0.9
 to fp32), so at load the worker scores a small calibration sample in fp32 and
 in the chosen precision (:func:`select_precision`). Below the configured
 agreement it falls back along :data:`SAFER` (int8 -> bf16 -> fp32,
-fp16 -> fp32) and reports the fallback, or fails when the config says so.
+fp16 -> fp32; int8 -> fp32 on a CPU without native bf16, where bf16 is
+slower than fp32) and reports the fallback, or fails when the config says so.
 Imported lazily on executors (torch).
 """
 
@@ -27,7 +28,7 @@ from pipeline.config import AccuracyGateConfig, Int8Config
 
 __all__ = [
     "CALIBRATION_TEXTS", "SAFER", "GateCheck", "GateResult", "PrecisionGateError", "agreement",
-    "autocast_dtype", "fallback_chain", "prepare_model", "select_precision",
+    "autocast_dtype", "fallback_chain", "has_fast_bf16", "prepare_model", "select_precision",
 ]
 
 # The next safer precision: bf16 keeps fp32's range, so it is int8's first
@@ -61,12 +62,30 @@ class PrecisionGateError(RuntimeError):
     """A reduced precision failed the accuracy gate and the config says to fail rather than fall back."""
 
 
-def fallback_chain(precision: str) -> list[str]:
-    """``precision`` then each safer one down to fp32: ``fallback_chain("int8") == ["int8", "bf16", "fp32"]``."""
+def fallback_chain(precision: str, *, fast_bf16: bool = True) -> list[str]:
+    """``precision`` then each safer one down to fp32: ``fallback_chain("int8") == ["int8", "bf16", "fp32"]``.
+
+    Without ``fast_bf16`` (a CPU with no native bf16, where bf16 autocast is
+    several times slower than fp32) bf16 is no fallback: int8 falls back to fp32.
+    """
     chain = [precision]
     while chain[-1] != "fp32":
         chain.append(SAFER[chain[-1]])
+        if chain[-1] == "bf16" and not fast_bf16:
+            chain[-1] = "fp32"
     return chain
+
+
+def has_fast_bf16(device_type: str) -> bool:
+    """Whether bf16 is a speed-up on this device: CUDA, or a CPU with native bf16 (AVX-512 BF16, AMX)."""
+    if device_type != "cpu":
+        return True
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # pragma: no cover - builds without oneDNN
+        return False
 
 
 def autocast_dtype(precision: str, device_type: str) -> Any:
@@ -135,7 +154,7 @@ class GateCheck:
 
     def describe(self) -> str:
         label = "" if self.top_label_agreement is None else f", top-label agreement {self.top_label_agreement:.4f}"
-        return f"{self.precision}: mean cosine {self.mean_cosine:.5f}{label} ({'pass' if self.passed else 'FAIL'})"
+        return f"{self.precision}: mean cosine {self.mean_cosine:.6f}{label} ({'pass' if self.passed else 'FAIL'})"
 
 
 @dataclass(frozen=True)
@@ -199,7 +218,8 @@ def select_precision(
     texts = list(gate.calibration_texts or CALIBRATION_TEXTS)
     reference = run(model, "fp32", texts)
     checks: list[GateCheck] = []
-    for precision in fallback_chain(requested):
+    device_type = next(model.parameters()).device.type
+    for precision in fallback_chain(requested, fast_bf16=has_fast_bf16(device_type)):
         if precision == "fp32":
             return model, GateResult(requested, "fp32", tuple(checks))
         candidate = prepare_model(model, precision, int8=int8, copy_model=True)

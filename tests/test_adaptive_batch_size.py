@@ -1,0 +1,73 @@
+"""Adaptive batch size: out-of-memory splits are remembered per length bucket; no row lost or scored twice."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipeline.config import BatchingConfig, EmbedTaskConfig, ModelConfig
+from pipeline.metrics import WorkerCounts
+from pipeline.tasks import build_task
+
+from .conftest import SENTENCES
+
+# short rows (5-7 tokens, bucket 16) and long rows (40+ tokens, bucket 64), interleaved
+TEXTS = [f"good movie {i}" if i % 2 else " ".join(SENTENCES[:4]) + f" {i}" for i in range(40)]
+# 16 rows x 7 tokens fit under 128 padded tokens; 16 rows x 40+ tokens do not
+FAULTS = '{"oom_above_tokens": 128}'
+
+
+def _task(model_dir, *, adaptive=True):
+    return build_task(EmbedTaskConfig(), model=ModelConfig(path=str(model_dir)),
+                      batching=BatchingConfig(batch_size=16, max_length=64, adaptive_batch_size=adaptive))
+
+
+def _run(task, loaded, counts):
+    chunk = pa.record_batch([pa.array(TEXTS, pa.string())], names=["text"])
+    return task.process(loaded, chunk, counts)
+
+
+@pytest.fixture
+def clean(tiny_embed_model):
+    task = _task(tiny_embed_model)
+    return np.array(_run(task, task.load(tiny_embed_model, "cpu"), WorkerCounts()).column("embedding").to_pylist())
+
+
+def _assert_every_row_once(out, counts, clean):
+    assert out.num_rows == len(TEXTS) and set(out.column("status").to_pylist()) == {"ok"}
+    np.testing.assert_allclose(np.array(out.column("embedding").to_pylist()), clean, atol=1e-5)
+    scored = sum(int(size) * n for size, n in counts.counts["batch_sizes"].items())
+    assert scored == counts.counts["batch_rows"] == len(TEXTS)  # nothing scored twice
+
+
+def test_out_of_memory_size_is_remembered_per_bucket(tiny_embed_model, monkeypatch, clean):
+    task = _task(tiny_embed_model)
+    loaded = task.load(tiny_embed_model, "cpu")
+    monkeypatch.setenv("SBI_FAULTS", FAULTS)
+
+    first = WorkerCounts()
+    _assert_every_row_once(_run(task, loaded, first), first, clean)
+    assert first.counts["oom_splits"] >= 1
+    limits = loaded.memory.as_dict()
+    assert 16 not in limits, "short rows never ran out of memory: their batch size must not shrink"
+    (bucket, rows), = limits.items()
+    assert bucket == 64 and 1 <= rows < 16 and rows * 64 <= 2 * 128
+
+    # the next chunk on this worker uses the remembered size: no new out-of-memory error
+    second = WorkerCounts()
+    _assert_every_row_once(_run(task, loaded, second), second, clean)
+    assert "oom_splits" not in second.counts and second.counts["adaptive_splits"] >= 1
+    assert loaded.memory.as_dict() == limits
+    assert max(int(s) for s in second.counts["batch_sizes"]) == 16  # short rows still in full batches
+
+
+def test_without_adaptive_every_chunk_splits_again(tiny_embed_model, monkeypatch, clean):
+    task = _task(tiny_embed_model, adaptive=False)
+    loaded = task.load(tiny_embed_model, "cpu")
+    monkeypatch.setenv("SBI_FAULTS", FAULTS)
+    for _ in range(2):
+        counts = WorkerCounts()
+        _assert_every_row_once(_run(task, loaded, counts), counts, clean)
+        assert counts.counts["oom_splits"] >= 1
+    assert loaded.memory.as_dict() == {}
