@@ -15,7 +15,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: venv demo demo-data demo-generate test bench lock clean
+.PHONY: venv demo demo-data demo-generate test bench bench-gpu lock clean
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -50,8 +50,15 @@ demo-generate: demo-data
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# Encoder batching benchmark (docs/benchmarks.md): about 20 minutes on 2 busy shared cores.
+# BENCH_ARGS="--rows 20000 --subset-c 1000 --torchao" passes options through.
+BENCH_ARGS ?=
 bench: demo-data
-	$(PY) bench/bench_batching.py
+	PYTHONPATH=. $(PY) bench/bench_batching.py $(BENCH_ARGS)
+
+# The same benchmark on a CUDA machine (bf16, batches of 256), after the gpu-marked tests.
+bench-gpu: demo-data
+	PY=$(PY) bench/gpu.sh $(BENCH_ARGS)
 
 # Re-pin every dependency from requirements.in in a clean venv.
 lock:

@@ -165,3 +165,22 @@ def test_fallback_reaches_the_run_summary(spark, tmp_path, tiny_embed_model):
     (reason,) = summary.precision_fallbacks
     assert reason.startswith("bf16->fp32") and summary.precision_fallbacks[reason] == loads
     assert "precision fallback      : bf16->fp32" in out.getvalue()
+
+
+@pytest.mark.gpu
+def test_cuda_bf16_casts_weights_and_passes_the_gate(tiny_embed_model):
+    import torch
+
+    task = _task(tiny_embed_model, "bf16", accuracy_gate={"min_mean_cosine": 0.99, "min_top_label_agreement": 0.9})
+    loaded = task.load(tiny_embed_model, "cuda:0")
+    assert loaded.precision == "bf16" and next(loaded.model.parameters()).dtype == torch.bfloat16
+    fp32 = _task(tiny_embed_model, "fp32")
+    a = _embeddings(fp32, fp32.load(tiny_embed_model, "cpu"))
+    assert (a * _embeddings(task, loaded)).sum(1).min() > 0.99
+
+
+@pytest.mark.gpu
+def test_cuda_refuses_int8(tiny_embed_model):
+    task = _task(tiny_embed_model, "int8", accuracy_gate={"enabled": False})
+    with pytest.raises(ValueError, match="runs on the CPU only"):
+        task.load(tiny_embed_model, "cuda:0")
