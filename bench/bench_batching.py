@@ -140,11 +140,22 @@ def run_pipeline(spark: Any, input_path: str, out_dir: Path, *, limit: int | Non
 
 # -------------------------------------------------------------- (c) predict_batch_udf
 
+def time_udf(spark: Any, input_path: str, n: int, udf: Any) -> dict:
+    """Seconds to run ``udf`` over the first ``n`` input rows (cached first) into the ``noop`` sink."""
+    from pipeline.io.sources import read_delta
+
+    df = read_delta(spark, input_path).limit(n).repartition(THREADS).cache()
+    df.count()
+    start = time.perf_counter()
+    df.select("doc_id", udf("text").alias("embedding")).write.format("noop").mode("overwrite").save()
+    seconds = time.perf_counter() - start
+    df.unpersist()
+    return {"seconds": seconds, "rows": n}
+
+
 def run_predict_batch_udf(spark: Any, input_path: str, n: int) -> dict:
     from pyspark.ml.functions import predict_batch_udf
     from pyspark.sql.types import ArrayType, FloatType
-
-    from pipeline.io.sources import read_delta
 
     def make_predict_fn():
         import torch
@@ -168,13 +179,7 @@ def run_predict_batch_udf(spark: Any, input_path: str, n: int) -> dict:
         return predict
 
     embed = predict_batch_udf(make_predict_fn, return_type=ArrayType(FloatType()), batch_size=BATCH)
-    df = read_delta(spark, input_path).limit(n).repartition(THREADS).cache()
-    df.count()
-    start = time.perf_counter()
-    df.select("doc_id", embed("text").alias("embedding")).write.format("noop").mode("overwrite").save()
-    seconds = time.perf_counter() - start
-    df.unpersist()
-    return {"seconds": seconds, "rows": n}
+    return time_udf(spark, input_path, n, embed)
 
 
 # ----------------------------------------------------------------- (d) row at a time
@@ -182,8 +187,6 @@ def run_predict_batch_udf(spark: Any, input_path: str, n: int) -> dict:
 def run_row_udf(spark: Any, input_path: str, n: int) -> dict:
     from pyspark.sql import functions as F
     from pyspark.sql.types import ArrayType, FloatType
-
-    from pipeline.io.sources import read_delta
 
     cache: dict[str, Any] = {}
 
@@ -203,13 +206,7 @@ def run_row_udf(spark: Any, input_path: str, n: int) -> dict:
             pooled = cache["model"](**enc).last_hidden_state.float().mean(1)
         return torch.nn.functional.normalize(pooled, dim=1)[0].tolist()
 
-    df = read_delta(spark, input_path).limit(n).repartition(THREADS).cache()
-    df.count()
-    start = time.perf_counter()
-    df.select("doc_id", embed_one("text").alias("embedding")).write.format("noop").mode("overwrite").save()
-    seconds = time.perf_counter() - start
-    df.unpersist()
-    return {"seconds": seconds, "rows": n}
+    return time_udf(spark, input_path, n, embed_one)
 
 
 def _torch_dtype() -> Any:

@@ -184,3 +184,12 @@ def test_batch_size_memory_is_per_length_bucket_and_only_shrinks():
     assert memory.limit(100) == 16
     memory.record_out_of_memory(length=3, rows=1)
     assert memory.as_dict() == {16: 1, 128: 16}
+
+
+def test_docstring_examples_hold():
+    import doctest
+
+    import pipeline.batching
+
+    result = doctest.testmod(pipeline.batching)
+    assert result.attempted >= 4 and result.failed == 0
