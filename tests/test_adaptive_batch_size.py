@@ -6,6 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from pipeline.batching import BatchSizeMemory
 from pipeline.config import BatchingConfig, EmbedTaskConfig, ModelConfig
 from pipeline.metrics import WorkerCounts
 from pipeline.tasks import build_task
@@ -47,12 +48,16 @@ def test_out_of_memory_size_is_remembered_per_bucket(tiny_embed_model, monkeypat
     monkeypatch.setenv("SBI_FAULTS", FAULTS)
 
     first = WorkerCounts()
-    _assert_every_row_once(_run(task, loaded, first), first, clean)
+    out = _run(task, loaded, first)
+    _assert_every_row_once(out, first, clean)
     assert first.counts["oom_splits"] >= 1
+    n_tokens = np.array(out.column("n_tokens").to_pylist())
+    short, long = n_tokens[1::2], n_tokens[0::2]
+    assert short.max() * 16 <= 128 < long.min() * 16, "the fault must hit long full batches only"
     limits = loaded.memory.as_dict()
-    assert 16 not in limits, "short rows never ran out of memory: their batch size must not shrink"
+    assert BatchSizeMemory.bucket(int(short.max())) not in limits, "short rows never ran out of memory"
     (bucket, rows), = limits.items()
-    assert bucket == 64 and 1 <= rows < 16 and rows * 64 <= 2 * 128
+    assert bucket == BatchSizeMemory.bucket(int(long.max())) and 1 <= rows < 16
 
     # the next chunk on this worker uses the remembered size: no new out-of-memory error
     second = WorkerCounts()
