@@ -74,8 +74,10 @@ class SourceConfig(_Model):
     keep_columns: list[str] = Field(default_factory=list)
     where: str | None = None
     limit: int | None = Field(None, gt=0)
-    # Spark input partitions; None keeps what the source gives.
+    # Spark input partitions; None: at least one per core, hashed by id.
     repartition: int | None = Field(None, gt=0)
+    # Fail before any work if an id is null or appears twice.
+    unique_ids: bool = False
 
     @model_validator(mode="after")
     def _location(self) -> "SourceConfig":
@@ -186,6 +188,16 @@ class SinkConfig(_Model):
     mode: Literal["append", "overwrite", "overwrite_partition"] = "overwrite_partition"
     partition_by: list[str] = Field(default_factory=lambda: ["ds"])
     writer: Literal["auto", "delta", "deltalake"] = "auto"
+    # Rows whose scoring failed (status error) go here with their input and error,
+    # not to the output; default: the output path + "_quarantine".
+    quarantine_path: str | None = None
+
+    def resolved_quarantine_path(self) -> str:
+        if self.quarantine_path:
+            return self.quarantine_path
+        if self.path:
+            return self.path.rstrip("/") + "_quarantine"
+        raise ValueError("sink.table needs an explicit sink.quarantine_path")
 
     @model_validator(mode="after")
     def _location(self) -> "SinkConfig":
@@ -205,6 +217,11 @@ class RunConfig(_Model):
     progress_interval_s: float = Field(10.0, gt=0)
     sample_rows: int = Field(3, ge=0)
     summary_path: str | None = None
+    # Score only rows whose (id, content hash) the output lacks for this model revision;
+    # the new rows are appended to the run's partition.
+    incremental: bool = False
+    # Fault injection for tests and drills (see pipeline.faults); merged over $SBI_FAULTS.
+    faults: dict[str, Any] = Field(default_factory=dict)
 
     def resolved_ds(self) -> dt.date:
         return self.ds or dt.datetime.now(dt.timezone.utc).date()

@@ -60,7 +60,7 @@ def test_end_to_end_append_then_partition_overwrite(spark, tmp_path, tiny_embed_
     assert len(ids) == 200 and len(set(ids)) == 200
     assert set(ids) == {f"d{i:05d}" for i in range(200)}
     assert table.schema.names == [
-        "doc_id", "source", "embedding", "label", "score", "scores", "n_tokens", "truncated", "status", "error",
+        "doc_id", "content_hash", "source", "embedding", "label", "score", "scores", "n_tokens", "truncated", "status", "error",
         "model_name", "model_revision", "run_id", "scored_at", "ds",
     ]
     assert set(table["model_name"].to_pylist()) == {"tiny-bert"}

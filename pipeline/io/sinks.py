@@ -57,15 +57,19 @@ def write_sink(
     *,
     partition_values: Mapping[str, Any] | None = None,
     commit_metadata: Mapping[str, Any] | None = None,
+    faults: Mapping[str, Any] | None = None,
+    path: str | None = None,
 ) -> WriteResult:
     """Write ``df`` as configured; returns where, with which writer, and the Delta version made.
 
     ``partition_values`` names the partition this run writes (e.g. ``{"ds": date}``);
     with ``mode: overwrite_partition`` exactly that partition is replaced.
+    ``path`` writes to another folder with the same settings (the quarantine table).
     """
     spark = df.sparkSession
     writer = resolve_writer(spark, config)
-    target = config.table or os.path.abspath(str(config.path))
+    table = None if path else config.table
+    target = table or os.path.abspath(str(path or config.path))
     replace = dict(partition_values or {}) if config.mode == "overwrite_partition" else {}
     if config.mode == "overwrite_partition":
         missing = [c for c in config.partition_by if c not in replace]
@@ -82,13 +86,13 @@ def write_sink(
         if replace:
             w = w.option("replaceWhere", " AND ".join(f"{c} = {_sql_literal(v)}" for c, v in replace.items()))
         try:
-            w.saveAsTable(config.table) if config.table else w.save(target)
+            w.saveAsTable(table) if table else w.save(target)
         except Exception as exc:  # noqa: BLE001
             raise SinkError(f"writing Delta table {target} failed: {str(exc).strip().splitlines()[0]}") from exc
-        version = _native_version(spark, config, target)
+        version = _native_version(spark, table, target)
         return WriteResult(target, writer, version, write_id)
 
-    if config.table:
+    if table:
         raise SinkError(
             f"sink.table {config.table!r} needs the Delta Spark connector (catalog tables); "
             "without it set sink.path to a folder instead"
@@ -103,6 +107,7 @@ def write_sink(
         .option("partition_by", ",".join(config.partition_by))
         .option("write_id", write_id)
         .option("commit_metadata", json.dumps(metadata, default=str))
+        .option("faults", json.dumps(dict(faults or {})))
     )
     if replace:
         w = w.option("replace_where", json.dumps(replace, default=str))
@@ -136,9 +141,9 @@ def _deltalake_version(path: str, write_id: str) -> int | None:
     return None
 
 
-def _native_version(spark: Any, config: SinkConfig, target: str) -> int | None:
+def _native_version(spark: Any, table: str | None, target: str) -> int | None:
     try:
-        name = config.table or f"delta.`{target}`"
+        name = table or f"delta.`{target}`"
         row = spark.sql(f"DESCRIBE HISTORY {name} LIMIT 1").collect()[0]
         return int(row["version"])
     except Exception:  # noqa: BLE001 - the version is informative only
