@@ -45,7 +45,7 @@ def top_k_desc(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
     if rows == 0 or k == 0:
         empty = scores.new_empty((rows, k))
         return empty, torch.empty((rows, k), dtype=torch.int64, device=scores.device)
-    scores = torch.nan_to_num(scores, nan=float("-inf"))
+    scores = scores.masked_fill(torch.isnan(scores), float("-inf"))
     # The k-th largest value per row; its value is unambiguous even when its index is not.
     kth = torch.topk(scores, k, dim=1, sorted=False).values.amin(dim=1, keepdim=True)
     above = scores > kth
