@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -28,13 +29,13 @@ import pandas as pd
 import torch
 
 from pipeline.recs.config import TrainConfig
-from pipeline.recs.data import RecsData
+from pipeline.recs.data import RecsData, read_recs_tables
 from pipeline.recs.evaluate import Holdout, popularity_top_k, ranking_metrics, seen_lists, split_holdout, summarize
 from pipeline.recs.features import FeatureSpec, IdIndex, infer_feature_spec
-from pipeline.recs.model import TwoTower, TwoTowerSpec, UserInputs, encode_users
+from pipeline.recs.model import TwoTower, TwoTowerSpec, UserInputs, encode_users, save_two_tower
 from pipeline.recs.scoring import item_matrix, recommend_users, seen_coordinates
 
-__all__ = ["TrainResult", "build_two_tower", "evaluate_two_tower", "train_two_tower", "user_features"]
+__all__ = ["TrainResult", "build_two_tower", "evaluate_two_tower", "train_and_save", "train_two_tower", "user_features"]
 
 DEFAULT_FEATURES = ("age", "gender", "occupation")
 
@@ -188,3 +189,34 @@ def evaluate_two_tower(model: TwoTower, data: RecsData, holdout: Holdout, *, k: 
     recommended = np.where(positions >= 0, model.spec.item_ids.ids[np.maximum(positions, 0)], -1)
     baseline = popularity_top_k(holdout.train, model.spec.item_ids, users, k=k)
     return summarize(ranking_metrics(recommended, relevant, k=k), ranking_metrics(baseline, relevant, k=k), k=k)
+
+
+def train_and_save(
+    warehouse: str | Path,
+    model_root: str | Path,
+    config: TrainConfig = TrainConfig(),
+    *,
+    refit_full: bool = False,
+    feature_columns: Sequence[str] = DEFAULT_FEATURES,
+    log: Callable[[str], None] | None = print,
+) -> dict[str, Any]:
+    """Read the recs tables, train, evaluate against popularity, save a model revision; returns a summary.
+
+    With ``refit_full`` the saved model is refitted on all interactions after
+    the evaluated fit (what a nightly refresh should serve); the recorded
+    metrics are those of the held-out fit.
+    """
+    data = read_recs_tables(warehouse)
+    result = train_two_tower(data, config, feature_columns=feature_columns, log=log)
+    metrics: dict[str, Any] = {"train_seconds": round(result.seconds, 2), "examples": result.examples,
+                               "epoch_losses": [round(x, 4) for x in result.epoch_losses]}
+    if config.holdout_per_user > 0:
+        metrics["holdout"] = evaluate_two_tower(result.model, data, result.holdout, max_history=config.max_history)
+    model = result.model
+    if refit_full:
+        full = train_two_tower(data, config.model_copy(update={"holdout_per_user": 0}),
+                               feature_columns=feature_columns, log=log)
+        model = full.model
+        metrics.update(refit_full=True, refit_seconds=round(full.seconds, 2))
+    folder, revision = save_two_tower(model, model_root, metrics=metrics)
+    return {"model_path": str(folder), "revision": revision, **metrics}
