@@ -1,0 +1,14 @@
+"""Recommendations: a two-tower model, batched top-K scoring, and the nightly refresh.
+
+Pure layers (no pyspark): :mod:`~pipeline.recs.data` (MovieLens tables),
+:mod:`~pipeline.recs.features`, :mod:`~pipeline.recs.model`,
+:mod:`~pipeline.recs.train`, :mod:`~pipeline.recs.scoring`,
+:mod:`~pipeline.recs.evaluate` and :mod:`~pipeline.recs.task`. Importing this
+package does not import torch; the submodules that need it do.
+"""
+
+from __future__ import annotations
+
+from pipeline.recs.config import RecommendTaskConfig, TrainConfig
+
+__all__ = ["RecommendTaskConfig", "TrainConfig"]
