@@ -1,0 +1,16 @@
+"""Spark batch inference: score tables with Hugging Face / torch models on executors, write Delta.
+
+The public surface is small::
+
+    from pipeline import load_config, run_job
+    summary = run_job(load_config("conf/score_documents.yaml"))
+"""
+
+from __future__ import annotations
+
+from pipeline.config import ConfigError, JobConfig, load_config
+from pipeline.metrics import RunSummary
+from pipeline.runner import JobError, run_job
+
+__all__ = ["ConfigError", "JobConfig", "JobError", "RunSummary", "load_config", "run_job"]
+__version__ = "0.1.0"

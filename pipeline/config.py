@@ -124,7 +124,8 @@ class BatchingConfig(_Model):
 
     batch_size: int = Field(64, gt=0)
     max_length: int = Field(256, gt=0)
-    pad_to_multiple_of: int = Field(8, gt=0)
+    # "auto": 8 on CUDA (tensor-core shapes), 1 on CPU (rounding up only adds padding there)
+    pad_to_multiple_of: Union[Literal["auto"], Annotated[int, Field(gt=0)]] = "auto"
     sort_by_length: bool = True
 
 
@@ -214,6 +215,10 @@ def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
             raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from None
         node = tree
         parts = key.split(".")
+        if parts[:2] == ["spark", "conf"] and len(parts) > 3:
+            # Spark settings are dotted themselves: spark.conf.<spark.key> is one key, a string
+            parts = ["spark", "conf", ".".join(parts[2:])]
+            value = raw.strip()
         for part in parts[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
@@ -244,24 +249,21 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | None:
+_TASK_CONFIGS: dict[str, type[BaseModel]] = {"embed": EmbedTaskConfig, "classify": ClassifyTaskConfig}
+
+
+def _allowed_keys(loc: tuple[Any, ...]) -> list[str] | None:
     """The field names allowed at ``loc`` (the parent of an unknown key), for the error message."""
-    current: Any = model
+    current: Any = JobConfig
     for part in loc:
-        fields = getattr(current, "model_fields", None)
-        if fields is None:
+        if part in _TASK_CONFIGS and current is None:
+            current = _TASK_CONFIGS[part]
+            continue
+        fields = getattr(current, "model_fields", {})
+        if part not in fields:
             return None
-        if part in fields:
-            annotation = fields[part].annotation
-            current = annotation
-        elif isinstance(part, str) and hasattr(current, "__args__"):
-            return None
-        else:
-            # discriminated unions show the tag ("embed") as a location part
-            return None
-        if hasattr(current, "__args__"):  # Optional[...] / Union
-            members = [a for a in current.__args__ if hasattr(a, "model_fields")]
-            current = members[0] if len(members) == 1 else current
+        # the task union is resolved by its tag, which pydantic puts next in loc
+        current = None if part == "task" else fields[part].annotation
     fields = getattr(current, "model_fields", None)
     return sorted(fields) if fields else None
 
@@ -269,11 +271,10 @@ def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str] | N
 def _format_errors(exc: ValidationError, source: str) -> str:
     lines = []
     for err in exc.errors():
-        loc = [str(p) for p in err["loc"] if p not in ("embed", "classify")]
+        loc = [str(p) for p in err["loc"] if p not in _TASK_CONFIGS]
         path = ".".join(loc) or "(top level)"
         if err["type"] == "extra_forbidden":
-            parent = tuple(p for p in err["loc"][:-1] if p not in ("embed", "classify"))
-            allowed = _allowed_keys(JobConfig, parent)
+            allowed = _allowed_keys(tuple(err["loc"][:-1]))
             hint = f"; allowed keys here: {', '.join(allowed)}" if allowed else ""
             lines.append(f"  {path}: unknown key{hint}")
         elif err["type"] == "missing":

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["ModelError", "load_model", "model_revision", "read_model_config", "resolve_model_path"]
+__all__ = ["ModelError", "check_model_kind", "load_model", "model_revision", "read_model_config", "resolve_model_path"]
 
 PACKAGE_PREFIX = "package:"
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
@@ -82,6 +82,23 @@ def model_revision(path: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def check_model_kind(path: Path, kind: str) -> dict[str, Any]:
+    """The folder's config.json, after checking the model suits ``kind`` (cheap: no weights loaded)."""
+    config = read_model_config(path)
+    architectures = config.get("architectures") or []
+    if kind == "classify" and not any(a.endswith("ForSequenceClassification") for a in architectures):
+        raise ModelError(
+            f"model folder {path} is not a sequence classifier (architectures: {architectures or 'none'}); "
+            "use task.kind: embed for an encoder, or a fine-tuned *ForSequenceClassification model"
+        )
+    if kind == "embed" and any(a.endswith("ForCausalLM") for a in architectures):
+        raise ModelError(
+            f"model folder {path} is a causal language model ({architectures}); "
+            "task.kind: embed needs an encoder such as a sentence-transformers model"
+        )
+    return config
+
+
 def _dtype(precision: str):
     import torch
 
@@ -98,14 +115,7 @@ def load_model(path: Path, *, kind: ModelKind, device: str = "cpu", precision: s
     """
     from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
 
-    config = read_model_config(path)
-    if kind == "classify":
-        architectures = config.get("architectures") or []
-        if not any(a.endswith("ForSequenceClassification") for a in architectures):
-            raise ModelError(
-                f"model folder {path} is not a sequence classifier (architectures: {architectures or 'none'}); "
-                "use task.kind: embed for an encoder, or a fine-tuned *ForSequenceClassification model"
-            )
+    check_model_kind(path, kind)
     loader = AutoModelForSequenceClassification if kind == "classify" else AutoModel
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)

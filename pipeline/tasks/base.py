@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Hashable, Protocol, Sequence
 import numpy as np
 import pyarrow as pa
 
-from pipeline.batching import Batch, collate, plan_batches
+from pipeline.batching import Batch, collate, pad_multiple, plan_batches
 from pipeline.config import BatchingConfig, ModelConfig
 from pipeline.metrics import WorkerCounts
 
@@ -176,10 +176,11 @@ class TextTask:
         """Forward every batch and scatter results back to chunk order (indexed by position in ``tok``)."""
         tokenizer = loaded[0]
         lengths = tok.lengths
+        device_type = next(loaded[1].parameters()).device.type
         batches: list[Batch] = plan_batches(
             lengths,
             batch_size=self.batching.batch_size,
-            pad_to_multiple_of=self.batching.pad_to_multiple_of,
+            pad_to_multiple_of=pad_multiple(self.batching.pad_to_multiple_of, device_type),
             max_length=self.batching.max_length,
             sort=self.batching.sort_by_length,
         )

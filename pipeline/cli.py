@@ -1,0 +1,76 @@
+"""Command line: ``python -m pipeline run conf/score_documents.yaml --set batching.batch_size=128``.
+
+The spark-submit entries in ``jobs/`` call :func:`main` with the same arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser(prog: str = "python -m pipeline") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="Spark batch inference jobs")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a job from its YAML config")
+    add_job_arguments(run)
+    check = sub.add_parser("check", help="validate a config and print it resolved, without running")
+    add_job_arguments(check)
+    return parser
+
+
+def add_job_arguments(parser: argparse.ArgumentParser, *, positional: bool = True) -> None:
+    if positional:
+        parser.add_argument("config", nargs="?", help="job config YAML, e.g. conf/score_documents.yaml")
+    parser.add_argument("--conf", dest="config_opt", metavar="YAML", help="job config YAML (same as the positional)")
+    parser.add_argument("--overlay", action="append", default=[], metavar="YAML",
+                        help="environment overlay merged on top (repeatable), e.g. conf/env/databricks.yaml")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one key, e.g. --set batching.batch_size=128 (repeatable)")
+    parser.add_argument("--ds", help="run date YYYY-MM-DD (same as --set run.ds=...)")
+    parser.add_argument("--run-id", help="run id (same as --set run.run_id=...)")
+
+
+def config_from_args(args: argparse.Namespace):
+    from pipeline.config import ConfigError, load_config
+
+    path = args.config_opt or getattr(args, "config", None)
+    if not path:
+        raise ConfigError("no config given: pass a YAML path, e.g. conf/score_documents.yaml")
+    overrides = list(args.overrides)
+    if args.ds:
+        overrides.append(f"run.ds={args.ds}")
+    if args.run_id:
+        overrides.append(f"run.run_id={args.run_id}")
+    return load_config(path, overrides=overrides, overlays=args.overlay)
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = "python -m pipeline") -> int:
+    from pipeline.config import ConfigError
+    from pipeline.io.sinks import SinkError
+    from pipeline.io.sources import SourceError
+    from pipeline.models.loading import ModelError
+    from pipeline.runner import JobError, run_job
+
+    args = build_parser(prog).parse_args(argv)
+    try:
+        config = config_from_args(args)
+        if args.command == "check":
+            print(config.model_dump_json(indent=2))
+            return 0
+        run_job(config)
+        return 0
+    except (ConfigError, ModelError, SourceError, SinkError, JobError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def job_main(default_config: str, argv: Sequence[str] | None = None) -> int:
+    """Entry for ``jobs/*.py`` under spark-submit: ``[--conf YAML] [--set k=v ...]``, config defaulted."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not any(a == "--conf" or a.startswith("--conf=") for a in argv) and not (argv and not argv[0].startswith("-")):
+        argv = ["--conf", default_config, *argv]
+    return main(["run", *argv], prog="spark-submit jobs/<job>.py")

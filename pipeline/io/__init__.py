@@ -1,0 +1,1 @@
+"""Table I/O: the only package that reads sources and writes sinks."""

@@ -1,0 +1,336 @@
+"""A Spark Python data source that writes Delta tables through ``deltalake`` (delta-rs).
+
+For sessions without the Delta Spark connector (the local default: its jars
+cannot be fetched here). Two-phase commit:
+
+1. each Spark task writes its rows as Parquet files inside the table folder
+   (named with this job's write id and the task attempt) and returns their add
+   actions in a commit message;
+2. the driver commits the add actions of the successful attempts in ONE Delta
+   transaction. Files of failed or retried attempts are never referenced and are
+   deleted after the commit; a failed job commits nothing and deletes its files.
+
+The result is a standard Delta table that any Delta reader opens. Usage (the
+sink module does this)::
+
+    spark.dataSource.register(DeltaLakeDataSource)
+    (df.write.format("sbi_delta").mode("overwrite")
+       .option("path", "/data/scores").option("partition_by", "ds")
+       .option("replace_where", '{"ds": "2026-11-29"}').save())
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+from urllib.parse import quote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
+
+__all__ = ["DeltaLakeDataSource", "DeltaWriteMessage", "FORMAT_NAME"]
+
+FORMAT_NAME = "sbi_delta"
+WRITE_ID_KEY = "sbi.write_id"
+
+
+@dataclass
+class DeltaWriteMessage(WriterCommitMessage):
+    """What one successful task attempt wrote: add actions as plain dicts (picklable)."""
+
+    adds: list[dict[str, Any]] = field(default_factory=list)
+    rows: int = 0
+
+
+class DeltaLakeDataSource(DataSource):
+    """``format("sbi_delta")``: write-only Delta data source backed by deltalake."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def writer(self, schema: Any, overwrite: bool) -> "DeltaLakeArrowWriter":
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        arrow_schema = _to_delta_schema(to_arrow_schema(schema, timezone="UTC"))
+        return DeltaLakeArrowWriter(dict(self.options), schema=arrow_schema, overwrite=overwrite)
+
+
+def _option_list(value: str | None) -> list[str]:
+    return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
+class DeltaLakeArrowWriter(DataSourceArrowWriter):
+    """Executors: :meth:`write` Parquet files. Driver: :meth:`commit` or :meth:`abort` them."""
+
+    def __init__(self, options: dict[str, str], *, schema: pa.Schema, overwrite: bool) -> None:
+        path = options.get("path")
+        if not path:
+            raise ValueError("the sbi_delta writer needs .option('path', <table folder>)")
+        self.path = os.path.abspath(path)
+        self.partition_by = _option_list(options.get("partition_by"))
+        self.overwrite = overwrite
+        self.schema_bytes = schema.serialize().to_pybytes()
+        # {column: value}: with overwrite, replace only this partition (like Delta's replaceWhere)
+        self.replace_where: dict[str, Any] = json.loads(options.get("replace_where") or "{}")
+        if self.replace_where and sorted(self.replace_where) != sorted(self.partition_by):
+            raise ValueError(
+                f"replace_where {self.replace_where} must name exactly the partition columns {self.partition_by}"
+            )
+        self.commit_metadata = json.loads(options.get("commit_metadata", "{}"))
+        self.write_id = options.get("write_id") or uuid.uuid4().hex
+        self.target_file_rows = int(options.get("target_file_rows", "1000000"))
+
+    # ---------------------------------------------------------------- executors
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> DeltaWriteMessage:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        tag = f"{ctx.partitionId():05d}-a{ctx.attemptNumber()}" if ctx else "00000-a0"
+        writers: dict[tuple, _PartFile] = {}
+        message = DeltaWriteMessage()
+        try:
+            for batch in iterator:
+                if batch.num_rows == 0:
+                    continue
+                table = _to_delta_types(pa.Table.from_batches([batch]))
+                for key, part in _split_partitions(table, self.partition_by):
+                    current = writers.get(key)
+                    if current is None or current.rows >= self.target_file_rows:
+                        if current is not None:
+                            message.adds.append(current.close())
+                        current = writers[key] = _PartFile(self.path, self.partition_by, key, self.write_id, tag)
+                    current.write(part)
+                    message.rows += part.num_rows
+            for current in writers.values():
+                message.adds.append(current.close())
+        except BaseException:
+            for current in writers.values():
+                current.discard()
+            for add in message.adds:
+                _remove_quietly(os.path.join(self.path, add["path"]))
+            raise
+        return message
+
+    # ---------------------------------------------------------------- driver
+    def commit(self, messages: Sequence[DeltaWriteMessage | None]) -> None:
+        from deltalake import CommitProperties, DeltaTable
+        from deltalake import Schema as DeltaSchema
+        from deltalake.exceptions import TableNotFoundError
+        from deltalake.transaction import AddAction, create_table_with_add_actions
+
+        adds = [a for m in messages if m is not None for a in m.adds]
+        actions = [AddAction(**a) for a in adds]
+        schema = pa.ipc.read_schema(pa.py_buffer(self.schema_bytes))
+        props = CommitProperties(custom_metadata={**self.commit_metadata, WRITE_ID_KEY: self.write_id})
+        try:
+            try:
+                table = DeltaTable(self.path)
+            except TableNotFoundError:
+                table = None
+            if self.replace_where:
+                self._check_inside_partition(adds)
+            if table is None:
+                create_table_with_add_actions(
+                    self.path, DeltaSchema.from_arrow(schema), actions, mode="append",
+                    partition_by=self.partition_by or None, commit_properties=props,
+                )
+            else:
+                _check_partitioning(table, self.partition_by, self.path)
+                mode = "overwrite" if self.overwrite else "append"
+                filters = None
+                if self.overwrite and self.replace_where:
+                    filters = [(c, "=", _partition_string(v)) for c, v in self.replace_where.items()]
+                table.create_write_transaction(
+                    actions, mode, schema, partition_by=self.partition_by or None,
+                    partition_filters=filters, commit_properties=props,
+                )
+        except BaseException:
+            self._delete_files(adds)
+            raise
+        finally:
+            self._sweep_orphans(keep={a["path"] for a in adds})
+
+    def _check_inside_partition(self, adds: list[dict[str, Any]]) -> None:
+        want = {c: _partition_string(v) for c, v in self.replace_where.items()}
+        for add in adds:
+            if add["partition_values"] != want:
+                raise ValueError(
+                    f"rows for partition {add['partition_values']} were written while replacing only {want}; "
+                    "every row must belong to the replaced partition"
+                )
+
+    def abort(self, messages: Sequence[DeltaWriteMessage | None]) -> None:
+        self._delete_files([a for m in messages if m is not None for a in m.adds])
+        self._sweep_orphans(keep=set())
+
+    # ---------------------------------------------------------------- helpers
+    def _delete_files(self, adds: list[dict[str, Any]]) -> None:
+        for add in adds:
+            _remove_quietly(os.path.join(self.path, add["path"]))
+
+    def _sweep_orphans(self, keep: set[str]) -> None:
+        """Delete files this job wrote that no commit references (failed or speculative attempts)."""
+        root = Path(self.path)
+        if not root.is_dir():
+            return
+        for file in root.rglob(f"*{self.write_id}*.parquet"):
+            rel = file.relative_to(root).as_posix()
+            if rel not in keep and _unquote_rel(rel) not in keep:
+                _remove_quietly(str(file))
+
+
+class _PartFile:
+    """One Parquet data file for one partition value set, written by one task attempt."""
+
+    def __init__(self, root: str, partition_by: list[str], key: tuple, write_id: str, tag: str) -> None:
+        self.partition_values = {c: (None if v is None else str(v)) for c, v in zip(partition_by, key)}
+        folder = "/".join(
+            f"{c}={quote('__HIVE_DEFAULT_PARTITION__' if v is None else str(v), safe='')}"
+            for c, v in self.partition_values.items()
+        )
+        name = f"part-{tag}-{write_id}-{uuid.uuid4().hex[:12]}.snappy.parquet"
+        self.rel = f"{folder}/{name}" if folder else name
+        self.full = os.path.join(root, self.rel)
+        os.makedirs(os.path.dirname(self.full), exist_ok=True)
+        self.writer: pq.ParquetWriter | None = None
+        self.rows = 0
+        self.stats = _FileStats()
+
+    def write(self, table: pa.Table) -> None:
+        if self.writer is None:
+            self.writer = pq.ParquetWriter(self.full, table.schema, compression="snappy")
+        self.writer.write_table(table)
+        self.rows += table.num_rows
+        self.stats.update(table)
+
+    def close(self) -> dict[str, Any]:
+        assert self.writer is not None
+        self.writer.close()
+        self.writer = None
+        return {
+            "path": self.rel,
+            "size": os.path.getsize(self.full),
+            "partition_values": self.partition_values,
+            "modification_time": int(os.path.getmtime(self.full) * 1000),
+            "data_change": True,
+            "stats": json.dumps(self.stats.to_delta(self.rows)),
+        }
+
+    def discard(self) -> None:
+        if self.writer is not None:
+            try:
+                self.writer.close()
+            except Exception:  # noqa: BLE001 - best effort on the failure path
+                pass
+        _remove_quietly(self.full)
+
+
+def _to_delta_schema(schema: pa.Schema) -> pa.Schema:
+    """Delta stores timestamps as microseconds UTC; Spark hands them in the session time zone."""
+    return pa.schema(
+        f.with_type(pa.timestamp("us", tz="UTC")) if pa.types.is_timestamp(f.type) and f.type.tz is not None else f
+        for f in schema
+    )
+
+
+def _to_delta_types(table: pa.Table) -> pa.Table:
+    schema = _to_delta_schema(table.schema)
+    return table if schema == table.schema else table.cast(schema)
+
+
+def _split_partitions(table: pa.Table, partition_by: list[str]) -> Iterator[tuple[tuple, pa.Table]]:
+    """``(partition values, rows without the partition columns)`` per distinct partition value set."""
+    if not partition_by:
+        yield (), table
+        return
+    missing = [c for c in partition_by if c not in table.column_names]
+    if missing:
+        raise ValueError(f"partition columns {missing} are not in the data (columns: {table.column_names})")
+    data_cols = [c for c in table.column_names if c not in partition_by]
+    keys = table.select(partition_by).group_by(partition_by).aggregate([]).to_pylist()
+    for key in keys:
+        mask = None
+        for c in partition_by:
+            value = key[c]
+            cond = pc.is_null(table[c]) if value is None else pc.equal(table[c], value)
+            mask = cond if mask is None else pc.and_(mask, cond)
+        yield tuple(_partition_string(key[c]) for c in partition_by), table.filter(mask).select(data_cols)
+
+
+def _partition_string(value: Any) -> str | None:
+    if value is None:
+        return None
+    if hasattr(value, "isoformat") and not isinstance(value, str):
+        return value.isoformat()
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+# min/max only where they are exact: floats (NaN) and timestamps (Delta keeps milliseconds) are left out.
+_STAT_TYPES = (pa.types.is_integer, pa.types.is_date)
+
+
+class _FileStats:
+    """Delta file statistics, updated batch by batch: nullCount, min/max of numeric/date/timestamp columns."""
+
+    def __init__(self) -> None:
+        self.nulls: dict[str, int] = {}
+        self.lo: dict[str, Any] = {}
+        self.hi: dict[str, Any] = {}
+
+    def update(self, table: pa.Table) -> None:
+        for name in table.column_names:
+            col = table[name]
+            if pa.types.is_nested(col.type):
+                continue
+            self.nulls[name] = self.nulls.get(name, 0) + col.null_count
+            if not any(check(col.type) for check in _STAT_TYPES):
+                continue
+            if col.null_count == len(col):
+                continue
+            mm = pc.min_max(col)
+            lo, hi = mm["min"].as_py(), mm["max"].as_py()
+            self.lo[name] = lo if name not in self.lo else min(self.lo[name], lo)
+            self.hi[name] = hi if name not in self.hi else max(self.hi[name], hi)
+
+    def to_delta(self, rows: int) -> dict[str, Any]:
+        return {
+            "numRecords": rows,
+            "minValues": {k: _json_value(v) for k, v in self.lo.items()},
+            "maxValues": {k: _json_value(v) for k, v in self.hi.items()},
+            "nullCount": self.nulls,
+        }
+
+
+def _json_value(value: Any) -> Any:
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return value
+
+
+def _check_partitioning(table: Any, partition_by: list[str], path: str) -> None:
+    existing = list(table.metadata().partition_columns)
+    if existing != list(partition_by):
+        raise ValueError(
+            f"Delta table {path} is partitioned by {existing or 'nothing'} but this write is partitioned "
+            f"by {partition_by or 'nothing'}; set sink.partition_by to {existing} or write to a new path"
+        )
+
+
+def _unquote_rel(rel: str) -> str:
+    from urllib.parse import unquote
+
+    return unquote(rel)
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass

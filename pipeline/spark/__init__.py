@@ -1,0 +1,1 @@
+"""Spark glue: the session, and the Arrow UDF that runs a task on the executors."""

@@ -1,0 +1,116 @@
+"""Shared fixtures: one local SparkSession, tiny random models built from config, Delta helpers."""
+
+from __future__ import annotations
+
+import os
+import string
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+WORDS = (
+    "the a an and or but not very good bad great awful terrible wonderful movie film plot actor story "
+    "boring fun love hate loved hated review critic loud quiet long short it was is this that i you we "
+    "they happy sad dark light funny scary money time day night music song book food taste service"
+).split()
+
+
+def _vocab() -> list[str]:
+    letters = list(string.ascii_lowercase + string.digits + string.punctuation)
+    return ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, *letters, *[f"##{c}" for c in letters]]
+
+
+def build_tiny_bert(folder: Path, *, kind: str = "embed", seed: int = 0, num_labels: int = 3) -> Path:
+    """A 2-layer BERT (hidden 32) with random weights and a real WordPiece tokenizer, saved to ``folder``."""
+    import torch
+    from transformers import BertConfig, BertModel, BertTokenizerFast, BertForSequenceClassification
+
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = _vocab()
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    tokenizer = BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=True, model_max_length=512)
+    tokenizer.save_pretrained(str(folder))
+    config = BertConfig(
+        vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=37, max_position_embeddings=512,
+    )
+    torch.manual_seed(seed)
+    if kind == "classify":
+        config.num_labels = num_labels
+        config.id2label = {i: name for i, name in enumerate(["negative", "neutral", "positive", "other"][:num_labels])}
+        config.label2id = {v: k for k, v in config.id2label.items()}
+        model = BertForSequenceClassification(config)
+    else:
+        model = BertModel(config)
+    model.eval()
+    model.save_pretrained(str(folder))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_embed_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_bert(tmp_path_factory.mktemp("models") / "tiny-embed", kind="embed")
+
+
+@pytest.fixture(scope="session")
+def tiny_classify_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_bert(tmp_path_factory.mktemp("models") / "tiny-classify", kind="classify")
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from pipeline.config import SparkConfig
+    from pipeline.spark.session import get_session
+
+    session = get_session(SparkConfig(
+        master="local[2]", app_name="pipeline-tests", arrow_max_records_per_batch=1000, shuffle_partitions=4,
+        conf={"spark.default.parallelism": "2", "spark.task.maxFailures": "2"},
+    ))
+    yield session
+    session.stop()
+
+
+SENTENCES = [
+    "this movie was very good",
+    "an awful, boring film",
+    "i loved the music and the story",
+    "the plot was long and the actor was not funny",
+    "great",
+    "terrible service but the food was good, very good, great taste",
+]
+
+
+def make_documents(n: int, *, with_bad_rows: bool = True) -> pa.Table:
+    """``doc_id``, ``text``, ``source`` rows with varied lengths (and a null and a blank row)."""
+    ids, texts = [], []
+    for i in range(n):
+        base = SENTENCES[i % len(SENTENCES)]
+        ids.append(f"d{i:05d}")
+        texts.append(" ".join([base] * (1 + i % 7)))
+    if with_bad_rows and n >= 3:
+        texts[1] = None
+        texts[2] = "   "
+    return pa.table({
+        "doc_id": pa.array(ids, pa.string()),
+        "text": pa.array(texts, pa.string()),
+        "source": pa.array(["test"] * n, pa.string()),
+    })
+
+
+def write_delta(path: Path | str, table: pa.Table, **kwargs: Any) -> None:
+    from deltalake import write_deltalake
+
+    write_deltalake(str(path), table, **kwargs)
+
+
+def read_delta(path: Path | str, **filters: Any) -> pa.Table:
+    from deltalake import DeltaTable
+
+    return pa.table(DeltaTable(str(path)).to_pyarrow_table())
