@@ -17,8 +17,7 @@ cumulative count), never ``users * items``.
 Ties: on equal score the item with the lower position wins, and positions
 follow item id order (see :class:`pipeline.recs.features.IdIndex`), so the
 lower item id wins. ``torch.topk`` alone does not promise which of equal
-scores it returns; :func:`top_k_desc` only uses its values (which are
-unambiguous) and selects indices itself.
+scores it returns; :func:`top_k_desc` re-selects rows where that matters.
 """
 
 from __future__ import annotations
@@ -39,24 +38,46 @@ def top_k_desc(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
     NaN counts as ``-inf``. Rows with fewer than ``k`` finite scores get
     ``-inf`` values at the end (their positions are meaningless; callers drop
     them).
+
+    Fast path: ``torch.topk`` picks the right *set* unless items tied with the
+    k-th value are left out (a tie straddling the cut); only those rows, seen
+    from one extra top-k candidate, go through the exact selection.
     """
     rows, n_items = scores.shape
     k = min(k, n_items)
     if rows == 0 or k == 0:
         empty = scores.new_empty((rows, k))
         return empty, torch.empty((rows, k), dtype=torch.int64, device=scores.device)
-    scores = scores.masked_fill(torch.isnan(scores), float("-inf"))
-    # The k-th largest value per row; its value is unambiguous even when its index is not.
+    # One float reduction finds NaN (a NaN, or +inf next to a seen item's -inf, makes the sum NaN).
+    if torch.isnan(scores.sum()):
+        scores = scores.masked_fill(torch.isnan(scores), float("-inf"))
+    if k == n_items:
+        values, positions = torch.topk(scores, k, dim=1)
+    else:
+        # One extra candidate tells, per row, whether a tie straddles the cut: (k+1)-th == k-th.
+        values, positions = torch.topk(scores, k + 1, dim=1)
+        straddle = values[:, k] == values[:, k - 1]
+        values, positions = values[:, :k].contiguous(), positions[:, :k].contiguous()
+        if bool(straddle.any()):
+            fix = straddle.nonzero().squeeze(1)
+            values[fix], positions[fix] = _exact_top_k(scores[fix], k)
+    # Order by (score desc, position asc): sort by position, then a stable sort by score.
+    by_position = torch.argsort(positions, dim=1)
+    values, positions = values.gather(1, by_position), positions.gather(1, by_position)
+    order = torch.sort(values, dim=1, descending=True, stable=True).indices
+    return values.gather(1, order), positions.gather(1, order)
+
+
+def _exact_top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k best per row, taking the lowest positions among items tied at the k-th value (unordered)."""
+    # The k-th largest value per row is unambiguous even when its index is not.
     kth = torch.topk(scores, k, dim=1, sorted=False).values.amin(dim=1, keepdim=True)
     above = scores > kth
     need = k - above.sum(dim=1, keepdim=True)
     at = scores == kth
-    # Of the items tied at the k-th value, take the lowest positions: exactly k per row.
-    chosen = above | (at & (torch.cumsum(at, dim=1, dtype=torch.int32) <= need))
-    positions = chosen.nonzero()[:, 1].view(rows, k)  # row-major: positions ascending within a row
-    values = scores.gather(1, positions)
-    order = torch.sort(values, dim=1, descending=True, stable=True).indices  # stable: ties stay ascending
-    return values.gather(1, order), positions.gather(1, order)
+    chosen = above | (at & (torch.cumsum(at, dim=1) <= need))  # exactly k per row
+    positions = chosen.nonzero()[:, 1].view(scores.shape[0], k)
+    return scores.gather(1, positions), positions
 
 
 def seen_coordinates(seen: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
