@@ -7,11 +7,22 @@ before any work instead of silently using a default.
 
 from __future__ import annotations
 
-from typing import Literal
+import os
+from pathlib import Path
+from typing import Iterable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-__all__ = ["RecommendTaskConfig", "TrainConfig"]
+from pipeline.config import ConfigError, ModelConfig, RunConfig, SinkConfig, SparkConfig
+from pipeline.config import _deep_merge, _expand_env, _read_yaml, parse_overrides
+
+__all__ = [
+    "RecommendTaskConfig",
+    "RecsTablesConfig",
+    "RefreshJobConfig",
+    "TrainConfig",
+    "load_refresh_config",
+]
 
 
 class _Model(BaseModel):
@@ -70,3 +81,66 @@ class TrainConfig(_Model):
         if self.loss == "in_batch" and self.batch_size < 64:
             raise ValueError(f"loss 'in_batch' needs batch_size >= 64 to have enough negatives, got {self.batch_size}")
         return self
+
+
+class RecsTablesConfig(_Model):
+    """The Delta tables the refresh reads (folders; see ``jobs/prepare_recs_data.py``)."""
+
+    users: str
+    interactions: str
+    # Optional: only used to report catalog items the model does not know (added since it was trained).
+    items: str | None = None
+
+
+class RefreshJobConfig(_Model):
+    """The nightly ``refresh_recommendations`` job: users + seen items -> top-K per user -> Delta.
+
+    ``model.path`` is a two-tower model folder or a model root whose
+    ``LATEST`` file names the revision to use. ``sink`` is the dated history
+    table (partitioned by ``ds``, one partition replaced per run); ``latest``
+    is overwritten with the newest run's rows, for serving.
+    """
+
+    job: str = "refresh_recommendations"
+    spark: SparkConfig = Field(default_factory=SparkConfig)
+    tables: RecsTablesConfig
+    model: ModelConfig
+    task: RecommendTaskConfig = Field(default_factory=RecommendTaskConfig)
+    sink: SinkConfig
+    latest: str | None = None
+    run: RunConfig = Field(default_factory=RunConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> "RefreshJobConfig":
+        if self.sink.partition_by != ["ds"]:
+            raise ValueError(f"sink.partition_by must be [ds] (one partition per run date), got {self.sink.partition_by}")
+        if self.sink.table and self.latest:
+            raise ValueError("latest is a folder path; with sink.table (a catalog) leave latest unset")
+        return self
+
+
+def load_refresh_config(
+    path: str | os.PathLike[str],
+    *,
+    overrides: Iterable[str] = (),
+    overlays: Iterable[str | os.PathLike[str]] = (),
+) -> RefreshJobConfig:
+    """Load ``conf/refresh_recommendations.yaml`` (+ overlays, + ``key.path=value`` overrides), validated.
+
+    Same rules as :func:`pipeline.config.load_config`: ``${VAR}`` reads the
+    environment, unknown keys are errors naming the key.
+    """
+    data = _read_yaml(Path(path))
+    for overlay in overlays:
+        data = _deep_merge(data, _read_yaml(Path(overlay)))
+    data = _deep_merge(data, parse_overrides(overrides))
+    try:
+        return RefreshJobConfig.model_validate(_expand_env(data, ""))
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            what = {"extra_forbidden": "unknown key", "missing": "required key is missing"}.get(
+                err["type"], f"{err['msg']} (got {err.get('input')!r})")
+            lines.append(f"  {where}: {what}")
+        raise ConfigError(f"invalid config {path}:\n" + "\n".join(lines)) from None

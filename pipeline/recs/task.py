@@ -130,6 +130,7 @@ class RecommendTask:
         counts.add("items_scored", int(rows.size) * len(spec.item_ids))
         counts.add_status({str(s): int(c) for s, c in zip(*np.unique(status.astype(str), return_counts=True))})
         keep = positions >= 0
+        counts.add("recommendations", int(keep.sum()))
         columns = [
             _ragged(item_ids, keep, rows, n, pa.int64()),
             _ragged(scores, keep, rows, n, pa.float32()),
