@@ -126,6 +126,7 @@ def recommend_batches(
             if seen is not None:
                 mask_seen_(scores, seen[0], seen[1], padded)
             values, positions = top_k_desc(scores, k)
+            del scores  # free it before the next batch allocates its own: one score matrix at a time
         values_np = values[: rows.size].cpu().numpy()
         positions_np = positions[: rows.size].cpu().numpy()
         if out_pos is None:
