@@ -27,6 +27,7 @@ __all__ = [
     "ClassifyTaskConfig",
     "ConfigError",
     "EmbedTaskConfig",
+    "GenerateTaskConfig",
     "JobConfig",
     "ModelConfig",
     "RunConfig",
@@ -116,7 +117,53 @@ class ClassifyTaskConfig(_Model):
     multi_label: bool = False
 
 
-TaskConfig = Annotated[Union[EmbedTaskConfig, ClassifyTaskConfig], Field(discriminator="kind")]
+class GenerateTaskConfig(_Model):
+    """Text generation with a causal LM: one completion per row from a prompt template.
+
+    Memory is bounded here, not by the machine: the KV cache holds at most
+    ``slots`` rows of ``max_input_tokens + max_new_tokens_limit`` tokens
+    (checked against ``max_kv_cache_mb`` when set).
+    """
+
+    kind: Literal["generate"] = "generate"
+    backend: Literal["transformers"] = "transformers"
+    # continuous: finished rows leave and queued prompts join at the next step; static: fixed batches.
+    mode: Literal["static", "continuous"] = "continuous"
+    # str.format over column names; the columns it names are the task's input columns.
+    template: str = "{text}"
+    use_chat_template: Union[bool, Literal["auto"]] = "auto"
+    system_prompt: str | None = None
+    max_input_tokens: int = Field(512, gt=0)
+    # Which end of an over-long column value survives; the template text is never cut.
+    truncation: Literal["keep_start", "keep_end"] = "keep_start"
+    max_new_tokens: int = Field(64, gt=0)
+    # Optional per-row budget (an integer column; nulls fall back to max_new_tokens).
+    max_new_tokens_column: str | None = None
+    max_new_tokens_limit: int = Field(256, gt=0)
+    temperature: float = Field(0.0, ge=0)  # 0 is greedy
+    top_p: float = Field(1.0, gt=0, le=1)
+    seed: int = 0
+    # Column whose value seeds each row's sampler (with seed); None seeds from the prompt text.
+    seed_column: str | None = None
+    stop: list[str] = Field(default_factory=list)
+    slots: int = Field(8, gt=0)
+    max_kv_cache_mb: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _limits(self) -> "GenerateTaskConfig":
+        if self.max_new_tokens > self.max_new_tokens_limit:
+            raise ValueError(
+                f"max_new_tokens {self.max_new_tokens} exceeds max_new_tokens_limit {self.max_new_tokens_limit}; "
+                "raise the limit (it sizes the KV cache) or lower max_new_tokens"
+            )
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+        return self
+
+
+TaskConfig = Annotated[
+    Union[EmbedTaskConfig, ClassifyTaskConfig, GenerateTaskConfig], Field(discriminator="kind")
+]
 
 
 class BatchingConfig(_Model):
@@ -249,7 +296,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-_TASK_CONFIGS: dict[str, type[BaseModel]] = {"embed": EmbedTaskConfig, "classify": ClassifyTaskConfig}
+_TASK_CONFIGS: dict[str, type[BaseModel]] = {
+    "embed": EmbedTaskConfig, "classify": ClassifyTaskConfig, "generate": GenerateTaskConfig,
+}
 
 
 def _allowed_keys(loc: tuple[Any, ...]) -> list[str] | None:

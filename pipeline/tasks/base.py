@@ -133,6 +133,9 @@ class TextTask:
         n = chunk.num_rows
         texts_col = chunk.column(chunk.schema.get_field_index("text"))
         texts: list[str | None] = texts_col.to_pylist()
+        if pa.types.is_binary(texts_col.type) or pa.types.is_large_binary(texts_col.type):
+            # raw bytes (logs): invalid UTF-8 becomes U+FFFD rather than failing the row
+            texts = [None if b is None else b.decode("utf-8", errors="replace") for b in texts]
         status = np.full(n, "ok", dtype=object)
         error = np.full(n, None, dtype=object)
         n_tokens = np.zeros(n, dtype=np.int32)

@@ -1,0 +1,205 @@
+"""``generate``: one completion per row from a prompt template, with static or continuous batching.
+
+Each row becomes a prompt (``task.template`` over its columns, inside the
+model's chat template when it has one), is generated with its own token
+budget and its own sampling seed, and gets back ``completion``,
+``prompt_tokens``, ``completion_tokens``, ``finish_reason`` (stop, length,
+error) and ``latency_ms``, plus the shared status columns. Rows where any
+template column is null (``skipped_null``) or blank (``skipped_empty``) are
+flagged, never dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Hashable
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.config import BatchingConfig, GenerateTaskConfig, ModelConfig
+from pipeline.generation.engine import BatchGenerator, GenerationRequest, GenerationResult
+from pipeline.generation.prompts import PromptBuilder, template_fields
+from pipeline.generation.sampling import SamplingParams, row_seed
+from pipeline.metrics import WorkerCounts
+from pipeline.tasks.base import STATUS_FIELDS
+
+__all__ = ["GenerateTask", "LoadedGenerator"]
+
+RESULT_FIELDS = [
+    pa.field("completion", pa.string()),
+    pa.field("prompt_tokens", pa.int32()),
+    pa.field("completion_tokens", pa.int32()),
+    pa.field("finish_reason", pa.string()),
+    pa.field("latency_ms", pa.float64()),
+]
+
+
+@dataclass
+class LoadedGenerator:
+    """What ``load`` builds once per worker: tokenizer, model, prompt builder and the batch generator."""
+
+    tokenizer: Any
+    model: Any
+    prompts: PromptBuilder
+    generator: BatchGenerator
+
+
+class GenerateTask:
+    """The ``generate`` task (see the module docstring); ``input_columns`` come from the template."""
+
+    kind: ClassVar[str] = "generate"
+
+    def __init__(self, config: GenerateTaskConfig, *, model: ModelConfig, batching: BatchingConfig) -> None:
+        self.config = config
+        self.model = model
+        self.batching = batching
+        self.template_columns = template_fields(config.template)
+        extra = [c for c in (config.max_new_tokens_column, config.seed_column) if c]
+        self.input_columns: tuple[str, ...] = tuple(dict.fromkeys([*self.template_columns, *extra]))
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.config.max_input_tokens + self.config.max_new_tokens_limit
+
+    # -- protocol ---------------------------------------------------------------------------
+    def output_schema(self) -> pa.Schema:
+        return pa.schema(RESULT_FIELDS + STATUS_FIELDS)
+
+    def cache_key(self) -> Hashable:
+        return (self.kind, self.model.path, self.model.precision, self.model.device, repr(self.config))
+
+    def load(self, model_dir: Path, device: str) -> LoadedGenerator:
+        from pipeline.generation.kv import kv_cache_bytes
+        from pipeline.generation.loading import load_causal_lm
+
+        cfg = self.config
+        tokenizer, model = load_causal_lm(model_dir, device=device, precision=self.model.precision)
+        if cfg.max_kv_cache_mb is not None:
+            width = next(model.parameters()).element_size()
+            need = kv_cache_bytes(model.config, rows=cfg.slots, max_seq_len=self.max_seq_len, bytes_per_value=width)
+            if need > cfg.max_kv_cache_mb * 2**20:
+                raise ValueError(
+                    f"the KV cache can reach {need / 2**20:.0f} MiB ({cfg.slots} slots x {self.max_seq_len} tokens) "
+                    f"but max_kv_cache_mb is {cfg.max_kv_cache_mb}; lower task.slots, max_input_tokens or "
+                    "max_new_tokens_limit, or raise max_kv_cache_mb"
+                )
+        prompts = PromptBuilder(
+            tokenizer, template=cfg.template, use_chat_template=cfg.use_chat_template,
+            system_prompt=cfg.system_prompt, max_input_tokens=cfg.max_input_tokens, truncation=cfg.truncation,
+        )
+        sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, stop=tuple(cfg.stop))
+        generator = BatchGenerator(model, tokenizer, mode=cfg.mode, slots=cfg.slots, max_seq_len=self.max_seq_len,
+                                   sampling=sampling)
+        return LoadedGenerator(tokenizer, model, prompts, generator)
+
+    def process(self, loaded: LoadedGenerator, chunk: pa.RecordBatch, counts: WorkerCounts) -> pa.RecordBatch:
+        missing = [c for c in self.input_columns if c not in chunk.schema.names]
+        if missing:
+            raise ValueError(
+                f"generate: input chunk lacks column(s) {missing} (has {chunk.schema.names}); the template "
+                f"{self.config.template!r} and task settings need {list(self.input_columns)}"
+            )
+        n = chunk.num_rows
+        cols = {c: chunk.column(chunk.schema.get_field_index(c)).to_pylist() for c in self.input_columns}
+        status = np.full(n, "ok", dtype=object)
+        error = np.full(n, None, dtype=object)
+        truncated = np.zeros(n, dtype=bool)
+        results: list[GenerationResult | None] = [None] * n
+
+        rows, requests = [], []
+        for i in range(n):
+            values = {c: cols[c][i] for c in self.template_columns}
+            if any(v is None for v in values.values()):
+                status[i] = "skipped_null"
+                continue
+            # Like a null, a blank value in any column the template needs leaves nothing to generate from.
+            if any(not str(v).strip() for v in values.values()):
+                status[i] = "skipped_empty"
+                continue
+            try:
+                prompt = loaded.prompts.build(values)
+                budget = self._budget(cols, i)
+            except ValueError as exc:
+                status[i], error[i] = "error", str(exc)
+                continue
+            key = cols[self.config.seed_column][i] if self.config.seed_column else "\x1f".join(map(str, values.values()))
+            rows.append(i)
+            requests.append(GenerationRequest(prompt.token_ids, budget, row_seed(self.config.seed, key)))
+            truncated[i] = prompt.truncated
+            if prompt.truncated:
+                status[i] = "truncated"
+
+        for i, result in zip(rows, self._generate(loaded, requests, counts)):
+            results[i] = result
+            if result.finish_reason == "error":
+                status[i], error[i] = "error", result.error
+
+        counts.add("rows", n)
+        counts.add("chunks")
+        counts.add_status({str(s): int(c) for s, c in zip(*np.unique(status.astype(str), return_counts=True))})
+        return self._to_batch(results, truncated, status, error)
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _budget(self, cols: dict[str, list[Any]], i: int) -> int:
+        """This row's max_new_tokens: its column value (capped at the limit) or the config default."""
+        cfg = self.config
+        value = cols[cfg.max_new_tokens_column][i] if cfg.max_new_tokens_column else None
+        if value is None:
+            return cfg.max_new_tokens
+        if int(value) <= 0:
+            raise ValueError(f"{cfg.max_new_tokens_column} is {value}; it must be a positive number of tokens")
+        return min(int(value), cfg.max_new_tokens_limit)
+
+    def _generate(self, loaded: LoadedGenerator, requests: list[GenerationRequest],
+                  counts: WorkerCounts) -> list[GenerationResult]:
+        """Generate all rows together; if the batch fails (e.g. out of memory), retry rows one at a time."""
+        if not requests:
+            return []
+        gen = loaded.generator
+        try:
+            results = gen.generate(requests)
+        except (RuntimeError, MemoryError):
+            counts.add("generate_batch_failures")
+            results = [self._generate_alone(gen, r) for r in requests]
+        stats = gen.stats
+        prompt_tokens = sum(len(r.prompt_ids) for r in requests)
+        completion_tokens = sum(r.completion_tokens for r in results)
+        counts.add("prompt_tokens", prompt_tokens)
+        counts.add("completion_tokens", completion_tokens)
+        counts.add("tokens", prompt_tokens + completion_tokens)
+        counts.add("padded_tokens", int(stats.get("prefill_padded_tokens", 0) + stats.get("decode_row_steps", 0)))
+        counts.add("batches", int(stats.get("prefills", 0)))
+        counts.add("generate_seconds", stats.get("prefill_s", 0.0) + stats.get("decode_s", 0.0))
+        return results
+
+    @staticmethod
+    def _generate_alone(gen: BatchGenerator, request: GenerationRequest) -> GenerationResult:
+        single = BatchGenerator(gen.model, gen.tokenizer, mode="static", slots=1, max_seq_len=gen.max_seq_len,
+                                sampling=gen.sampling)
+        try:
+            return single.generate([request])[0]
+        except (RuntimeError, MemoryError) as exc:
+            return GenerationResult("", [], len(request.prompt_ids), "error", 0.0,
+                                    error=f"generation failed for this row alone: {type(exc).__name__}: {exc}")
+
+    def _to_batch(self, results: list[GenerationResult | None], truncated: np.ndarray, status: np.ndarray,
+                  error: np.ndarray) -> pa.RecordBatch:
+        def col(get: Any) -> list[Any]:
+            return [None if r is None else get(r) for r in results]
+
+        prompt_tokens = col(lambda r: r.prompt_tokens)
+        columns = [
+            pa.array(col(lambda r: None if r.finish_reason == "error" else r.completion), pa.string()),
+            pa.array(prompt_tokens, pa.int32()),
+            pa.array(col(lambda r: r.completion_tokens), pa.int32()),
+            pa.array([r.finish_reason if r is not None else ("error" if s == "error" else None)
+                      for r, s in zip(results, status)], pa.string()),
+            pa.array(col(lambda r: r.latency_ms), pa.float64()),
+            pa.array([p or 0 for p in prompt_tokens], pa.int32()),
+            pa.array(truncated, pa.bool_()),
+            pa.array(status.tolist(), pa.string()),
+            pa.array(error.tolist(), pa.string()),
+        ]
+        return pa.RecordBatch.from_arrays(columns, schema=self.output_schema())

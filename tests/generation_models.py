@@ -1,0 +1,88 @@
+"""Tiny offline tokenizer and random Llama for the generation tests (no hub, built in ~1 s).
+
+The tokenizer is a byte-level BPE trained on a few sentences, so any text
+encodes (no unknown tokens) and truncation meets real merge boundaries. The
+model's weights are drawn with a large ``initializer_range``: a default
+(0.02) random model has near-uniform logits, where greedy argmax ties would
+hang on float noise; peaked logits make exactness checks meaningful (a wrong
+position id or mask changes the tokens) rather than flaky.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+CORPUS = [
+    "the film is a charming and funny ride with a big heart",
+    "a dull, plodding mess that never finds its footing",
+    "summarise the review in one sentence",
+    "label the sentiment of this review as positive or negative",
+    "the acting is superb but the story drags in the middle",
+    "one of the best movies of the year, smart and moving",
+    "review: an uneven comedy. sentiment: negative. summary: uneven.",
+]
+SPECIALS = ["<|pad|>", "<|eos|>", "<|im_start|>", "<|im_end|>"]
+
+
+def build_tokenizer(*, chat_template: bool = True):
+    """A ``PreTrainedTokenizerFast`` with pad/eos tokens and (optionally) a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train_from_iterator(CORPUS, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|pad|>", eos_token="<|eos|>")
+    if chat_template:
+        fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_model(tokenizer, *, seed: int = 0, init: float = 0.5):
+    """A 2-layer random ``LlamaForCausalLM`` in fp32, eval mode, eager of nothing: default attention."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=len(tokenizer), max_position_embeddings=1024, initializer_range=init,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def save_model_folder(path: Path, *, chat_template: bool = True, seed: int = 0) -> Path:
+    """Save the tiny tokenizer and model as a Hugging Face folder (config, safetensors, tokenizer)."""
+    tokenizer = build_tokenizer(chat_template=chat_template)
+    model = build_model(tokenizer, seed=seed)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def reference_generate(model, tokenizer, prompt_ids, max_new_tokens: int) -> list[int]:
+    """Unbatched greedy ``model.generate`` on one unpadded prompt: the ground truth."""
+    import torch
+
+    ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
+    with torch.inference_mode():
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        )
+    return out[0, ids.shape[1]:].tolist()

@@ -1,0 +1,151 @@
+"""The Delta sink: one commit per job, partition overwrite, nothing committed on failure. Real Spark + deltalake."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from pipeline.config import SinkConfig
+from pipeline.io.sinks import SinkError, write_sink
+
+D1, D2 = dt.date(2026, 11, 28), dt.date(2026, 11, 29)
+
+
+def _frame(spark, ids, ds, *, label="x"):
+    from pyspark.sql import functions as F
+
+    rows = [(i, f"{label}{i}", [0.5, float(i)], {"a": 0.25}) for i in ids]
+    df = spark.createDataFrame(rows, "id long, label string, embedding array<float>, scores map<string,float>")
+    return df.withColumn("ds", F.lit(ds)).withColumn("scored_at", F.current_timestamp()).repartition(3)
+
+
+def _read(path: Path) -> pa.Table:
+    return pa.table(DeltaTable(str(path)).to_pyarrow_table())
+
+
+def _parquet_files(path: Path) -> set[str]:
+    return {p.relative_to(path).as_posix() for p in path.rglob("*.parquet")}
+
+
+def _live_files(path: Path) -> set[str]:
+    return set(DeltaTable(str(path)).file_uris())
+
+
+def test_append_then_overwrite_partition_replaces_only_that_day(spark, tmp_path):
+    path = tmp_path / "scores"
+    sink = SinkConfig(path=str(path), mode="append", partition_by=["ds"])
+    r0 = write_sink(_frame(spark, range(10), D1), sink)
+    r1 = write_sink(_frame(spark, range(10, 15), D2), sink)
+    assert (r0.version, r1.version, r0.writer) == (0, 1, "deltalake")
+
+    rerun = SinkConfig(path=str(path), mode="overwrite_partition", partition_by=["ds"])
+    r2 = write_sink(_frame(spark, range(10, 13), D2, label="y"), rerun, partition_values={"ds": D2})
+    assert r2.version == 2
+    table = _read(path)
+    by_day = {d: sorted(i for i, dd in zip(table["id"].to_pylist(), table["ds"].to_pylist()) if dd == d)
+              for d in (D1, D2)}
+    assert by_day == {D1: list(range(10)), D2: [10, 11, 12]}
+    assert set(table.filter(pa.compute.equal(table["ds"], D2))["label"].to_pylist()) == {"y10", "y11", "y12"}
+
+    dt_ = DeltaTable(str(path))
+    assert dt_.version() == 2 and dt_.metadata().partition_columns == ["ds"]
+    ops = [h["operation"] for h in sorted(dt_.history(), key=lambda h: h["version"])]
+    assert len(ops) == 3
+    # the schema survives the round trip: arrays, maps, UTC timestamps, the date partition
+    schema = table.schema
+    assert pa.types.is_list(schema.field("embedding").type)
+    assert pa.types.is_map(schema.field("scores").type)
+    assert schema.field("scored_at").type == pa.timestamp("us", tz="UTC")
+    # every live file is referenced once; no stray files of this table
+    assert len(_parquet_files(path)) >= len(_live_files(path))
+
+
+def test_rerun_of_same_day_is_idempotent(spark, tmp_path):
+    path = tmp_path / "scores"
+    sink = SinkConfig(path=str(path), mode="overwrite_partition", partition_by=["ds"])
+    for _ in range(3):
+        write_sink(_frame(spark, range(20), D1), sink, partition_values={"ds": D1})
+    table = _read(path)
+    assert sorted(table["id"].to_pylist()) == list(range(20))
+    assert DeltaTable(str(path)).version() == 2
+
+
+def test_overwrite_replaces_everything(spark, tmp_path):
+    path = tmp_path / "scores"
+    write_sink(_frame(spark, range(5), D1), SinkConfig(path=str(path), mode="append"))
+    write_sink(_frame(spark, range(100, 102), D2), SinkConfig(path=str(path), mode="overwrite"))
+    assert sorted(_read(path)["id"].to_pylist()) == [100, 101]
+
+
+def test_empty_result_still_commits_and_empties_the_partition(spark, tmp_path):
+    path = tmp_path / "scores"
+    sink = SinkConfig(path=str(path), mode="overwrite_partition", partition_by=["ds"])
+    write_sink(_frame(spark, range(5), D1), sink, partition_values={"ds": D1})
+    write_sink(_frame(spark, range(5, 7), D2), sink, partition_values={"ds": D2})
+    result = write_sink(_frame(spark, [], D1), sink, partition_values={"ds": D1})
+    assert result.version == 2
+    assert sorted(_read(path)["id"].to_pylist()) == [5, 6]
+
+
+def test_new_empty_table_has_the_schema(spark, tmp_path):
+    path = tmp_path / "empty"
+    write_sink(_frame(spark, [], D1), SinkConfig(path=str(path), mode="append"))
+    table = _read(path)
+    assert table.num_rows == 0 and "embedding" in table.column_names and "ds" in table.column_names
+
+
+def test_failed_job_commits_nothing_and_leaves_no_files(spark, tmp_path):
+    from pyspark.sql import functions as F
+    from pyspark.sql.functions import udf
+
+    path = tmp_path / "scores"
+    sink = SinkConfig(path=str(path), mode="append", partition_by=["ds"])
+    write_sink(_frame(spark, range(6), D1), sink)
+    before_files = _parquet_files(path)
+
+    @udf("long")
+    def explode_on_13(i):
+        if i == 13:
+            raise ValueError("poison row 13")
+        return i
+
+    bad = _frame(spark, range(10, 30), D1).withColumn("id", explode_on_13(F.col("id")))
+    with pytest.raises(SinkError, match="poison row 13"):
+        write_sink(bad, sink)
+    assert DeltaTable(str(path)).version() == 0
+    assert sorted(_read(path)["id"].to_pylist()) == list(range(6))
+    assert _parquet_files(path) == before_files, "files of failed attempts must be deleted"
+
+
+def test_rows_outside_the_replaced_partition_are_refused(spark, tmp_path):
+    path = tmp_path / "scores"
+    sink = SinkConfig(path=str(path), mode="overwrite_partition", partition_by=["ds"])
+    write_sink(_frame(spark, range(3), D1), sink, partition_values={"ds": D1})
+    with pytest.raises(SinkError, match="every row must belong to the replaced partition"):
+        write_sink(_frame(spark, range(3), D2), sink, partition_values={"ds": D1})
+    assert DeltaTable(str(path)).version() == 0
+    assert len(_parquet_files(path)) == len(_live_files(path))
+
+
+def test_partitioning_mismatch_is_refused(spark, tmp_path):
+    path = tmp_path / "scores"
+    write_sink(_frame(spark, range(3), D1), SinkConfig(path=str(path), mode="append", partition_by=[]))
+    with pytest.raises(SinkError, match=r"partitioned by nothing .* set sink.partition_by"):
+        write_sink(_frame(spark, range(3), D1), SinkConfig(path=str(path), mode="append", partition_by=["ds"]))
+
+
+def test_unwritable_path_is_refused_before_work(spark, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    with pytest.raises(SinkError, match="is a file, not a folder"):
+        write_sink(_frame(spark, range(3), D1), SinkConfig(path=str(blocker / "scores"), mode="append"))
+
+
+def test_overwrite_partition_needs_its_value(spark, tmp_path):
+    sink = SinkConfig(path=str(tmp_path / "s"), mode="overwrite_partition", partition_by=["ds"])
+    with pytest.raises(SinkError, match="needs a value for partition column"):
+        write_sink(_frame(spark, range(3), D1), sink)

@@ -1,0 +1,119 @@
+"""``GenerateTask``: config, loading from a model folder, ``process`` on Arrow chunks."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from .generation_models import reference_generate, save_model_folder  # noqa: E402
+from pipeline.config import ConfigError, GenerateTaskConfig, ModelConfig, BatchingConfig, build_config  # noqa: E402
+from pipeline.metrics import WorkerCounts  # noqa: E402
+from pipeline.tasks import GenerateTask, build_task  # noqa: E402
+
+LONG = " ".join(f"word{i}" for i in range(300))
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    torch.set_num_threads(1)
+    return save_model_folder(tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+def _task(model_dir, **overrides) -> GenerateTask:
+    config = GenerateTaskConfig(**{"template": "Review of {title}: {text}", "max_input_tokens": 48,
+                                   "max_new_tokens": 6, "slots": 2, **overrides})
+    return build_task(config, model=ModelConfig(path=str(model_dir)), batching=BatchingConfig())
+
+
+def _chunk() -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict({
+        "id": [1, 2, 3, 4, 5, 6, 7],
+        "title": ["Heat", "Up", None, "Big", "Tron", "Jaws", "Alien"],
+        "text": ["the film is funny", "a dull mess", "smart and moving", "  ", LONG, "the story drags", "superb"],
+        "budget": [3, None, 4, 5, 2, 9, 1],
+    })
+
+
+def test_config_is_part_of_the_job_union(tmp_path):
+    job = build_config({
+        "job": "gen", "source": {"path": "x"}, "model": {"path": "m"}, "sink": {"path": "y"},
+        "task": {"kind": "generate", "template": "{text}", "mode": "static", "stop": ["\n"]},
+    })
+    assert isinstance(job.task, GenerateTaskConfig) and job.task.mode == "static"
+    with pytest.raises(ConfigError, match="task.slot: unknown key"):
+        build_config({"job": "gen", "source": {"path": "x"}, "model": {"path": "m"}, "sink": {"path": "y"},
+                      "task": {"kind": "generate", "slot": 4}})
+    with pytest.raises(ValueError, match="max_new_tokens_limit"):
+        GenerateTaskConfig(max_new_tokens=300, max_new_tokens_limit=256)
+
+
+def test_input_columns_and_schema(model_dir):
+    task = _task(model_dir, max_new_tokens_column="budget", seed_column="id")
+    assert task.input_columns == ("title", "text", "budget", "id")
+    assert task.output_schema().names == [
+        "completion", "prompt_tokens", "completion_tokens", "finish_reason", "latency_ms",
+        "n_tokens", "truncated", "status", "error",
+    ]
+
+
+@pytest.mark.parametrize("mode", ["static", "continuous"])
+def test_process_end_to_end(model_dir, mode):
+    task = _task(model_dir, mode=mode, max_new_tokens_column="budget")
+    loaded = task.load(model_dir, "cpu")
+    counts = WorkerCounts()
+    out = task.process(loaded, _chunk(), counts).to_pydict()
+
+    assert out["status"] == ["ok", "ok", "skipped_null", "skipped_empty", "truncated", "ok", "ok"]
+    assert out["truncated"] == [False, False, False, False, True, False, False]
+    for skipped in (2, 3):
+        assert out["completion"][skipped] is None and out["finish_reason"][skipped] is None
+        assert out["n_tokens"][skipped] == 0
+    # every generated row equals unbatched greedy generate on its own prompt, in input order
+    budgets = [3, 6, None, None, 2, 9, 1]
+    chunk = _chunk().to_pydict()
+    for i in (0, 1, 4, 5, 6):
+        prompt = loaded.prompts.build({"title": chunk["title"][i], "text": chunk["text"][i]})
+        ref = reference_generate(loaded.model, loaded.tokenizer, prompt.token_ids, budgets[i])
+        body = [t for t in ref if t != loaded.tokenizer.eos_token_id]
+        assert out["completion"][i] == loaded.tokenizer.decode(body, skip_special_tokens=True)
+        assert out["completion_tokens"][i] == len(ref)
+        assert out["prompt_tokens"][i] == out["n_tokens"][i] == len(prompt.token_ids)
+        assert out["finish_reason"][i] == ("stop" if len(body) < len(ref) else "length")
+        assert out["latency_ms"][i] >= 0
+    assert out["prompt_tokens"][4] <= 48
+    assert counts.counts["rows"] == 7
+    assert counts.counts["status"] == {"ok": 4, "skipped_null": 1, "skipped_empty": 1, "truncated": 1}
+    assert counts.counts["completion_tokens"] == sum(out["completion_tokens"][i] for i in (0, 1, 4, 5, 6))
+
+
+def test_bad_rows_are_flagged_not_dropped(model_dir):
+    task = _task(model_dir, max_new_tokens_column="budget")
+    loaded = task.load(model_dir, "cpu")
+    chunk = pa.RecordBatch.from_pydict({"title": ["A", "B"], "text": ["fine", "also fine"], "budget": [0, 500]})
+    out = task.process(loaded, chunk, WorkerCounts()).to_pydict()
+    assert out["status"] == ["error", "ok"]
+    assert "positive" in out["error"][0] and out["finish_reason"][0] == "error"
+    assert out["completion_tokens"][1] <= task.config.max_new_tokens_limit
+    empty = task.process(loaded, chunk.slice(0, 0), WorkerCounts())
+    assert empty.num_rows == 0 and empty.schema == task.output_schema()
+    with pytest.raises(ValueError, match=r"lacks column\(s\) \['budget'\]"):
+        task.process(loaded, pa.RecordBatch.from_pydict({"title": ["A"], "text": ["x"]}), WorkerCounts())
+
+
+def test_sampled_rows_reproduce_per_row_seed(model_dir):
+    task = _task(model_dir, temperature=1.0, seed=3, seed_column="id", max_new_tokens=8)
+    loaded = task.load(model_dir, "cpu")
+    chunk = _chunk().select(["id", "title", "text"])
+    full = task.process(loaded, chunk, WorkerCounts()).to_pydict()["completion"]
+    reordered = task.process(loaded, chunk.take(pa.array([6, 0, 5])), WorkerCounts()).to_pydict()["completion"]
+    assert reordered == [full[6], full[0], full[5]]
+    other = _task(model_dir, temperature=1.0, seed=4, seed_column="id", max_new_tokens=8)
+    assert other.process(other.load(model_dir, "cpu"), chunk, WorkerCounts()).to_pydict()["completion"] != full
+
+
+def test_kv_cache_budget_is_enforced(model_dir):
+    task = _task(model_dir, slots=64, max_new_tokens_limit=4096, max_kv_cache_mb=1)
+    with pytest.raises(ValueError, match="lower task.slots"):
+        task.load(model_dir, "cpu")
