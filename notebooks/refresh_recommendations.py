@@ -1,38 +1,42 @@
 # Databricks notebook source
 # MAGIC %md
-# MAGIC # Nightly recommendation refresh
-# MAGIC Top-K unseen items per user from the two-tower model, written to the dated Delta table
-# MAGIC (partition `ds` replaced) and to `recommendations_latest`. Config: `conf/refresh_recommendations.yaml`.
-# MAGIC Install the package on the cluster (wheel or `%pip install`); this notebook adds nothing to `sys.path`.
+# MAGIC # refresh_recommendations
+# MAGIC Nightly top-K unseen items per user from the two-tower model: rows `user_id, item_id, score, rank,
+# MAGIC model_revision, run_id, ds` replace the run date's partition of the dated Delta table, and
+# MAGIC `recommendations_latest` is overwritten with them (unless it already holds a newer date).
+# MAGIC
+# MAGIC Install the package on the cluster first (a wheel built with `pip wheel .`, or `%pip install`).
+# MAGIC Train a model first: `python jobs/train_recommender.py --refit-full` (writes `<models>/LATEST`).
 
 # COMMAND ----------
 
-dbutils.widgets.text("conf", "conf/refresh_recommendations.yaml", "Config YAML")
-dbutils.widgets.text("ds", "", "Run date (YYYY-MM-DD, empty = today UTC)")
-dbutils.widgets.text("run_id", "", "Run id (empty = new)")
-dbutils.widgets.text("overrides", "", "Overrides key.path=value, comma separated")
+dbutils.widgets.text("config", "conf/refresh_recommendations.yaml", "Config YAML")  # noqa: F821
+dbutils.widgets.text("overlay", "", "Overlay YAML (optional)")  # noqa: F821
+dbutils.widgets.text("overrides", "", "Overrides: key.path=value, one per line or ';'-separated")  # noqa: F821
+dbutils.widgets.text("ds", "", "Run date YYYY-MM-DD (empty: today)")  # noqa: F821
+dbutils.widgets.text("run_id", "", "Run id (empty: a new one)")  # noqa: F821
 
 # COMMAND ----------
 
 import datetime as dt
 
-conf = dbutils.widgets.get("conf").strip()
-ds = dbutils.widgets.get("ds").strip() or None
-run_id = dbutils.widgets.get("run_id").strip() or None
-overrides = [o.strip() for o in dbutils.widgets.get("overrides").split(",") if o.strip()]
-if not conf:
-    raise ValueError("widget 'conf' is empty: set it to a config YAML, e.g. conf/refresh_recommendations.yaml")
-if ds is not None:
-    try:
-        dt.date.fromisoformat(ds)
-    except ValueError:
-        raise ValueError(f"widget 'ds' is {ds!r}; use YYYY-MM-DD, e.g. 2026-11-30, or leave it empty") from None
+config_path = dbutils.widgets.get("config").strip()  # noqa: F821
+overlay = dbutils.widgets.get("overlay").strip()  # noqa: F821
+raw = dbutils.widgets.get("overrides").replace(";", "\n")  # noqa: F821
+overrides = [line.strip() for line in raw.splitlines() if line.strip()]
+ds = dbutils.widgets.get("ds").strip() or None  # noqa: F821
+run_id = dbutils.widgets.get("run_id").strip() or None  # noqa: F821
+if not config_path:
+    raise ValueError("the 'config' widget is empty: set it to conf/refresh_recommendations.yaml or a copy of it")
+if ds:
+    dt.date.fromisoformat(ds)  # fail here, clearly, on a malformed date
 bad = [o for o in overrides if "=" not in o]
 if bad:
-    raise ValueError(f"widget 'overrides' entries {bad} are not key.path=value (e.g. task.k=20)")
+    raise ValueError(f"overrides {bad} are not key.path=value (e.g. task.k=20)")
 
 # COMMAND ----------
 
 from pipeline.recs.job import run_refresh
 
-summary = run_refresh(conf, ds=ds, run_id=run_id, overrides=overrides, spark=spark)
+summary = run_refresh(config_path, ds=ds, run_id=run_id, overrides=overrides,  # noqa: F821
+                      overlays=[overlay] if overlay else [], spark=spark)  # noqa: F821

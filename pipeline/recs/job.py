@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from pipeline.config import BatchingConfig, ModelConfig, SinkConfig
+from pipeline.config import BatchingConfig, ModelConfig
 from pipeline.recs.config import RefreshJobConfig
 from pipeline.spark.udf import InferencePlan
 
@@ -160,13 +160,17 @@ def _update_latest(spark: "SparkSession", config: RefreshJobConfig, output: str,
     from pipeline.io.sources import read_delta
 
     assert config.latest is not None
-    if (Path(config.latest) / "_delta_log").is_dir():
+    try:
         newest = read_delta(spark, config.latest).agg(F.max("ds")).first()[0]
-        if newest is not None and newest > ds:
-            return False
+    except Exception:  # noqa: BLE001 - no table there yet (the error type depends on the reader)
+        newest = None
+    if newest is not None and newest > ds:
+        return False
     rows = read_delta(spark, output).where(F.col("ds") == F.lit(ds).cast("date")).where(F.col("run_id") == run_id)
-    write_sink(rows.select(*OUTPUT_COLUMNS), SinkConfig(path=config.latest, mode="overwrite", partition_by=[]),
-               commit_metadata={"sbi.job": config.job, "sbi.run_id": run_id})
+    # Same writer settings as the dated table (e.g. the Delta connector on Databricks), whole-table overwrite.
+    sink = config.sink.model_copy(update={"path": config.latest, "table": None, "mode": "overwrite",
+                                          "partition_by": []})
+    write_sink(rows.select(*OUTPUT_COLUMNS), sink, commit_metadata={"sbi.job": config.job, "sbi.run_id": run_id})
     return True
 
 
