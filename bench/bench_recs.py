@@ -158,7 +158,7 @@ def _quality(warehouse: str, model_root: str) -> dict[str, Any]:
 
     from pipeline.recs.config import TrainConfig
     from pipeline.recs.data import read_recs_tables
-    from pipeline.recs.model import save_two_tower
+    from pipeline.recs.registry import save_two_tower
     from pipeline.recs.scoring import item_matrix
     from pipeline.recs.train import evaluate_two_tower, train_two_tower
 

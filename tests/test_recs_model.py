@@ -10,7 +10,8 @@ import torch
 
 from pipeline.recs.config import TrainConfig
 from pipeline.recs.features import FeatureSpec, IdIndex, infer_feature_spec, pack_lists
-from pipeline.recs.model import encode_users, load_two_tower, resolve_two_tower_path, save_two_tower
+from pipeline.recs.model import encode_users
+from pipeline.recs.registry import load_two_tower, resolve_two_tower_path, save_two_tower
 from pipeline.recs.synthetic import make_synthetic_recs
 from pipeline.recs.train import evaluate_two_tower, train_two_tower
 

@@ -16,7 +16,7 @@ from pipeline.recs.config import RecommendTaskConfig, RefreshJobConfig, TrainCon
 from pipeline.recs.data import write_recs_tables
 from pipeline.recs.evaluate import seen_lists
 from pipeline.recs.job import OUTPUT_COLUMNS, RefreshError, refresh_recommendations
-from pipeline.recs.model import save_two_tower
+from pipeline.recs.registry import save_two_tower
 from pipeline.recs.synthetic import make_synthetic_recs
 from pipeline.recs.task import RecommendTask
 from pipeline.recs.train import train_two_tower

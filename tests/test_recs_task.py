@@ -10,7 +10,7 @@ from pipeline.config import ModelConfig
 from pipeline.metrics import WorkerCounts
 from pipeline.recs.config import RecommendTaskConfig, TrainConfig
 from pipeline.recs.evaluate import seen_lists
-from pipeline.recs.model import save_two_tower
+from pipeline.recs.registry import save_two_tower
 from pipeline.recs.synthetic import make_synthetic_recs
 from pipeline.recs.task import RecommendTask
 from pipeline.recs.train import train_two_tower

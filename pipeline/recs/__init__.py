@@ -1,10 +1,12 @@
 """Recommendations: a two-tower model, batched top-K scoring, and the nightly refresh.
 
 Pure layers (no pyspark): :mod:`~pipeline.recs.data` (MovieLens tables),
-:mod:`~pipeline.recs.features`, :mod:`~pipeline.recs.model`,
+:mod:`~pipeline.recs.features`, :mod:`~pipeline.recs.model` (the torch module),
+:mod:`~pipeline.recs.registry` (the versioned model folder),
 :mod:`~pipeline.recs.train`, :mod:`~pipeline.recs.scoring`,
-:mod:`~pipeline.recs.evaluate` and :mod:`~pipeline.recs.task`. Importing this
-package does not import torch; the submodules that need it do.
+:mod:`~pipeline.recs.evaluate` and :mod:`~pipeline.recs.task`. The Spark job
+is :mod:`~pipeline.recs.job`. Importing this package does not import torch or
+pyspark; the submodules that need them do.
 """
 
 from __future__ import annotations

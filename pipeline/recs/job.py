@@ -101,7 +101,7 @@ class RefreshSummary:
 
 def _resolve_model(config: RefreshJobConfig) -> tuple[Path, str, list[str], list[int]]:
     """``(folder, revision, feature names, item ids)`` of the model, checked on the driver (no torch)."""
-    from pipeline.recs.model import resolve_two_tower_path, two_tower_revision
+    from pipeline.recs.registry import resolve_two_tower_path, two_tower_revision
 
     try:
         folder = resolve_two_tower_path(config.model.path)

@@ -78,7 +78,7 @@ class RecommendTask:
 
     def load(self, model_dir: Path, device: str) -> LoadedRecommender:
         """Load the model folder (or model root with LATEST) and compute the item tower once."""
-        from pipeline.recs.model import load_two_tower
+        from pipeline.recs.registry import load_two_tower
         from pipeline.recs.scoring import item_matrix
 
         model, revision = load_two_tower(model_dir, device=device)

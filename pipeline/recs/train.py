@@ -32,7 +32,8 @@ from pipeline.recs.config import TrainConfig
 from pipeline.recs.data import RecsData, read_recs_tables
 from pipeline.recs.evaluate import Holdout, popularity_top_k, ranking_metrics, seen_lists, split_holdout, summarize
 from pipeline.recs.features import FeatureSpec, IdIndex, infer_feature_spec
-from pipeline.recs.model import TwoTower, TwoTowerSpec, UserInputs, encode_users, save_two_tower
+from pipeline.recs.model import TwoTower, TwoTowerSpec, UserInputs, encode_users
+from pipeline.recs.registry import save_two_tower
 from pipeline.recs.scoring import item_matrix, recommend_users, seen_coordinates
 
 __all__ = ["TrainResult", "build_two_tower", "evaluate_two_tower", "train_and_save", "train_two_tower", "user_features"]
