@@ -75,8 +75,11 @@ def content_hash(input_columns: tuple[str, ...]) -> Any:
     from pyspark.sql import functions as F
 
     if input_columns == ("text",):
-        return F.sha2(F.col("text").cast("binary"), 256)
-    return F.sha2(F.to_json(F.struct(*[F.col(c) for c in input_columns])), 256)
+        digest = F.sha2(F.col("text").cast("binary"), 256)
+    else:
+        digest = F.sha2(F.to_json(F.struct(*[F.col(c) for c in input_columns])), 256)
+    # a null input still needs a key, or the anti-join would rescore it every run
+    return F.coalesce(digest, F.lit("null"))
 
 
 def _check_ids(inputs: "DataFrame", id_column: str) -> None:

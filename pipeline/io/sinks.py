@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
@@ -100,7 +101,7 @@ def write_sink(
     _check_writable(target)
     from pipeline.io.delta_writer import FORMAT_NAME, DeltaLakeDataSource
 
-    spark.dataSource.register(DeltaLakeDataSource)
+    _register_once(spark, DeltaLakeDataSource)
     w = (
         df.write.format(FORMAT_NAME).mode(spark_mode)
         .option("path", target)
@@ -116,6 +117,25 @@ def write_sink(
     except Exception as exc:  # noqa: BLE001
         raise SinkError(f"writing Delta table {target} failed: {_root_cause(exc)}") from exc
     return WriteResult(target, writer, _deltalake_version(target, write_id), write_id)
+
+
+_registered: set[int] = set()
+_register_lock = threading.Lock()
+
+
+def _register_once(spark: Any, source: type) -> None:
+    """Register the data source once per session: re-registering races with writes in other threads."""
+    key = id(spark._jsparkSession) if hasattr(spark, "_jsparkSession") else id(spark)
+    try:
+        # Python data sources are looked up in the JVM thread's active session; a write from
+        # another Python thread runs on a JVM thread that has none.
+        spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+    except Exception:  # noqa: BLE001 - Spark Connect: no JVM handle, nothing to set
+        pass
+    with _register_lock:
+        if key not in _registered:
+            spark.dataSource.register(source)
+            _registered.add(key)
 
 
 def _check_writable(path: str) -> None:
