@@ -18,25 +18,14 @@ dbutils.widgets.text("run_id", "", "Run id (empty: a new one)")  # noqa: F821
 
 # COMMAND ----------
 
-import datetime as dt
+from pipeline.notebook import read_widgets
 
-config_path = dbutils.widgets.get("config").strip()  # noqa: F821
-overlay = dbutils.widgets.get("overlay").strip()  # noqa: F821
-raw = dbutils.widgets.get("overrides").replace(";", "\n")  # noqa: F821
-overrides = [line.strip() for line in raw.splitlines() if line.strip()]
-ds = dbutils.widgets.get("ds").strip() or None  # noqa: F821
-run_id = dbutils.widgets.get("run_id").strip() or None  # noqa: F821
-if not config_path:
-    raise ValueError("the 'config' widget is empty: set it to conf/refresh_recommendations.yaml or a copy of it")
-if ds:
-    dt.date.fromisoformat(ds)  # fail here, clearly, on a malformed date
-bad = [o for o in overrides if "=" not in o]
-if bad:
-    raise ValueError(f"overrides {bad} are not key.path=value (e.g. task.k=20)")
+args = read_widgets(dbutils)  # noqa: F821 - validates the widgets before any work
+print(args)
 
 # COMMAND ----------
 
 from pipeline.recs.job import run_refresh
 
-summary = run_refresh(config_path, ds=ds, run_id=run_id, overrides=overrides,  # noqa: F821
-                      overlays=[overlay] if overlay else [], spark=spark)  # noqa: F821
+summary = run_refresh(args.config_path, ds=args.ds, run_id=args.run_id, overrides=args.overrides,
+                      overlays=args.overlays, spark=spark)  # noqa: F821

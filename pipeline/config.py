@@ -35,6 +35,7 @@ __all__ = [
     "SourceConfig",
     "SparkConfig",
     "load_config",
+    "merged_config_data",
     "parse_overrides",
 ]
 
@@ -358,6 +359,22 @@ def build_config(data: dict[str, Any], *, source: str = "(dict)") -> JobConfig:
         raise ConfigError(_format_errors(exc, source)) from None
 
 
+def merged_config_data(
+    path: str | os.PathLike[str],
+    *,
+    overrides: Iterable[str] = (),
+    overlays: Iterable[str | os.PathLike[str]] = (),
+) -> dict[str, Any]:
+    """The YAML file, then each overlay, then the overrides, with ``${VAR}`` expanded: ready to validate.
+
+    Job families with their own config model (e.g. ``pipeline.recs``) validate this dict themselves.
+    """
+    data = _read_yaml(Path(path))
+    for overlay in overlays:
+        data = _deep_merge(data, _read_yaml(Path(overlay)))
+    return _expand_env(_deep_merge(data, parse_overrides(overrides)), "")
+
+
 def load_config(
     path: str | os.PathLike[str],
     *,
@@ -371,8 +388,4 @@ def load_config(
         load_config("conf/score_documents.yaml", overlays=["conf/env/databricks.yaml"],
                     overrides=["run.ds=2026-11-29"])
     """
-    data = _read_yaml(Path(path))
-    for overlay in overlays:
-        data = _deep_merge(data, _read_yaml(Path(overlay)))
-    data = _deep_merge(data, parse_overrides(overrides))
-    return build_config(data, source=str(path))
+    return build_config(merged_config_data(path, overrides=overrides, overlays=overlays), source=str(path))

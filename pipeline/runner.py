@@ -192,7 +192,7 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
 
     from pipeline import faults as fault_hooks
     from pipeline.io.sinks import write_sink
-    from pipeline.io.sources import SourceError, read_delta
+    from pipeline.io.sources import SourceError
     from pipeline.spark.session import get_session
     from pipeline.spark.udf import CountsParam, InferencePlan
 

@@ -9,7 +9,6 @@ import threading
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 

@@ -8,13 +8,12 @@ before any work instead of silently using a default.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Iterable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pipeline.config import ConfigError, ModelConfig, RunConfig, SinkConfig, SparkConfig
-from pipeline.config import _deep_merge, _expand_env, _read_yaml, parse_overrides
+from pipeline.config import merged_config_data
 
 __all__ = [
     "RecommendTaskConfig",
@@ -130,12 +129,9 @@ def load_refresh_config(
     Same rules as :func:`pipeline.config.load_config`: ``${VAR}`` reads the
     environment, unknown keys are errors naming the key.
     """
-    data = _read_yaml(Path(path))
-    for overlay in overlays:
-        data = _deep_merge(data, _read_yaml(Path(overlay)))
-    data = _deep_merge(data, parse_overrides(overrides))
+    data = merged_config_data(path, overrides=overrides, overlays=overlays)
     try:
-        return RefreshJobConfig.model_validate(_expand_env(data, ""))
+        return RefreshJobConfig.model_validate(data)
     except ValidationError as exc:
         lines = []
         for err in exc.errors():
