@@ -15,7 +15,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: venv demo demo-data demo-generate test bench bench-gpu lock clean
+.PHONY: venv demo demo-data demo-generate demo-recs test bench bench-gpu lock clean
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,15 @@ demo-generate: demo-data
 	$(PY) jobs/prepare_llm.py
 	$(VENV)/bin/spark-submit --master 'local[*]' --driver-memory 2g --conf spark.ui.enabled=false --conf spark.log.level=WARN \
 	  jobs/generate_text.py --conf conf/generate_text.yaml --set source.limit=$(GEN_ROWS) $(ARGS)
+
+# Nightly recommendation refresh: MovieLens-100K -> Delta, train the two-tower model
+# (prints HitRate@10 / Recall@10 against popularity), then refresh top-K per user.
+RECS_DS ?= $(shell date -u +%F)
+demo-recs: $(STAMP)
+	$(PY) jobs/prepare_recs_data.py
+	$(PY) jobs/train_recommender.py
+	$(VENV)/bin/spark-submit --master 'local[*]' --driver-memory 2g --conf spark.ui.enabled=false --conf spark.log.level=WARN \
+	  jobs/refresh_recommendations.py --conf conf/refresh_recommendations.yaml --ds $(RECS_DS) $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -17,22 +17,14 @@ dbutils.widgets.text("ds", "", "Run date YYYY-MM-DD (empty: today)")  # noqa: F8
 
 # COMMAND ----------
 
-import datetime as dt
+from pipeline.notebook import read_widgets
 
-config_path = dbutils.widgets.get("config").strip()  # noqa: F821
-overlay = dbutils.widgets.get("overlay").strip()  # noqa: F821
-raw = dbutils.widgets.get("overrides").replace(";", "\n")  # noqa: F821
-overrides = [line.strip() for line in raw.splitlines() if line.strip()]
-ds = dbutils.widgets.get("ds").strip()  # noqa: F821
-if not config_path:
-    raise ValueError("the 'config' widget is empty: set it to a job YAML such as conf/generate_text.yaml")
-if ds:
-    dt.date.fromisoformat(ds)  # fail here, clearly, on a malformed date
-    overrides.append(f"run.ds={ds}")
+args = read_widgets(dbutils)  # noqa: F821 - validates the widgets before any work
+print(args)
 
 # COMMAND ----------
 
 from pipeline import load_config, run_job
 
-config = load_config(config_path, overlays=[overlay] if overlay else [], overrides=overrides)
+config = load_config(args.config_path, overlays=args.overlays, overrides=args.overrides_with_run())
 summary = run_job(config, spark=spark)  # noqa: F821

@@ -32,6 +32,8 @@ def add_job_arguments(parser: argparse.ArgumentParser, *, positional: bool = Tru
                         help="override one key, e.g. --set batching.batch_size=128 (repeatable)")
     parser.add_argument("--ds", help="run date YYYY-MM-DD (same as --set run.ds=...)")
     parser.add_argument("--run-id", help="run id (same as --set run.run_id=...)")
+    parser.add_argument("--incremental", action="store_true",
+                        help="score only rows new or changed since the last run (same as --set run.incremental=true)")
 
 
 def config_from_args(args: argparse.Namespace):
@@ -45,6 +47,8 @@ def config_from_args(args: argparse.Namespace):
         overrides.append(f"run.ds={args.ds}")
     if args.run_id:
         overrides.append(f"run.run_id={args.run_id}")
+    if args.incremental:
+        overrides.append("run.incremental=true")
     return load_config(path, overrides=overrides, overlays=args.overlay)
 
 

@@ -37,6 +37,7 @@ __all__ = [
     "SourceConfig",
     "SparkConfig",
     "load_config",
+    "merged_config_data",
     "parse_overrides",
 ]
 
@@ -76,8 +77,10 @@ class SourceConfig(_Model):
     keep_columns: list[str] = Field(default_factory=list)
     where: str | None = None
     limit: int | None = Field(None, gt=0)
-    # Spark input partitions; None keeps what the source gives.
+    # Spark input partitions; None: at least one per core, hashed by id.
     repartition: int | None = Field(None, gt=0)
+    # Fail before any work if an id is null or appears twice.
+    unique_ids: bool = False
 
     @model_validator(mode="after")
     def _location(self) -> "SourceConfig":
@@ -233,6 +236,16 @@ class SinkConfig(_Model):
     mode: Literal["append", "overwrite", "overwrite_partition"] = "overwrite_partition"
     partition_by: list[str] = Field(default_factory=lambda: ["ds"])
     writer: Literal["auto", "delta", "deltalake"] = "auto"
+    # Rows whose scoring failed (status error) go here with their input and error,
+    # not to the output; default: the output path + "_quarantine".
+    quarantine_path: str | None = None
+
+    def resolved_quarantine_path(self) -> str:
+        if self.quarantine_path:
+            return self.quarantine_path
+        if self.path:
+            return self.path.rstrip("/") + "_quarantine"
+        raise ValueError("sink.table needs an explicit sink.quarantine_path")
 
     @model_validator(mode="after")
     def _location(self) -> "SinkConfig":
@@ -252,6 +265,11 @@ class RunConfig(_Model):
     progress_interval_s: float = Field(10.0, gt=0)
     sample_rows: int = Field(3, ge=0)
     summary_path: str | None = None
+    # Score only rows whose (id, content hash) the output lacks for this model revision;
+    # the new rows are appended to the run's partition.
+    incremental: bool = False
+    # Fault injection for tests and drills (see pipeline.faults); merged over $SBI_FAULTS.
+    faults: dict[str, Any] = Field(default_factory=dict)
 
     def resolved_ds(self) -> dt.date:
         return self.ds or dt.datetime.now(dt.timezone.utc).date()
@@ -397,6 +415,22 @@ def build_config(data: dict[str, Any], *, source: str = "(dict)") -> JobConfig:
         raise ConfigError(_format_errors(exc, source)) from None
 
 
+def merged_config_data(
+    path: str | os.PathLike[str],
+    *,
+    overrides: Iterable[str] = (),
+    overlays: Iterable[str | os.PathLike[str]] = (),
+) -> dict[str, Any]:
+    """The YAML file, then each overlay, then the overrides, with ``${VAR}`` expanded: ready to validate.
+
+    Job families with their own config model (e.g. ``pipeline.recs``) validate this dict themselves.
+    """
+    data = _read_yaml(Path(path))
+    for overlay in overlays:
+        data = _deep_merge(data, _read_yaml(Path(overlay)))
+    return _expand_env(_deep_merge(data, parse_overrides(overrides)), "")
+
+
 def load_config(
     path: str | os.PathLike[str],
     *,
@@ -410,8 +444,4 @@ def load_config(
         load_config("conf/score_documents.yaml", overlays=["conf/env/databricks.yaml"],
                     overrides=["run.ds=2026-11-29"])
     """
-    data = _read_yaml(Path(path))
-    for overlay in overlays:
-        data = _deep_merge(data, _read_yaml(Path(overlay)))
-    data = _deep_merge(data, parse_overrides(overrides))
-    return build_config(data, source=str(path))
+    return build_config(merged_config_data(path, overrides=overrides, overlays=overlays), source=str(path))

@@ -1,25 +1,31 @@
-"""Fault injection for tests and drills; off unless ``SBI_FAULTS`` is set in the environment.
+"""Fault injection for tests and failure drills. Off unless configured.
 
-``SBI_FAULTS`` holds JSON, for example::
+Set ``SBI_FAULTS`` (JSON) in the driver's environment, or ``run.faults`` in the
+config; the runner ships the settings to the executors inside the inference
+plan and the writer options, so they reach every worker (changing an
+executor's environment after Spark started would not). Keys:
 
-    {"poison_marker": "POISON"}       # any batch holding a row whose text contains it raises
-    {"oom_above_rows": 8}             # batches of more rows raise a (simulated) out-of-memory error
-    {"oom_above_tokens": 512}         # batches of more padded tokens (rows x length) do, like real memory
+``poison_marker``          a batch holding a row whose text contains it raises (a poison row)
+``oom_above_rows``         batches of more rows raise a simulated out-of-memory error
+``oom_above_tokens``       batches of more padded tokens (rows x length) do, as real memory would
+``fail_infer_partitions``  these partitions fail their first attempt during inference
+``kill_worker_partitions`` these partitions' Python worker dies (``os._exit``) mid-task, first attempt
+``fail_write_partitions``  these partitions fail their first attempt after writing a Parquet file
 
-Executors inherit the driver's environment under ``local[*]``; on a cluster pass
-it with ``spark.executorEnv.SBI_FAULTS``.
+Example: ``SBI_FAULTS='{"fail_infer_partitions": [0], "fail_write_partitions": [1]}'``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-__all__ = ["InjectedFault", "SimulatedOutOfMemory", "check_batch", "settings"]
+__all__ = ["InjectedFault", "SimulatedOutOfMemory", "activate", "check_batch", "from_env", "on_task_start",
+           "on_write"]
 
 ENV = "SBI_FAULTS"
+_active: dict[str, Any] = {}
 
 
 class InjectedFault(RuntimeError):
@@ -30,25 +36,33 @@ class SimulatedOutOfMemory(InjectedFault):
     """Stands in for ``torch.cuda.OutOfMemoryError`` where no GPU exists."""
 
 
-@lru_cache(maxsize=4)
-def _parse(raw: str) -> dict[str, Any]:
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{ENV} is not valid JSON ({exc}): {raw!r}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{ENV} must be a JSON object, got {raw!r}")
-    return value
+def from_env(extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The driver's fault settings: ``SBI_FAULTS`` merged with ``extra`` (config)."""
+    raw = os.environ.get(ENV, "").strip()
+    settings: dict[str, Any] = {}
+    if raw:
+        try:
+            settings = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{ENV} is not valid JSON ({exc}): {raw!r}") from None
+        if not isinstance(settings, dict):
+            raise ValueError(f"{ENV} must be a JSON object, got {raw!r}")
+    return {**settings, **(extra or {})}
 
 
-def settings() -> dict[str, Any]:
-    raw = os.environ.get(ENV, "")
-    return _parse(raw) if raw else {}
+def activate(settings: Mapping[str, Any] | None) -> None:
+    """Make ``settings`` the faults of this process (each task calls this with its plan's faults)."""
+    _active.clear()
+    _active.update(settings or {})
+
+
+def _current() -> Mapping[str, Any]:
+    return _active or from_env()
 
 
 def check_batch(texts: Sequence[str], *, padded_tokens: int | None = None) -> None:
     """Raise the configured fault for a batch of ``texts`` padded to ``padded_tokens`` in all (no-op when unset)."""
-    faults = settings()
+    faults = _current()
     if not faults:
         return
     limit = faults.get("oom_above_rows")
@@ -62,3 +76,22 @@ def check_batch(texts: Sequence[str], *, padded_tokens: int | None = None) -> No
     marker = faults.get("poison_marker")
     if marker and any(marker in t for t in texts):
         raise InjectedFault(f"injected poison row (text contains {marker!r})")
+
+
+def _first_attempt_of(key: str, partition: int, attempt: int, faults: Mapping[str, Any]) -> bool:
+    return attempt == 0 and partition in set(faults.get(key) or ())
+
+
+def on_task_start(partition: int, attempt: int) -> None:
+    """Inference-side faults for one task attempt (called after its first chunk is scored)."""
+    faults = _current()
+    if _first_attempt_of("kill_worker_partitions", partition, attempt, faults):
+        os._exit(13)  # the Python worker dies mid-task, as on a segfault or an OOM kill
+    if _first_attempt_of("fail_infer_partitions", partition, attempt, faults):
+        raise InjectedFault(f"injected inference failure in partition {partition}, attempt {attempt}")
+
+
+def on_write(partition: int, attempt: int, faults: Mapping[str, Any]) -> None:
+    """Write-side fault: called after a task attempt has written a Parquet file."""
+    if _first_attempt_of("fail_write_partitions", partition, attempt, faults):
+        raise InjectedFault(f"injected write failure in partition {partition}, attempt {attempt}")

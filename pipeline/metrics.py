@@ -79,6 +79,10 @@ class RunSummary:
     writer: str
     batch_sizes: dict[str, int] = field(default_factory=dict)
     samples: list[dict[str, Any]] = field(default_factory=list)
+    rows_quarantined: int = 0
+    quarantine: str | None = None
+    incremental: bool = False
+    retries: dict[str, int] = field(default_factory=dict)
     # model loads per precision actually used, and accuracy-gate fallbacks with their reason
     precision_used: dict[str, int] = field(default_factory=dict)
     precision_fallbacks: dict[str, int] = field(default_factory=dict)
@@ -101,7 +105,8 @@ class RunSummary:
 
     @property
     def complete(self) -> bool:
-        return self.rows_in == self.rows_out
+        """Every input row is in the output or the quarantine table, once."""
+        return self.rows_in == self.rows_out + self.rows_quarantined
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -126,11 +131,13 @@ class RunSummary:
         )
         status = ", ".join(f"{k}={v}" for k, v in sorted(self.status.items())) or "-"
         check = "OK: every input row written once" if self.complete else (
-            f"MISMATCH: {self.rows_in} rows in, {self.rows_out} rows out"
+            f"MISMATCH: {self.rows_in} rows in, {self.rows_out} out + {self.rows_quarantined} quarantined"
         )
         lines = [
             f"== {self.job} run {self.run_id} (ds {self.ds}) ==",
-            f"rows in / out / flagged : {self.rows_in:,} / {self.rows_out:,} / {self.rows_flagged:,}   [{check}]",
+            f"rows in / out / flagged : {self.rows_in:,} / {self.rows_out:,} / {self.rows_flagged:,}"
+            + (f" / quarantined {self.rows_quarantined:,}" if self.rows_quarantined else "")
+            + f"   [{check}]" + ("  (incremental: new or changed rows only)" if self.incremental else ""),
             f"row status              : {status}",
             f"time                    : {self.seconds:,.1f} s",
             f"throughput              : {self.docs_per_s:,.1f} docs/s, {self.tokens_per_s:,.0f} tokens/s",
@@ -147,6 +154,10 @@ class RunSummary:
         lines += [
             f"output                  : {self.output} (Delta version {self.delta_version}, {self.writer} writer)",
         ]
+        if self.quarantine:
+            lines.append(f"quarantine              : {self.quarantine} ({self.rows_quarantined:,} rows of this run)")
+        if self.retries:
+            lines.append("batch retries           : " + ", ".join(f"{k}={v}" for k, v in self.retries.items()))
         for row in self.samples:
             lines.append("sample                  : " + _short(row))
         return "\n".join(lines)

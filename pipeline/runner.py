@@ -70,27 +70,80 @@ def _validate_model(config: JobConfig, task: Any) -> tuple[Path, str, str]:
     return path, name, model_revision(path)
 
 
+def content_hash(input_columns: tuple[str, ...]) -> Any:
+    """sha256 of a row's task inputs: what incremental runs compare to find changed documents."""
+    from pyspark.sql import functions as F
+
+    if input_columns == ("text",):
+        digest = F.sha2(F.col("text").cast("binary"), 256)
+    else:
+        digest = F.sha2(F.to_json(F.struct(*[F.col(c) for c in input_columns])), 256)
+    # a null input still needs a key, or the anti-join would rescore it every run
+    return F.coalesce(digest, F.lit("null"))
+
+
+def _check_ids(inputs: "DataFrame", id_column: str) -> None:
+    bad = inputs.groupBy("id").count().where("`count` > 1 OR id IS NULL").limit(5).collect()
+    if bad:
+        shown = ", ".join(f"{r['id']!r} x{r['count']}" for r in bad)
+        raise JobError(
+            f"source.unique_ids is set but id column {id_column!r} has null or duplicate ids ({shown}); "
+            "deduplicate the source or set source.unique_ids: false"
+        )
+
+
+def _incremental_filter(spark: "SparkSession", inputs: "DataFrame", config: JobConfig, revision: str) -> "DataFrame":
+    """Rows whose (id, content hash) the output lacks for ``revision`` (an anti-join in Spark)."""
+    from pipeline.io.sources import SourceError, read_delta
+
+    if not config.sink.path:
+        raise JobError("run.incremental needs sink.path (the output Delta table to compare against)")
+    try:
+        done = read_delta(spark, config.sink.path)
+    except SourceError:
+        return inputs  # no output yet: everything is new
+    if "content_hash" not in done.columns:
+        raise JobError(f"output {config.sink.path} has no content_hash column (written by an older version); "
+                       "run once without run.incremental to rebuild it")
+    done = (done.where(done["model_revision"] == revision)
+            .select(done[config.source.id_column].alias("id"), "content_hash").distinct())
+    return inputs.join(done, on=["id", "content_hash"], how="left_anti")
+
+
 def prepare_scores(
     spark: "SparkSession", config: JobConfig, *, run_id: str, ds: dt.date, scored_at: dt.datetime,
-    model_name: str, revision: str, counts_acc: Any,
+    model_name: str, revision: str, counts_acc: Any, faults: dict[str, Any] | None = None,
 ) -> tuple["DataFrame", "DataFrame"]:
-    """``(input, scored)``: the validated input DataFrame and the lazily scored output with lineage."""
+    """``(inputs, scored)``: the validated rows to score and the lazily scored output with lineage.
+
+    ``inputs`` has ``id``, the task's input columns, ``content_hash`` and the
+    kept columns; with ``run.incremental`` it holds only new or changed rows.
+    """
     from pyspark.sql import functions as F
 
     from pipeline.io.sources import read_source, select_input
     from pipeline.spark.udf import InferencePlan, apply_inference
 
     task = InferencePlan(config.task, config.model, config.batching).build_task()
-    source = df = select_input(read_source(spark, config.source), config.source, task.input_columns)
-    if config.source.repartition is None:
+    inputs = select_input(read_source(spark, config.source), config.source, task.input_columns)
+    if config.source.unique_ids:
+        _check_ids(inputs, config.source.id_column)
+    inputs = inputs.withColumn("content_hash", content_hash(tuple(task.input_columns)))
+    if config.run.incremental:
+        inputs = _incremental_filter(spark, inputs, config, revision)
+    df = inputs
+    if config.source.repartition is not None:
+        df = df.repartition(config.source.repartition, "id")
+    else:
         parallelism = spark.sparkContext.defaultParallelism
         if df.rdd.getNumPartitions() < parallelism:
             # hash by id: deterministic across task retries, every core busy
             df = df.repartition(parallelism, "id")
     plan = InferencePlan(
         task=config.task, model=config.model, batching=config.batching,
-        keep_columns=tuple(config.source.keep_columns), input_columns=tuple(task.input_columns),
+        keep_columns=("content_hash", *config.source.keep_columns), input_columns=tuple(task.input_columns),
         job=config.job, progress_interval_s=config.run.progress_interval_s if config.run.progress else None,
+        faults=tuple((faults or {}).items()),
     )
     scored = apply_inference(df, plan, counts_acc).withColumnRenamed("id", config.source.id_column)
     scored = scored.select(
@@ -102,13 +155,44 @@ def prepare_scores(
     )
     if "ds" in config.sink.partition_by:
         scored = scored.withColumn("ds", F.lit(ds).cast("date"))
-    return source, scored
+    return inputs, scored
+
+
+def _quarantine_rows(scored: "DataFrame", inputs: "DataFrame", config: JobConfig, task: Any) -> "DataFrame":
+    """Failed rows with their error, lineage and original inputs (joined back by id and content hash)."""
+    from pyspark.sql import functions as F
+
+    id_col = config.source.id_column
+    failed = scored.where(F.col("status") == "error").select(
+        id_col, "content_hash", "status", "error", *LINEAGE_COLUMNS,
+        *(["ds"] if "ds" in scored.columns else []),
+    )
+    originals = inputs.select(F.col("id").alias(id_col), "content_hash",
+                              *[F.col(c).alias(f"input_{c}") for c in task.input_columns])
+    return failed.join(originals, on=[id_col, "content_hash"], how="left")
+
+
+def _rows_written(spark: "SparkSession", path: str, run_id: str, ds: dt.date | None) -> "DataFrame":
+    from pipeline.io.sources import read_delta
+
+    written = read_delta(spark, path).where(f"run_id = '{run_id}'")
+    if ds is not None:
+        written = written.where(f"ds = DATE'{ds.isoformat()}'")
+    return written
 
 
 def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: TextIO = sys.stdout) -> RunSummary:
-    """Run ``config`` end to end and return (and print) its summary."""
+    """Run ``config`` end to end and return (and print) its summary.
+
+    Rows whose scoring failed go to the quarantine table (``sink.quarantine_path``),
+    the rest to the output; the summary checks rows in = rows out + rows quarantined.
+    """
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    from pipeline import faults as fault_hooks
     from pipeline.io.sinks import write_sink
-    from pipeline.io.sources import read_delta
+    from pipeline.io.sources import SourceError
     from pipeline.spark.session import get_session
     from pipeline.spark.udf import CountsParam, InferencePlan
 
@@ -128,32 +212,55 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
     ds = config.run.resolved_ds()
     scored_at = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
     acc = spark.sparkContext.accumulator({}, CountsParam())
+    faults = fault_hooks.from_env(config.run.faults)
 
     inputs, scored = prepare_scores(
         spark, config, run_id=run_id, ds=ds, scored_at=scored_at,
-        model_name=model_name, revision=revision, counts_acc=acc,
+        model_name=model_name, revision=revision, counts_acc=acc, faults=faults,
     )
+    sink = config.sink
+    if config.run.incremental and sink.mode != "append":
+        # new rows join the run's partition; replacing it would drop the rows scored earlier today
+        sink = sink.model_copy(update={"mode": "append"})
     rows_in = inputs.count()
-    print(f"[{config.job}] run {run_id}: scoring {rows_in:,} rows with {model_name} @ {revision} "
-          f"-> {config.sink.path or config.sink.table} (ds {ds}, mode {config.sink.mode})", file=out, flush=True)
+    mode_note = " incremental" if config.run.incremental else ""
+    print(f"[{config.job}] run {run_id}: scoring {rows_in:,}{mode_note} rows with {model_name} @ {revision} "
+          f"-> {sink.path or sink.table} (ds {ds}, mode {sink.mode})", file=out, flush=True)
 
+    # Scored rows feed two writes (output, quarantine): keep them so inference runs once.
+    scored = scored.persist(StorageLevel.MEMORY_AND_DISK)
     progress = _Progress(spark, acc, config.job, config.run.progress_interval_s, rows_in, out)
     if config.run.progress:
         progress.start()
     started = time.perf_counter()
+    metadata = {"sbi.job": config.job, "sbi.run_id": run_id, "sbi.model_revision": revision}
     try:
         result = write_sink(
-            scored, config.sink, partition_values={"ds": ds},
-            commit_metadata={"sbi.job": config.job, "sbi.run_id": run_id, "sbi.model_revision": revision},
+            scored.where(F.col("status") != "error"), sink, partition_values={"ds": ds},
+            commit_metadata=metadata, faults=faults,
         )
+        errors = int(acc.value.get("status", {}).get("error", 0))
+        quarantine_path = sink.resolved_quarantine_path()
+        quarantine_version = None
+        if errors or _is_delta(quarantine_path):
+            # written even when empty once it exists, so a rerun replaces that day's failures too
+            q = write_sink(_quarantine_rows(scored, inputs, config, task), sink, partition_values={"ds": ds},
+                           commit_metadata=metadata, path=quarantine_path)
+            quarantine_version = q.version
     finally:
         progress.stop.set()
+        scored.unpersist()
     seconds = time.perf_counter() - started
 
-    written = read_delta(spark, result.output).where(f"run_id = '{run_id}'")
-    if "ds" in config.sink.partition_by:
-        written = written.where(f"ds = DATE'{ds.isoformat()}'")
+    partition_ds = ds if "ds" in sink.partition_by else None
+    written = _rows_written(spark, result.output, run_id, partition_ds)
     rows_out = written.count()
+    rows_quarantined = 0
+    if quarantine_version is not None:
+        try:
+            rows_quarantined = _rows_written(spark, quarantine_path, run_id, partition_ds).count()
+        except SourceError:
+            rows_quarantined = 0
     sample_cols = [c for c in (config.source.id_column, "label", "score", "completion", "finish_reason",
                                "n_tokens", "status")
                    if c in written.columns]
@@ -162,6 +269,7 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
     counts = acc.value
     summary = RunSummary(
         job=config.job, run_id=run_id, ds=ds.isoformat(), rows_in=rows_in, rows_out=rows_out,
+        rows_quarantined=rows_quarantined, quarantine=quarantine_path if quarantine_version is not None else None,
         status={k: int(v) for k, v in counts.get("status", {}).items()}, seconds=seconds,
         tokens=int(counts.get("tokens", 0)), padded_tokens=int(counts.get("padded_tokens", 0)),
         batches=int(counts.get("batches", 0)),
@@ -169,6 +277,9 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
         model_name=model_name, model_revision=revision, output=result.output,
         delta_version=result.version, writer=result.writer,
         batch_sizes={k: int(v) for k, v in counts.get("batch_sizes", {}).items()}, samples=samples,
+        incremental=config.run.incremental,
+        retries={k: int(counts.get(k, 0)) for k in ("oom_splits", "adaptive_splits", "poison_bisections")
+                 if counts.get(k)},
         precision_used=counts.get("precision_used", {}), precision_fallbacks=counts.get("precision_fallbacks", {}),
     )
     print(summary.render(), file=out, flush=True)
@@ -176,6 +287,11 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
         Path(config.run.summary_path).parent.mkdir(parents=True, exist_ok=True)
         Path(config.run.summary_path).write_text(summary.to_json())
     if not summary.complete:
-        raise JobError(f"{rows_in} rows in but {rows_out} rows written; see the summary above")
+        raise JobError(
+            f"{rows_in} rows in but {rows_out} written + {rows_quarantined} quarantined; see the summary above"
+        )
     return summary
 
+
+def _is_delta(path: str) -> bool:
+    return (Path(path) / "_delta_log").is_dir()

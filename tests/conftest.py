@@ -70,7 +70,8 @@ def spark():
     from pipeline.spark.session import get_session
 
     session = get_session(SparkConfig(
-        master="local[2]", app_name="pipeline-tests", arrow_max_records_per_batch=1000, shuffle_partitions=4,
+        # local[N,F]: up to F attempts per task, so retry tests see real retries
+        master="local[2,3]", app_name="pipeline-tests", arrow_max_records_per_batch=1000, shuffle_partitions=4,
         conf={"spark.default.parallelism": "2", "spark.task.maxFailures": "2"},
     ))
     yield session

@@ -26,3 +26,34 @@ def test_notebook_is_databricks_source_and_calls_the_library(path):
     last = cells[-1]
     assert "from pipeline" in last and "(" in last, "the last cell calls one library function"
     assert "sys.path" not in text, "notebooks import the installed package"
+
+
+class _Widgets:
+    def __init__(self, values):
+        self.values = values
+
+    def get(self, name):
+        if name not in self.values:
+            raise KeyError(name)
+        return self.values[name]
+
+
+class _DbUtils:
+    def __init__(self, **values):
+        self.widgets = _Widgets(values)
+
+
+def test_read_widgets_validates_and_builds_overrides():
+    from pipeline.config import ConfigError
+    from pipeline.notebook import read_widgets
+
+    args = read_widgets(_DbUtils(config="conf/score_documents.yaml", overlay="conf/env/databricks.yaml",
+                                 overrides="source.limit=10; batching.batch_size=8\n", ds="2026-11-29"))
+    assert args.overlays == ["conf/env/databricks.yaml"]
+    assert args.overrides_with_run() == ["source.limit=10", "batching.batch_size=8", "run.ds=2026-11-29"]
+    with pytest.raises(ConfigError, match="'config' widget is empty"):
+        read_widgets(_DbUtils(config=" "))
+    with pytest.raises(ConfigError, match="not a date"):
+        read_widgets(_DbUtils(config="c.yaml", ds="29/11/2026"))
+    with pytest.raises(ConfigError, match="key.path=value"):
+        read_widgets(_DbUtils(config="c.yaml", overrides="batch_size 8"))

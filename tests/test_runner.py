@@ -60,7 +60,7 @@ def test_end_to_end_append_then_partition_overwrite(spark, tmp_path, tiny_embed_
     assert len(ids) == 200 and len(set(ids)) == 200
     assert set(ids) == {f"d{i:05d}" for i in range(200)}
     assert table.schema.names == [
-        "doc_id", "source", "embedding", "label", "score", "scores", "n_tokens", "truncated", "status", "error",
+        "doc_id", "content_hash", "source", "embedding", "label", "score", "scores", "n_tokens", "truncated", "status", "error",
         "model_name", "model_revision", "run_id", "scored_at", "ds",
     ]
     assert set(table["model_name"].to_pylist()) == {"tiny-bert"}
@@ -132,9 +132,11 @@ def test_classify_job(spark, tmp_path, tiny_classify_model):
 def test_cli_check_and_config_errors():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     ok = subprocess.run([sys.executable, "-m", "pipeline", "check", "conf/score_documents.yaml",
-                         "--set", "batching.batch_size=7"], cwd=REPO, env=env, capture_output=True, text=True)
+                         "--set", "batching.batch_size=7", "--incremental", "--ds", "2026-11-29"],
+                        cwd=REPO, env=env, capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     assert '"batch_size": 7' in ok.stdout
+    assert '"incremental": true' in ok.stdout and '"ds": "2026-11-29"' in ok.stdout
     bad = subprocess.run([sys.executable, "-m", "pipeline", "check", "conf/score_documents.yaml",
                           "--set", "sink.mode=sometimes"], cwd=REPO, env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "sink.mode" in bad.stderr and "'overwrite_partition'" in bad.stderr

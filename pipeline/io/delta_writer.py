@@ -86,6 +86,7 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
         self.commit_metadata = json.loads(options.get("commit_metadata", "{}"))
         self.write_id = options.get("write_id") or uuid.uuid4().hex
         self.target_file_rows = int(options.get("target_file_rows", "1000000"))
+        self.faults = json.loads(options.get("faults") or "{}")
 
     # ---------------------------------------------------------------- executors
     def write(self, iterator: Iterator[pa.RecordBatch]) -> DeltaWriteMessage:
@@ -108,6 +109,10 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
                         current = writers[key] = _PartFile(self.path, self.partition_by, key, self.write_id, tag)
                     current.write(part)
                     message.rows += part.num_rows
+                    if self.faults and ctx is not None:
+                        from pipeline import faults
+
+                        faults.on_write(ctx.partitionId(), ctx.attemptNumber(), self.faults)
             for current in writers.values():
                 message.adds.append(current.close())
         except BaseException:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
@@ -57,15 +58,19 @@ def write_sink(
     *,
     partition_values: Mapping[str, Any] | None = None,
     commit_metadata: Mapping[str, Any] | None = None,
+    faults: Mapping[str, Any] | None = None,
+    path: str | None = None,
 ) -> WriteResult:
     """Write ``df`` as configured; returns where, with which writer, and the Delta version made.
 
     ``partition_values`` names the partition this run writes (e.g. ``{"ds": date}``);
     with ``mode: overwrite_partition`` exactly that partition is replaced.
+    ``path`` writes to another folder with the same settings (the quarantine table).
     """
     spark = df.sparkSession
     writer = resolve_writer(spark, config)
-    target = config.table or os.path.abspath(str(config.path))
+    table = None if path else config.table
+    target = table or os.path.abspath(str(path or config.path))
     replace = dict(partition_values or {}) if config.mode == "overwrite_partition" else {}
     if config.mode == "overwrite_partition":
         missing = [c for c in config.partition_by if c not in replace]
@@ -82,13 +87,13 @@ def write_sink(
         if replace:
             w = w.option("replaceWhere", " AND ".join(f"{c} = {_sql_literal(v)}" for c, v in replace.items()))
         try:
-            w.saveAsTable(config.table) if config.table else w.save(target)
+            w.saveAsTable(table) if table else w.save(target)
         except Exception as exc:  # noqa: BLE001
             raise SinkError(f"writing Delta table {target} failed: {str(exc).strip().splitlines()[0]}") from exc
-        version = _native_version(spark, config, target)
+        version = _native_version(spark, table, target)
         return WriteResult(target, writer, version, write_id)
 
-    if config.table:
+    if table:
         raise SinkError(
             f"sink.table {config.table!r} needs the Delta Spark connector (catalog tables); "
             "without it set sink.path to a folder instead"
@@ -96,13 +101,14 @@ def write_sink(
     _check_writable(target)
     from pipeline.io.delta_writer import FORMAT_NAME, DeltaLakeDataSource
 
-    spark.dataSource.register(DeltaLakeDataSource)
+    _register_once(spark, DeltaLakeDataSource)
     w = (
         df.write.format(FORMAT_NAME).mode(spark_mode)
         .option("path", target)
         .option("partition_by", ",".join(config.partition_by))
         .option("write_id", write_id)
         .option("commit_metadata", json.dumps(metadata, default=str))
+        .option("faults", json.dumps(dict(faults or {})))
     )
     if replace:
         w = w.option("replace_where", json.dumps(replace, default=str))
@@ -111,6 +117,25 @@ def write_sink(
     except Exception as exc:  # noqa: BLE001
         raise SinkError(f"writing Delta table {target} failed: {_root_cause(exc)}") from exc
     return WriteResult(target, writer, _deltalake_version(target, write_id), write_id)
+
+
+_registered: set[int] = set()
+_register_lock = threading.Lock()
+
+
+def _register_once(spark: Any, source: type) -> None:
+    """Register the data source once per session: re-registering races with writes in other threads."""
+    key = id(spark._jsparkSession) if hasattr(spark, "_jsparkSession") else id(spark)
+    try:
+        # Python data sources are looked up in the JVM thread's active session; a write from
+        # another Python thread runs on a JVM thread that has none.
+        spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+    except Exception:  # noqa: BLE001 - Spark Connect: no JVM handle, nothing to set
+        pass
+    with _register_lock:
+        if key not in _registered:
+            spark.dataSource.register(source)
+            _registered.add(key)
 
 
 def _check_writable(path: str) -> None:
@@ -136,9 +161,9 @@ def _deltalake_version(path: str, write_id: str) -> int | None:
     return None
 
 
-def _native_version(spark: Any, config: SinkConfig, target: str) -> int | None:
+def _native_version(spark: Any, table: str | None, target: str) -> int | None:
     try:
-        name = config.table or f"delta.`{target}`"
+        name = table or f"delta.`{target}`"
         row = spark.sql(f"DESCRIBE HISTORY {name} LIMIT 1").collect()[0]
         return int(row["version"])
     except Exception:  # noqa: BLE001 - the version is informative only

@@ -82,9 +82,26 @@ def model_revision(path: Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def check_weights(path: Path) -> None:
+    """Open each safetensors file's header (cheap: no tensors read); a corrupt file fails here, on the driver."""
+    from safetensors import safe_open
+
+    for file in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="numpy") as fh:
+                if not list(fh.keys()):
+                    raise ValueError("no tensors")
+        except Exception as exc:  # noqa: BLE001 - safetensors raises several kinds
+            raise ModelError(
+                f"model weights {file} are unreadable ({exc}); the file is corrupt or truncated: "
+                "copy the model folder again"
+            ) from None
+
+
 def check_model_kind(path: Path, kind: str) -> dict[str, Any]:
-    """The folder's config.json, after checking the model suits ``kind`` (cheap: no weights loaded)."""
+    """The folder's config.json, after checking the model suits ``kind`` and its weights open."""
     config = read_model_config(path)
+    check_weights(path)
     architectures = config.get("architectures") or []
     if kind == "classify" and not any(a.endswith("ForSequenceClassification") for a in architectures):
         raise ModelError(

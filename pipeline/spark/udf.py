@@ -46,6 +46,8 @@ class InferencePlan:
     job: str = "job"
     # seconds between a worker's progress lines on stderr; None: silent
     progress_interval_s: float | None = None
+    # fault injection for tests and drills (pipeline.faults); empty in production
+    faults: tuple[tuple[str, Any], ...] = ()
 
     def build_task(self) -> Any:
         from pipeline.tasks import build_task
@@ -79,10 +81,12 @@ def score_partition(
     """Score one Spark task's Arrow chunks: model from the per-worker cache, results in input order."""
     from pyspark import TaskContext
 
+    from pipeline import faults
     from pipeline.models import cache
     from pipeline.models.device import pick_device, task_threads
 
     ctx = TaskContext.get()
+    faults.activate(dict(plan.faults))
     worker = cache.worker_id()
     progress = None
     if plan.progress_interval_s:
@@ -106,7 +110,7 @@ def score_partition(
     if progress is not None:
         progress.restart()  # rates from the first batch on, not from the model load
     keep = ("id", *plan.keep_columns)
-    for batch in batches:
+    for n, batch in enumerate(batches):
         t0 = time.perf_counter()
         inputs = pa.RecordBatch.from_arrays([batch.column(c) for c in plan.input_columns], names=list(plan.input_columns))
         result = task.process(loaded, inputs, counts)
@@ -114,6 +118,8 @@ def score_partition(
         names = list(keep) + result.schema.names
         counts.add("infer_seconds", time.perf_counter() - t0)
         yield pa.RecordBatch.from_arrays(arrays, names=names)
+        if n == 0 and plan.faults and ctx is not None:
+            faults.on_task_start(ctx.partitionId(), ctx.attemptNumber())
     if counts_acc is not None:
         counts_acc.add(counts.counts)
 

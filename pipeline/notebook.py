@@ -1,0 +1,56 @@
+"""Databricks notebook helpers: read and validate the standard job widgets.
+
+Every job notebook declares the same widgets (``config``, ``overlay``,
+``overrides``, ``ds``, optionally ``run_id``) in its first cell; this reads them
+into checked values so a typo fails in the second cell, not an hour into a run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.config import ConfigError, parse_overrides
+
+__all__ = ["NotebookArgs", "read_widgets"]
+
+
+@dataclass(frozen=True)
+class NotebookArgs:
+    config_path: str
+    overlays: list[str] = field(default_factory=list)
+    overrides: list[str] = field(default_factory=list)
+    ds: str | None = None
+    run_id: str | None = None
+
+    def overrides_with_run(self) -> list[str]:
+        """The overrides plus ``run.ds`` / ``run.run_id`` from their widgets, for :func:`load_config`."""
+        extra = [f"run.ds={self.ds}"] if self.ds else []
+        extra += [f"run.run_id={self.run_id}"] if self.run_id else []
+        return [*self.overrides, *extra]
+
+
+def _get(dbutils: Any, name: str) -> str:
+    try:
+        return (dbutils.widgets.get(name) or "").strip()
+    except Exception:  # noqa: BLE001 - a widget this notebook does not declare
+        return ""
+
+
+def read_widgets(dbutils: Any) -> NotebookArgs:
+    """The widget values, validated: a config path, a well-formed date, ``key.path=value`` overrides."""
+    config_path = _get(dbutils, "config")
+    if not config_path:
+        raise ConfigError("the 'config' widget is empty: set it to a job YAML such as conf/score_documents.yaml")
+    overlay = _get(dbutils, "overlay")
+    raw = _get(dbutils, "overrides").replace(";", "\n")
+    overrides = [line.strip() for line in raw.splitlines() if line.strip()]
+    parse_overrides(overrides)  # raises ConfigError naming the malformed one
+    ds = _get(dbutils, "ds") or None
+    if ds:
+        try:
+            dt.date.fromisoformat(ds)
+        except ValueError:
+            raise ConfigError(f"the 'ds' widget {ds!r} is not a date of the form YYYY-MM-DD") from None
+    return NotebookArgs(config_path, [overlay] if overlay else [], overrides, ds, _get(dbutils, "run_id") or None)

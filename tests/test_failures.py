@@ -1,0 +1,207 @@
+"""Lose nothing, duplicate nothing: injected task failures, worker deaths, poison rows, bad input, reruns."""
+
+from __future__ import annotations
+
+import io
+import re
+import shutil
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from pipeline.models.loading import ModelError
+from pipeline.runner import JobError, run_job
+
+from .conftest import make_documents, write_delta
+from .test_runner import job_config, read_scores
+
+ATTEMPT = re.compile(r"part-(\d{5})-a(\d+)-")
+
+
+def _live_files(path: Path) -> list[str]:
+    return [Path(p).name for p in DeltaTable(str(path)).file_uris()]
+
+
+def _all_parquet(path: Path) -> list[str]:
+    return [p.name for p in path.rglob("*.parquet")]
+
+
+def _assert_exactly_once(tmp_path: Path, n: int) -> pa.Table:
+    table = read_scores(tmp_path)
+    ids = table["doc_id"].to_pylist()
+    assert len(ids) == n and len(set(ids)) == n
+    return table
+
+
+@pytest.mark.parametrize("faults", [
+    {"fail_infer_partitions": [0, 1]},
+    {"fail_write_partitions": [0, 1]},
+    {"kill_worker_partitions": [1]},
+], ids=["inference-fails", "write-fails", "worker-dies"])
+def test_failed_attempts_are_retried_and_never_committed(spark, tmp_path, tiny_embed_model, faults):
+    write_delta(tmp_path / "docs", make_documents(300))
+    config = job_config(tmp_path, tiny_embed_model, source={"repartition": 3}, run={"faults": faults})
+    group = f"faults-{tmp_path.name}"
+    spark.sparkContext.setJobGroup(group, "fault injection test")
+    try:
+        summary = run_job(config, spark=spark, out=io.StringIO())
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    failing = set(faults.get("fail_infer_partitions") or faults.get("fail_write_partitions")
+                  or faults.get("kill_worker_partitions"))
+    tracker = spark.sparkContext.statusTracker()
+    failed_tasks = sum(
+        tracker.getStageInfo(stage).numFailedTasks
+        for job in tracker.getJobIdsForGroup(group)
+        for stage in tracker.getJobInfo(job).stageIds
+        if tracker.getStageInfo(stage)
+    )
+    assert failed_tasks == len(failing), "each injected fault failed exactly one task attempt"
+    assert summary.complete and summary.rows_out == 300
+    _assert_exactly_once(tmp_path, 300)
+    dt_ = DeltaTable(str(tmp_path / "scores"))
+    assert dt_.version() == 0, "one job, one commit"
+    live = _live_files(tmp_path / "scores")
+    if "fail_write_partitions" in faults:
+        attempts = {(int(m.group(1)), int(m.group(2))) for m in map(ATTEMPT.search, live)}
+        assert not {(p, 0) for p in failing} & attempts, f"a failed attempt's file is referenced: {attempts}"
+        assert {(p, 1) for p in failing} <= attempts, "the retried attempts wrote the data"
+    # inference runs in the stage that fills the scored-rows cache; the write stage reads it
+    assert sorted(_all_parquet(tmp_path / "scores")) == sorted(live), "files of failed attempts are deleted"
+
+
+def test_poison_rows_go_to_quarantine_and_a_clean_rerun_clears_it(spark, tmp_path, tiny_embed_model):
+    docs = make_documents(60)
+    texts = docs["text"].to_pylist()
+    texts[10], texts[42] = "a POISON review", "more POISON here"
+    write_delta(tmp_path / "docs", docs.set_column(1, "text", pa.array(texts, pa.string())))
+    config = job_config(tmp_path, tiny_embed_model, sink={"mode": "overwrite_partition"},
+                        run={"faults": {"poison_marker": "POISON"}, "run_id": "poisoned"})
+    out = io.StringIO()
+    summary = run_job(config, spark=spark, out=out)
+    assert (summary.rows_in, summary.rows_out, summary.rows_quarantined) == (60, 58, 2)
+    assert summary.complete and summary.status["error"] == 2
+    assert "quarantine" in out.getvalue()
+    table = _assert_exactly_once(tmp_path, 58)
+    assert "error" not in table["status"].to_pylist()
+
+    quarantine = pa.table(DeltaTable(str(tmp_path / "scores_quarantine")).to_pyarrow_table())
+    rows = {r["doc_id"]: r for r in quarantine.to_pylist()}
+    assert set(rows) == {"d00010", "d00042"}
+    assert rows["d00010"]["input_text"] == "a POISON review"
+    assert "injected poison row" in rows["d00010"]["error"] and rows["d00010"]["run_id"] == "poisoned"
+    # the output and the quarantine partition the input exactly
+    assert set(table["doc_id"].to_pylist()) | set(rows) == set(docs["doc_id"].to_pylist())
+
+    # the poison is fixed upstream; rerunning the day replaces both tables' partitions
+    clean = job_config(tmp_path, tiny_embed_model, sink={"mode": "overwrite_partition"}, run={"run_id": "clean"})
+    write_delta(tmp_path / "docs", make_documents(60), mode="overwrite")
+    summary = run_job(clean, spark=spark, out=io.StringIO())
+    assert (summary.rows_out, summary.rows_quarantined) == (60, 0)
+    _assert_exactly_once(tmp_path, 60)
+    assert DeltaTable(str(tmp_path / "scores_quarantine")).to_pyarrow_table().num_rows == 0
+
+
+def test_bad_text_rows_are_flagged_never_dropped(spark, tmp_path, tiny_embed_model):
+    texts = [
+        None, "", "   \n\t ", "good " * 200_000, "control \x00\x01\x07\x1b chars good", "emoji 😀🎬👍 great",
+        "mixed scripts: good Привет 日本語 مرحبا", "\u200b\u200b", "a" * 5000, "ok movie",
+    ]
+    ids = [f"b{i}" for i in range(len(texts))]
+    write_delta(tmp_path / "docs", pa.table({"doc_id": ids, "text": pa.array(texts, pa.string()),
+                                             "source": ["bad"] * len(ids)}))
+    summary = run_job(job_config(tmp_path, tiny_embed_model), spark=spark, out=io.StringIO())
+    assert summary.complete and summary.rows_out == len(texts)
+    status = {r["doc_id"]: r["status"] for r in read_scores(tmp_path).to_pylist()}
+    assert status["b0"] == "skipped_null" and status["b1"] == "skipped_empty" and status["b2"] == "skipped_empty"
+    assert status["b3"] == "truncated"
+    assert {status[f"b{i}"] for i in (4, 5, 6, 9)} == {"ok"}
+    assert status["b7"] in ("ok", "skipped_empty")  # zero-width spaces: not whitespace to Python
+
+
+def test_duplicate_or_null_ids_fail_before_any_work(spark, tmp_path, tiny_embed_model):
+    docs = make_documents(10)
+    ids = docs["doc_id"].to_pylist()
+    ids[3] = ids[4]
+    write_delta(tmp_path / "docs", docs.set_column(0, "doc_id", pa.array(ids)))
+    config = job_config(tmp_path, tiny_embed_model, source={"unique_ids": True})
+    with pytest.raises(JobError, match=r"null or duplicate ids \('d00004' x2\)"):
+        run_job(config, spark=spark, out=io.StringIO())
+    assert not (tmp_path / "scores").exists()
+
+
+def test_corrupt_weights_fail_before_any_work(spark, tmp_path, tiny_embed_model):
+    model = tmp_path / "corrupt"
+    shutil.copytree(tiny_embed_model, model)
+    (model / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header}")
+    write_delta(tmp_path / "docs", make_documents(5))
+    with pytest.raises(ModelError, match="unreadable .* copy the model folder again"):
+        run_job(job_config(tmp_path, model), spark=spark, out=io.StringIO())
+    assert not (tmp_path / "scores").exists()
+
+
+def test_incremental_scores_only_new_and_changed_rows(spark, tmp_path, tiny_embed_model):
+    write_delta(tmp_path / "docs", make_documents(40))
+    base = dict(sink={"mode": "overwrite_partition"})
+    assert run_job(job_config(tmp_path, tiny_embed_model, **base), spark=spark, out=io.StringIO()).rows_out == 40
+
+    docs = make_documents(45)  # 5 new rows
+    texts = docs["text"].to_pylist()
+    texts[0] = texts[5] = "changed text, very good"  # 2 changed rows
+    write_delta(tmp_path / "docs", docs.set_column(1, "text", pa.array(texts, pa.string())), mode="overwrite")
+    inc = job_config(tmp_path, tiny_embed_model, run={"incremental": True}, **base)
+    summary = run_job(inc, spark=spark, out=io.StringIO())
+    assert (summary.rows_in, summary.rows_out) == (7, 7)
+    table = read_scores(tmp_path)
+    assert table.num_rows == 47  # 40 + 5 new + 2 rescored (the old versions stay, with their hash)
+    latest = {r["doc_id"]: r for r in table.to_pylist() if r["run_id"] == summary.run_id}
+    assert set(latest) == {"d00000", "d00005", *(f"d{i:05d}" for i in range(40, 45))}
+
+    # nothing changed: nothing to score, nothing duplicated
+    again = run_job(inc, spark=spark, out=io.StringIO())
+    assert (again.rows_in, again.rows_out) == (0, 0)
+    assert read_scores(tmp_path).num_rows == 47
+
+
+def test_concurrent_overwrites_of_one_partition_never_mix(spark, tmp_path):
+    import datetime as dt
+
+    from pyspark.sql import functions as F
+
+    from pipeline.config import SinkConfig
+    from pipeline.io.sinks import SinkError, write_sink
+
+    path = tmp_path / "scores"
+    day = dt.date(2026, 11, 29)
+    sink = SinkConfig(path=str(path), mode="overwrite_partition", partition_by=["ds"])
+    seed = spark.range(5).withColumn("writer", F.lit("seed")).withColumn("ds", F.lit(day))
+    write_sink(seed, sink, partition_values={"ds": day})
+
+    outcomes: dict[str, object] = {}
+
+    def write(name: str, n: int) -> None:
+        df = spark.range(n).withColumn("writer", F.lit(name)).withColumn("ds", F.lit(day)).repartition(4)
+        try:
+            outcomes[name] = write_sink(df, sink, partition_values={"ds": day})
+        except SinkError as exc:
+            outcomes[name] = exc
+
+    threads = [threading.Thread(target=write, args=(name, n)) for name, n in (("a", 100), ("b", 70))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    table = pa.table(DeltaTable(str(path)).to_pyarrow_table())
+    writers = set(table["writer"].to_pylist())
+    assert len(writers) == 1, f"mixed result from {writers}"
+    winner = writers.pop()
+    assert table.num_rows == {"a": 100, "b": 70}[winner]
+    assert sorted(table["id"].to_pylist()) == list(range(table.num_rows))
+    # the winner's write succeeded; the other either committed first and was replaced, or failed clearly
+    assert not isinstance(outcomes[winner], SinkError)
+    for exc in (o for o in outcomes.values() if isinstance(o, SinkError)):
+        assert "conflict" in str(exc).lower() or "concurrent" in str(exc).lower(), exc
+    assert len(_all_parquet(path)) >= len(_live_files(path))
