@@ -121,4 +121,4 @@ def test_committed_config_and_notebook():
     # The shared tests/test_notebooks.py checks the notebook format; here: it runs this job's entry point.
     text = open("notebooks/refresh_recommendations.py").read()
     last_cell = text.split("# COMMAND ----------")[-1]
-    assert "from pipeline.recs.job import run_refresh" in last_cell and "run_refresh(config_path" in last_cell
+    assert "from pipeline.recs.job import run_refresh" in last_cell and "run_refresh(args.config_path" in last_cell
