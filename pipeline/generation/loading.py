@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pipeline.models.loading import ModelError, read_model_config
+from pipeline.models.loading import ModelError, load_pretrained, read_model_config
 
 __all__ = ["load_causal_lm"]
 
@@ -21,8 +21,7 @@ def load_causal_lm(path: Path, *, device: str = "cpu", precision: str = "fp32") 
     generation; ``bf16``/``fp16`` cast the weights on CUDA only (CPU half
     precision is slower here and changes tokens).
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     config = read_model_config(path)
     architectures = config.get("architectures") or []
@@ -31,15 +30,4 @@ def load_causal_lm(path: Path, *, device: str = "cpu", precision: str = "fp32") 
             f"model folder {path} is not a causal LM (architectures: {architectures or 'none'}); "
             "task.kind: generate needs a *ForCausalLM model (convert a GGUF with jobs/prepare_llm.py)"
         )
-    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-    dtype = dtypes[precision] if str(device).startswith("cuda") else torch.float32
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype)
-    except (OSError, ValueError, KeyError) as exc:
-        raise ModelError(f"could not load the causal LM from {path}: {exc}") from exc
-    if not getattr(tokenizer, "is_fast", False):
-        raise ModelError(f"model folder {path}: a fast (Rust) tokenizer is needed (tokenizer.json)")
-    model.eval()
-    model.to(device)
-    return tokenizer, model
+    return load_pretrained(path, AutoModelForCausalLM, device=str(device), precision=precision, what="causal LM")

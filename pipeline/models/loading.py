@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["ModelError", "check_model_kind", "load_model", "model_revision", "read_model_config", "resolve_model_path"]
+__all__ = ["ModelError", "check_model_kind", "load_model", "load_pretrained", "model_revision", "read_model_config", "resolve_model_path"]
 
 PACKAGE_PREFIX = "package:"
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
@@ -130,16 +130,27 @@ def load_model(path: Path, *, kind: ModelKind, device: str = "cpu", precision: s
     classification head. Reduced precision on CPU runs under autocast (the
     weights stay fp32); on CUDA the weights are cast.
     """
-    from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoModel, AutoModelForSequenceClassification
 
     check_model_kind(path, kind)
     loader = AutoModelForSequenceClassification if kind == "classify" else AutoModel
+    return load_pretrained(path, loader, device=device, precision=precision, what=f"{kind} model")
+
+
+def load_pretrained(path: Path, loader: Any, *, device: str, precision: str, what: str) -> tuple[Any, Any]:
+    """``(fast tokenizer, loader.from_pretrained(path))`` in eval mode on ``device``, offline.
+
+    Weights are cast to ``precision`` on CUDA only; on a CPU they stay fp32
+    (reduced precision there runs under autocast, or not at all).
+    """
+    from transformers import AutoTokenizer
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        dtype = _dtype(precision) if device.startswith("cuda") else _dtype("fp32")
+        dtype = _dtype(precision if str(device).startswith("cuda") and precision in ("bf16", "fp16") else "fp32")
         model = loader.from_pretrained(str(path), local_files_only=True, dtype=dtype)
     except (OSError, ValueError, KeyError) as exc:
-        raise ModelError(f"could not load the {kind} model from {path}: {exc}") from exc
+        raise ModelError(f"could not load the {what} from {path}: {exc}") from exc
     if not getattr(tokenizer, "is_fast", False):
         raise ModelError(f"model folder {path}: a fast (Rust) tokenizer is needed (tokenizer.json)")
     model.eval()

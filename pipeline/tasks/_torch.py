@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["forward", "label_map_array", "list_array"]
+__all__ = ["forward", "label_columns", "label_map_array", "list_array"]
 
 
 def forward(model: Any, input_ids: np.ndarray, attention_mask: np.ndarray, *, precision: str) -> Any:
@@ -56,3 +56,23 @@ def label_map_array(names: list[str], scores: np.ndarray | None, valid: np.ndarr
         np.empty(0, dtype=np.float32) if scores is None else scores.astype(np.float32).reshape(-1), pa.float32()
     )
     return pa.MapArray.from_arrays(pa.array(offsets), keys, items, mask=pa.array(~valid))
+
+
+def label_columns(names: list[str], scores: np.ndarray | None, valid: np.ndarray) -> list[Any]:
+    """``label`` (the best name), ``score`` (its score) and ``scores`` ({name: score}) for valid rows.
+
+    ``scores`` has one row per valid row (None when there are none); other rows get nulls.
+    """
+    import pyarrow as pa
+
+    label = np.full(valid.size, None, dtype=object)
+    score = np.full(valid.size, np.nan, dtype=np.float32)
+    if scores is not None and scores.size:
+        best = scores.argmax(axis=1)
+        label[valid] = [names[j] for j in best]
+        score[valid] = scores[np.arange(best.size), best]
+    return [
+        pa.array(label.tolist(), pa.string()),
+        pa.array(score, pa.float32(), mask=~valid),
+        label_map_array(names, scores, valid),
+    ]

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from pipeline.tasks._torch import forward, label_map_array
+from pipeline.tasks._torch import forward, label_columns
 from pipeline.tasks.base import LoadedText, TextTask
 
 __all__ = ["ClassifyTask"]
@@ -42,16 +42,4 @@ class ClassifyTask(TextTask):
         return {"probs": probs.cpu().numpy().astype(np.float32)}
 
     def build_columns(self, loaded: LoadedText, results: dict[str, np.ndarray | None], valid: np.ndarray) -> list[pa.Array]:
-        names = self.label_names(loaded.model)
-        probs = results.get("probs")
-        label = np.full(valid.size, None, dtype=object)
-        score = np.full(valid.size, np.nan, dtype=np.float32)
-        if probs is not None:
-            best = probs.argmax(axis=1)
-            label[valid] = [names[j] for j in best]
-            score[valid] = probs[np.arange(best.size), best]
-        return [
-            pa.array(label.tolist(), pa.string()),
-            pa.array(score, pa.float32(), mask=~valid),
-            label_map_array(names, probs, valid),
-        ]
+        return label_columns(self.label_names(loaded.model), results.get("probs"), valid)

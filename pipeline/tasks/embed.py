@@ -7,7 +7,7 @@ from typing import ClassVar
 import numpy as np
 import pyarrow as pa
 
-from pipeline.tasks._torch import forward, label_map_array, list_array
+from pipeline.tasks._torch import forward, label_columns, list_array
 from pipeline.tasks.base import LoadedText, TextTask
 
 __all__ = ["EmbedTask"]
@@ -71,17 +71,6 @@ class EmbedTask(TextTask):
         if self.config.store_embedding:
             columns.append(list_array(emb, valid, pa.float32()))
         if self.config.labels:
-            names = list(self.config.labels)
             scores = None if emb is None else emb @ loaded.labels.T
-            label = np.full(valid.size, None, dtype=object)
-            score = np.full(valid.size, np.nan, dtype=np.float32)
-            if scores is not None:
-                best = scores.argmax(axis=1)
-                label[valid] = [names[j] for j in best]
-                score[valid] = scores[np.arange(best.size), best]
-            columns += [
-                pa.array(label.tolist(), pa.string()),
-                pa.array(score, pa.float32(), mask=~valid),
-                label_map_array(names, scores, valid),
-            ]
+            columns += label_columns(list(self.config.labels), scores, valid)
         return columns
