@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -118,6 +119,10 @@ def test_failed_job_commits_nothing_and_leaves_no_files(spark, tmp_path):
         write_sink(bad, sink)
     assert DeltaTable(str(path)).version() == 0
     assert sorted(_read(path)["id"].to_pylist()) == list(range(6))
+    # tasks still running when the job aborted finish (or are killed) a moment later
+    deadline = time.monotonic() + 30
+    while _parquet_files(path) != before_files and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert _parquet_files(path) == before_files, "files of failed attempts must be deleted"
 
 
@@ -149,3 +154,18 @@ def test_overwrite_partition_needs_its_value(spark, tmp_path):
     sink = SinkConfig(path=str(tmp_path / "s"), mode="overwrite_partition", partition_by=["ds"])
     with pytest.raises(SinkError, match="needs a value for partition column"):
         write_sink(_frame(spark, range(3), D1), sink)
+
+
+def test_a_straggler_finishing_after_the_job_takes_its_files_back(tmp_path):
+    from pipeline.io.delta_writer import DeltaLakeArrowWriter
+
+    schema = pa.schema([("id", pa.int64())])
+    writer = DeltaLakeArrowWriter({"path": str(tmp_path / "t"), "write_id": "w1"}, schema=schema, overwrite=False)
+    batch = pa.record_batch([pa.array([1, 2, 3], pa.int64())], schema=schema)
+    live = writer.write(iter([batch]))
+    assert live.rows == 3 and len(_parquet_files(tmp_path / "t")) == 1
+
+    writer.abort([live])  # the driver gives up on the job (or commits it) ...
+    assert _parquet_files(tmp_path / "t") == set()
+    late = writer.write(iter([batch]))  # ... and an attempt still running finishes afterwards
+    assert late.adds == [] and _parquet_files(tmp_path / "t") == set()

@@ -38,6 +38,8 @@ __all__ = ["DeltaLakeDataSource", "DeltaWriteMessage", "FORMAT_NAME"]
 
 FORMAT_NAME = "sbi_delta"
 WRITE_ID_KEY = "sbi.write_id"
+# Underscore folders are ignored by Delta and Spark readers.
+MARKER_DIR = "_sbi_jobs"
 
 
 @dataclass
@@ -115,6 +117,11 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
                         faults.on_write(ctx.partitionId(), ctx.attemptNumber(), self.faults)
             for current in writers.values():
                 message.adds.append(current.close())
+            if self._job_finished():
+                # a straggler (speculative or killed-late attempt) finishing after the driver's
+                # commit or abort: nobody will reference these files, so take them back
+                self._delete_files(message.adds)
+                return DeltaWriteMessage()
         except BaseException:
             for current in writers.values():
                 current.discard()
@@ -160,6 +167,7 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
             self._delete_files(adds)
             raise
         finally:
+            self._mark_finished()
             self._sweep_orphans(keep={a["path"] for a in adds})
 
     def _check_inside_partition(self, adds: list[dict[str, Any]]) -> None:
@@ -172,6 +180,7 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
                 )
 
     def abort(self, messages: Sequence[DeltaWriteMessage | None]) -> None:
+        self._mark_finished()
         self._delete_files([a for m in messages if m is not None for a in m.adds])
         self._sweep_orphans(keep=set())
 
@@ -179,6 +188,20 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
     def _delete_files(self, adds: list[dict[str, Any]]) -> None:
         for add in adds:
             _remove_quietly(os.path.join(self.path, add["path"]))
+
+    # The driver marks the job finished BEFORE it sweeps, and each task checks the mark AFTER
+    # closing its files: a file made before the sweep is swept, one made after the mark is
+    # deleted by its own task. Either way no stray file of this job outlives it.
+    def _marker(self) -> Path:
+        return Path(self.path) / MARKER_DIR / f"{self.write_id}.finished"
+
+    def _mark_finished(self) -> None:
+        marker = self._marker()
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+
+    def _job_finished(self) -> bool:
+        return self._marker().exists()
 
     def _sweep_orphans(self, keep: set[str]) -> None:
         """Delete files this job wrote that no commit references (failed or speculative attempts)."""
