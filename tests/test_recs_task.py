@@ -99,3 +99,12 @@ def test_missing_columns_and_feature_mismatch_fail_clearly(setup):
 def test_config_rejects_unknown_keys():
     with pytest.raises(ValueError, match="extra"):
         RecommendTaskConfig(k=10, topk=5)
+
+
+def test_refresh_summary_reports_held_out_quality_against_popularity():
+    from pipeline.recs.job import _quality_line
+
+    line = _quality_line({"model": {"hit_rate@10": 0.2174, "recall@10": 0.114, "users": 943},
+                          "popularity": {"hit_rate@10": 0.1092, "recall@10": 0.0562}})
+    assert line == "HitRate@10 0.217, Recall@10 0.114 vs popularity 0.109 / 0.056 (943 users)"
+    assert "not recorded" in _quality_line({})

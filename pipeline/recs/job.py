@@ -74,6 +74,8 @@ class RefreshSummary:
     latest: str | None
     latest_updated: bool
     counts: dict[str, Any] = field(default_factory=dict)
+    # the model's held-out evaluation from training (metrics.json): {"model": {...}, "popularity": {...}}
+    quality: dict[str, Any] = field(default_factory=dict)
 
     @property
     def users_per_s(self) -> float:
@@ -93,10 +95,30 @@ class RefreshSummary:
             f"user status             : {status} (unknown users scored from features: {self.unknown_users:,})",
             f"time                    : {self.seconds:,.1f} s ({self.users_per_s:,.1f} users/s)",
             f"model                   : two_tower @ {self.model_revision} ({self.model_path})",
+            f"model quality (held out): {_quality_line(self.quality)}",
             f"catalog items unknown   : {unknown_items} (retrain to recommend them)",
             f"output                  : {self.output} (Delta version {self.delta_version})",
             f"latest                  : {latest}",
         ])
+
+
+def _quality_line(quality: dict[str, Any]) -> str:
+    model, pop = quality.get("model") or {}, quality.get("popularity") or {}
+    if not model:
+        return "not recorded (train with jobs/train_recommender.py to record it)"
+    line = f"HitRate@10 {model.get('hit_rate@10', float('nan')):.3f}, Recall@10 {model.get('recall@10', float('nan')):.3f}"
+    if pop:
+        line += (f" vs popularity {pop.get('hit_rate@10', float('nan')):.3f} / "
+                 f"{pop.get('recall@10', float('nan')):.3f}")
+    return line + f" ({model.get('users', '?')} users)"
+
+
+def _training_quality(folder: Path) -> dict[str, Any]:
+    """The held-out metrics saved beside the model at training time (empty if none)."""
+    try:
+        return json.loads((folder / "metrics.json").read_text()).get("holdout") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
 
 
 def _resolve_model(config: RefreshJobConfig) -> tuple[Path, str, list[str], list[int]]:
@@ -228,7 +250,7 @@ def refresh_recommendations(config: RefreshJobConfig, *, spark: "SparkSession | 
         status={k: int(v) for k, v in counts.get("status", {}).items()},
         unknown_users=int(counts.get("unknown_users", 0)), items_unknown_to_model=unknown_items,
         seconds=seconds, output=result.output, delta_version=result.version, latest=config.latest,
-        latest_updated=latest_updated, counts=counts,
+        latest_updated=latest_updated, counts=counts, quality=_training_quality(folder),
     )
     print(summary.render(), file=out, flush=True)
     if config.run.summary_path:
