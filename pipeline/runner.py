@@ -112,7 +112,7 @@ def _incremental_filter(spark: "SparkSession", inputs: "DataFrame", config: JobC
 
 def prepare_scores(
     spark: "SparkSession", config: JobConfig, *, run_id: str, ds: dt.date, scored_at: dt.datetime,
-    model_name: str, revision: str, counts_acc: Any, faults: dict[str, Any] | None = None,
+    model_name: str, revision: str, counts_acc: Any, faults: dict[str, Any] | None = None, task: Any = None,
 ) -> tuple["DataFrame", "DataFrame"]:
     """``(inputs, scored)``: the validated rows to score and the lazily scored output with lineage.
 
@@ -123,8 +123,9 @@ def prepare_scores(
 
     from pipeline.io.sources import read_source, select_input
     from pipeline.spark.udf import InferencePlan, apply_inference
+    from pipeline.tasks import task_for_job
 
-    task = InferencePlan(config.task, config.model, config.batching).build_task()
+    task = task or task_for_job(config)
     inputs = select_input(read_source(spark, config.source), config.source, task.input_columns)
     if config.source.unique_ids:
         _check_ids(inputs, config.source.id_column)
@@ -194,7 +195,8 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
     from pipeline.io.sinks import write_sink
     from pipeline.io.sources import SourceError
     from pipeline.spark.session import get_session
-    from pipeline.spark.udf import CountsParam, InferencePlan
+    from pipeline.spark.udf import CountsParam
+    from pipeline.tasks import task_for_job
 
     other_parts = [c for c in config.sink.partition_by if c != "ds" and c not in config.source.keep_columns]
     if other_parts:
@@ -205,7 +207,7 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
     if config.sink.mode == "overwrite_partition" and config.sink.partition_by != ["ds"]:
         raise JobError("sink.mode overwrite_partition replaces one run date: use sink.partition_by: [ds]")
 
-    task = InferencePlan(config.task, config.model, config.batching).build_task()
+    task = task_for_job(config)
     _, model_name, revision = _validate_model(config, task)
     spark = spark or get_session(config.spark)
     run_id = config.run.resolved_run_id()
@@ -216,7 +218,7 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
 
     inputs, scored = prepare_scores(
         spark, config, run_id=run_id, ds=ds, scored_at=scored_at,
-        model_name=model_name, revision=revision, counts_acc=acc, faults=faults,
+        model_name=model_name, revision=revision, counts_acc=acc, faults=faults, task=task,
     )
     sink = config.sink
     if config.run.incremental and sink.mode != "append":

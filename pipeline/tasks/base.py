@@ -13,6 +13,7 @@ is ever dropped.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar, Hashable, Protocol, Sequence
 
@@ -93,9 +94,26 @@ class TokenizedChunk:
     token_ids: list[list[int]]
     truncated: np.ndarray
 
-    @property
+    @cached_property
     def lengths(self) -> np.ndarray:
-        return np.fromiter((len(t) for t in self.token_ids), dtype=np.int64, count=len(self.token_ids))
+        # read for every batch of the chunk: computed once, not once per batch
+        return token_lengths(self.token_ids)
+
+
+def token_lengths(token_ids: Sequence[Sequence[int]]) -> np.ndarray:
+    return np.fromiter((len(t) for t in token_ids), dtype=np.int64, count=len(token_ids))
+
+
+def pad_token_id(tokenizer: Any) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+
+def scatter(out: dict[str, np.ndarray], values: dict[str, np.ndarray], indices: np.ndarray, n: int) -> None:
+    """Write one batch's per-row ``values`` into ``out`` (n rows each) at ``indices``: input order restored."""
+    for name, arr in values.items():
+        if name not in out:
+            out[name] = np.zeros((n, *arr.shape[1:]), dtype=arr.dtype)
+        out[name][indices] = arr
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -209,12 +227,10 @@ class TextTask:
     def score_texts(self, loaded: LoadedText, texts: Sequence[str]) -> dict[str, np.ndarray]:
         """:meth:`forward` outputs for ``texts``, in order (no statuses, no fault handling: calibration)."""
         ids, _ = tokenize(loaded.tokenizer, texts, max_length=self.batching.max_length)
-        lengths = np.fromiter((len(t) for t in ids), dtype=np.int64, count=len(ids))
-        pad_id = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else 0
+        pad_id = pad_token_id(loaded.tokenizer)
         out: dict[str, np.ndarray] = {}
-        for batch in plan_batches(lengths, batch_size=self.batching.batch_size, pad_to_multiple_of=1):
-            for name, arr in self.forward(loaded, *collate(ids, batch, pad_id=pad_id)).items():
-                out.setdefault(name, np.zeros((len(ids), *arr.shape[1:]), dtype=arr.dtype))[batch.indices] = arr
+        for batch in plan_batches(token_lengths(ids), batch_size=self.batching.batch_size, pad_to_multiple_of=1):
+            scatter(out, self.forward(loaded, *collate(ids, batch, pad_id=pad_id)), batch.indices, len(ids))
         return out
 
     def forward(self, loaded: Any, input_ids: np.ndarray, attention_mask: np.ndarray) -> dict[str, np.ndarray]:
@@ -303,7 +319,7 @@ class TextTask:
             token_budget=self.batching.token_budget,
             bucket_shapes=self.batching.bucket_shapes,
         )
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        pad_id = pad_token_id(tokenizer)
         out: dict[str, np.ndarray] = {}
         errors: dict[int, str] = {}
         for batch in batches:
@@ -356,10 +372,7 @@ class TextTask:
             self._run_guarded(loaded, tok, indices[:half], pad_id, out, errors, counts)
             self._run_guarded(loaded, tok, indices[half:], pad_id, out, errors, counts)
             return
-        for name, arr in values.items():
-            if name not in out:
-                out[name] = np.zeros((lengths.size, *arr.shape[1:]), dtype=arr.dtype)
-            out[name][indices] = arr
+        scatter(out, values, indices, lengths.size)
         counts.add_batch(rows=batch.size, tokens=int(lengths[indices].sum()), padded_tokens=batch.padded_tokens)
 
 
