@@ -296,4 +296,7 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
 
 
 def _is_delta(path: str) -> bool:
-    return (Path(path) / "_delta_log").is_dir()
+    """Whether ``path`` holds a Delta table (local or object store, as deltalake resolves it)."""
+    from deltalake import DeltaTable
+
+    return DeltaTable.is_deltatable(path)
