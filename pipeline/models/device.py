@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-__all__ = ["pick_device", "task_threads"]
+__all__ = ["pick_device", "task_gpu_addresses", "task_threads"]
 
 
 def pick_device(resources: Mapping[str, Any] | None = None, *, prefer: str = "auto") -> str:
@@ -16,8 +16,7 @@ def pick_device(resources: Mapping[str, Any] | None = None, *, prefer: str = "au
     """
     if prefer == "cpu":
         return "cpu"
-    gpu = (resources or {}).get("gpu")
-    addresses = list(getattr(gpu, "addresses", None) or []) if gpu is not None else []
+    addresses = task_gpu_addresses(resources or {})
     if addresses:
         return f"cuda:{addresses[0]}"
     try:
@@ -35,6 +34,23 @@ def pick_device(resources: Mapping[str, Any] | None = None, *, prefer: str = "au
             "(spark.executor.resource.gpu.amount, spark.task.resource.gpu.amount)"
         )
     return "cpu"
+
+
+def task_gpu_addresses(resources: Mapping[str, Any] | None = None) -> tuple[str, ...]:
+    """The GPU addresses Spark assigned the running task (all of them: vLLM shards a model over them).
+
+    ``resources`` defaults to the current ``TaskContext``'s; outside a Spark task it is empty.
+    """
+    if resources is None:
+        try:
+            from pyspark import TaskContext
+
+            ctx = TaskContext.get()
+        except ImportError:  # pragma: no cover - pyspark is a dependency
+            ctx = None
+        resources = ctx.resources() if ctx is not None else {}
+    gpu = resources.get("gpu")
+    return tuple(str(a) for a in (getattr(gpu, "addresses", None) or [])) if gpu is not None else ()
 
 
 def task_threads(task_cpus: int | None, default: int = 1, *, override: int | None = None) -> int:

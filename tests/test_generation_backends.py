@@ -1,0 +1,90 @@
+"""Choosing the generation backend and planning the vLLM engine (no vLLM needed: see test_vllm.py for the engine)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import ConfigError, GenerateTaskConfig, VllmConfig, build_config
+from pipeline.generation import vllm_backend
+from pipeline.generation.vllm_backend import engine_kwargs, resolve_backend, vllm_available
+from pipeline.models.device import pick_device, task_gpu_addresses
+
+# SmolLM2-135M's shape: 30 layers, 3 KV heads of 64 dims
+SMOLLM2 = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}
+
+
+def _plan(config: VllmConfig = VllmConfig(), **kw):
+    args = dict(model_dir=Path("/models/m"), model_config=SMOLLM2, precision="fp32", max_seq_len=320, slots=16)
+    return engine_kwargs(config, **{**args, **kw})
+
+
+def test_kv_cache_is_sized_from_config_not_from_machine_memory():
+    kw = _plan()
+    # 16 sequences x 384 tokens (320 rounded up to whole 128-token blocks) x 30 layers x K+V x 3 heads x 64 x fp32
+    assert kw["kv_cache_memory_bytes"] == 16 * 384 * 30 * 2 * 3 * 64 * 4
+    assert kw["max_num_seqs"] == 16 and kw["max_model_len"] == 320 and kw["dtype"] == "float32"
+    assert _plan(VllmConfig(max_num_seqs=4))["kv_cache_memory_bytes"] == kw["kv_cache_memory_bytes"] // 4
+    assert _plan(precision="bf16")["kv_cache_memory_bytes"] == kw["kv_cache_memory_bytes"] // 2
+    assert _plan(VllmConfig(kv_cache_mb=300))["kv_cache_memory_bytes"] == 300 * 2**20
+
+
+def test_engine_arguments_follow_config_and_gpu_resources():
+    kw = _plan(VllmConfig(gpu_memory_utilization=0.5, enforce_eager=False))
+    assert kw["gpu_memory_utilization"] == 0.5 and kw["enforce_eager"] is False
+    assert kw["tensor_parallel_size"] == 1 and kw["model"] == kw["tokenizer"] == "/models/m"
+    assert _plan(gpu_addresses=("2", "3"))["tensor_parallel_size"] == 2
+    assert _plan(VllmConfig(tensor_parallel_size=1), gpu_addresses=("2", "3"))["tensor_parallel_size"] == 1
+    # engine_args reach vllm.LLM as given and win over the derived values
+    kw = _plan(VllmConfig(engine_args={"swap_space": 0, "max_num_seqs": 3}))
+    assert kw["swap_space"] == 0 and kw["max_num_seqs"] == 3
+    with pytest.raises(ValueError, match="quantized checkpoint"):
+        _plan(precision="int8")
+
+
+def test_backend_config_validates():
+    job = build_config({
+        "job": "gen", "source": {"path": "x"}, "model": {"path": "m"}, "sink": {"path": "y"},
+        "task": {"kind": "generate", "backend": "vllm", "vllm": {"max_num_seqs": 32, "kv_cache_mb": 256}},
+    })
+    assert job.task.backend == "vllm" and job.task.vllm.max_num_seqs == 32
+    assert GenerateTaskConfig().backend == "auto"
+    with pytest.raises(ConfigError, match="task.vllm.max_seqs: unknown key"):
+        build_config({"job": "gen", "source": {"path": "x"}, "model": {"path": "m"}, "sink": {"path": "y"},
+                      "task": {"kind": "generate", "vllm": {"max_seqs": 4}}})
+    with pytest.raises(ConfigError, match="task.backend"):
+        build_config({"job": "gen", "source": {"path": "x"}, "model": {"path": "m"}, "sink": {"path": "y"},
+                      "task": {"kind": "generate", "backend": "tgi"}})
+
+
+def test_auto_backend_is_vllm_exactly_when_it_imports(monkeypatch):
+    assert resolve_backend("auto") == ("vllm" if vllm_available() else "transformers")
+    assert resolve_backend("transformers") == "transformers"
+    monkeypatch.setattr(vllm_backend, "vllm_available", lambda: False)
+    assert resolve_backend("auto") == "transformers"
+    with pytest.raises(RuntimeError, match="make venv-vllm"):
+        resolve_backend("vllm")
+
+
+@pytest.mark.skipif(vllm_available(), reason="checks the error where vllm is missing")
+def test_vllm_backend_without_vllm_fails_with_what_to_do(tmp_path):
+    from .generation_models import save_model_folder
+    from pipeline.config import BatchingConfig, ModelConfig
+    from pipeline.tasks import build_task
+
+    model_dir = save_model_folder(tmp_path / "tiny-llama")
+    task = build_task(GenerateTaskConfig(backend="vllm"), model=ModelConfig(path=str(model_dir)),
+                      batching=BatchingConfig())
+    with pytest.raises(RuntimeError, match="cannot import vllm.*PYSPARK_PYTHON"):
+        task.load(model_dir, "cpu")
+
+
+def test_task_gpu_addresses_come_from_spark_resources():
+    from pyspark.resource import ResourceInformation
+
+    resources = {"gpu": ResourceInformation("gpu", ["1", "3"])}
+    assert task_gpu_addresses(resources) == ("1", "3")
+    assert pick_device(resources) == "cuda:1"
+    assert task_gpu_addresses({}) == ()
+    assert task_gpu_addresses() == ()  # outside a Spark task
