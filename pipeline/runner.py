@@ -284,6 +284,7 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
                  if counts.get(k)},
         precision_used=counts.get("precision_used", {}), precision_fallbacks=counts.get("precision_fallbacks", {}),
         generation_backend=counts.get("generation_backend", {}),
+        load_seconds=float(counts.get("load_seconds", 0.0)), infer_seconds=float(counts.get("infer_seconds", 0.0)),
     )
     print(summary.render(), file=out, flush=True)
     if config.run.summary_path:

@@ -47,13 +47,17 @@ def build_tokenizer(*, chat_template: bool = True):
     return fast
 
 
-def build_model(tokenizer, *, seed: int = 0, init: float = 0.5):
-    """A 2-layer random ``LlamaForCausalLM`` in fp32, eval mode, eager of nothing: default attention."""
+def build_model(tokenizer, *, seed: int = 0, init: float = 0.5, hidden_size: int = 64, heads: int = 4):
+    """A 2-layer random ``LlamaForCausalLM`` in fp32, eval mode, default attention.
+
+    vLLM's CPU attention kernels take head sizes of 32 and up: build those with ``hidden_size=128, heads=2``.
+    """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=2, num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2),
         vocab_size=len(tokenizer), max_position_embeddings=1024, initializer_range=init,
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
         tie_word_embeddings=False,
@@ -65,10 +69,10 @@ def build_model(tokenizer, *, seed: int = 0, init: float = 0.5):
     return model
 
 
-def save_model_folder(path: Path, *, chat_template: bool = True, seed: int = 0) -> Path:
+def save_model_folder(path: Path, *, chat_template: bool = True, seed: int = 0, **shape: int) -> Path:
     """Save the tiny tokenizer and model as a Hugging Face folder (config, safetensors, tokenizer)."""
     tokenizer = build_tokenizer(chat_template=chat_template)
-    model = build_model(tokenizer, seed=seed)
+    model = build_model(tokenizer, seed=seed, **shape)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)

@@ -27,7 +27,7 @@ from pipeline.generation.kv import SlotBatch
 from pipeline.generation.sampling import SamplingParams, choose_tokens, make_generator
 from pipeline.generation.stopping import find_stop
 
-__all__ = ["BatchGenerator", "GenerationMode", "GenerationRequest", "GenerationResult", "prefill_groups"]
+__all__ = ["BatchGenerator", "GenerationMode", "GenerationRequest", "GenerationResult", "eos_ids", "prefill_groups"]
 
 GenerationMode = Literal["static", "continuous"]
 FinishReason = Literal["stop", "length", "error"]
@@ -100,7 +100,7 @@ class BatchGenerator:
         self.slots = slots
         self.max_seq_len = max_seq_len
         self.sampling = sampling
-        self.eos_ids = _eos_ids(model, tokenizer)
+        self.eos_ids = eos_ids(model, tokenizer)
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (min(self.eos_ids) if self.eos_ids else 0))
         self.stats: dict[str, float] = {}
@@ -235,7 +235,7 @@ def prefill_groups(lengths: Sequence[int], *, slack: float = 1.25, extra: int = 
     return groups
 
 
-def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+def eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     """End-of-sequence ids from the model's generation config and the tokenizer."""
     ids: set[int] = set()
     gen_config = getattr(model, "generation_config", None)

@@ -35,6 +35,7 @@ from pipeline.config import VllmConfig
 from pipeline.generation.engine import GenerationRequest, GenerationResult
 from pipeline.generation.kv import kv_cache_bytes
 from pipeline.generation.sampling import SamplingParams
+from pipeline.generation.stopping import find_stop
 
 __all__ = ["VllmGenerator", "engine_kwargs", "load_vllm", "resolve_backend", "vllm_available"]
 
@@ -123,13 +124,21 @@ class VllmGenerator:
     treats both alike. vLLM batches continuously on its own; ``max_num_seqs``
     is its slot count. ``latency_ms`` runs from submission to the row's last
     token (vLLM admits rows itself, so queueing time is included).
+
+    The completion text is decoded from the token ids and cut at the first
+    stop string exactly as the transformers backend does it (vLLM's own
+    streaming text holds back a trailing partial UTF-8 character).
     """
 
-    def __init__(self, llm: Any, *, sampling: SamplingParams, max_seq_len: int) -> None:
+    def __init__(self, llm: Any, tokenizer: Any, *, sampling: SamplingParams, max_seq_len: int,
+                 eos_ids: frozenset[int] = frozenset()) -> None:
         self.llm = llm
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_ids
         self.sampling = sampling
         self.max_seq_len = max_seq_len
         self.stats: dict[str, float] = {}
+        self._calls = 0  # request ids are unique per call: "<call>-<row>"
 
     def one_at_a_time(self) -> "VllmGenerator":
         """The generator to retry rows alone with after a batch failed: this one (vLLM schedules its own memory)."""
@@ -138,25 +147,37 @@ class VllmGenerator:
     def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         """Results for ``requests``, in the same order."""
         from vllm import SamplingParams as VllmSamplingParams
+        from vllm.sampling_params import RequestOutputKind
 
         engine = self.llm.llm_engine
         params = self.sampling
         started = time.perf_counter()
         self.stats = {}
-        results: dict[int, GenerationResult] = {}
         for i, req in enumerate(requests):
             if len(req.prompt_ids) + req.max_new_tokens > self.max_seq_len:
                 raise ValueError(
                     f"request {i}: {len(req.prompt_ids)} prompt + {req.max_new_tokens} new tokens exceed "
                     f"max_seq_len {self.max_seq_len}; lower max_input_tokens / max_new_tokens or raise max_seq_len"
                 )
-            sampling = VllmSamplingParams(
-                temperature=params.temperature, top_p=params.top_p, max_tokens=req.max_new_tokens,
-                seed=None if params.greedy else int(req.seed), stop=list(params.stop) or None,
-                skip_special_tokens=True,
-            )
-            engine.add_request(str(i), {"prompt_token_ids": list(req.prompt_ids)}, sampling)
+        self._calls += 1
+        ids = [f"{self._calls}-{i}" for i in range(len(requests))]
+        prompts: list[Any] = [{"prompt_token_ids": list(req.prompt_ids)} for req in requests]
+        renderer = getattr(engine, "renderer", None)
+        if prompts and hasattr(renderer, "render_cmpl"):  # vLLM >= 0.30 takes rendered prompts
+            prompts = renderer.render_cmpl(prompts)
+        prompt_tokens = {r: len(req.prompt_ids) for r, req in zip(ids, requests)}
+        results: dict[str, GenerationResult] = {}
         try:
+            for request_id, req, prompt in zip(ids, requests, prompts):
+                sampling = VllmSamplingParams(
+                    temperature=params.temperature, top_p=params.top_p, max_tokens=req.max_new_tokens,
+                    seed=None if params.greedy else int(req.seed), stop=list(params.stop) or None,
+                    skip_special_tokens=True,
+                    # the finished row only (no per-step cumulative outputs); vLLM detokenizes
+                    # only to find stop strings: the completion text is decoded once, in _result
+                    output_kind=RequestOutputKind.FINAL_ONLY, detokenize=bool(params.stop),
+                )
+                engine.add_request(request_id, prompt, sampling)
             while engine.has_unfinished_requests():
                 step_started = time.perf_counter()
                 outputs = engine.step()
@@ -164,27 +185,29 @@ class VllmGenerator:
                 self._count("step_s", time.perf_counter() - step_started)
                 for out in outputs:
                     if out.finished:
-                        i = int(out.request_id)
-                        results[i] = _result(out, len(requests[i].prompt_ids), started)
+                        results[out.request_id] = self._result(out, prompt_tokens[out.request_id], started)
         except BaseException:
             # Leave the cached engine empty for the next chunk (or the one-row retries).
-            engine.abort_request([str(i) for i in range(len(requests)) if i not in results])
+            engine.abort_request([r for r in ids if r not in results])
             raise
         self._count("decode_row_steps", sum(r.completion_tokens for r in results.values()))
-        return [results[i] for i in range(len(requests))]
+        return [results[r] for r in ids]
 
     def _count(self, name: str, value: float = 1) -> None:
         self.stats[name] = self.stats.get(name, 0) + value
 
-
-def _result(out: Any, prompt_tokens: int, started: float) -> GenerationResult:
-    completion = out.outputs[0]
-    reason = _FINISH.get(str(completion.finish_reason))
-    return GenerationResult(
-        completion=completion.text, token_ids=list(completion.token_ids), prompt_tokens=prompt_tokens,
-        finish_reason=reason or "error", latency_ms=(time.perf_counter() - started) * 1000.0,
-        error=None if reason else f"vLLM finished the row with {completion.finish_reason!r}",
-    )
+    def _result(self, out: Any, prompt_tokens: int, started: float) -> GenerationResult:
+        completion = out.outputs[0]
+        tokens = list(completion.token_ids)
+        reason = _FINISH.get(str(completion.finish_reason))
+        body = tokens[:-1] if tokens and tokens[-1] in self.eos_ids else tokens
+        text = self.tokenizer.decode(body, skip_special_tokens=True)
+        cut = find_stop(text, self.sampling.stop) if self.sampling.stop else None
+        return GenerationResult(
+            completion=text if cut is None else text[:cut], token_ids=tokens, prompt_tokens=prompt_tokens,
+            finish_reason=reason or "error", latency_ms=(time.perf_counter() - started) * 1000.0,
+            error=None if reason else f"vLLM finished the row with {completion.finish_reason!r}",
+        )
 
 
 def load_vllm(
@@ -203,8 +226,9 @@ def load_vllm(
     ``CUDA_VISIBLE_DEVICES`` (before CUDA starts in this worker) and, with
     ``tensor_parallel_size: auto``, the tensor-parallel degree.
     """
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, GenerationConfig
 
+    from pipeline.generation.engine import eos_ids
     from pipeline.models.loading import read_model_config
 
     model_config = read_model_config(model_dir)
@@ -220,7 +244,12 @@ def load_vllm(
 
     llm = LLM(**kwargs)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    return tokenizer, VllmGenerator(llm, sampling=sampling, max_seq_len=max_seq_len)
+    try:
+        generation = GenerationConfig.from_pretrained(str(model_dir))
+    except OSError:  # no generation_config.json: the tokenizer's EOS only
+        generation = None
+    eos = eos_ids(SimpleNamespace(generation_config=generation), tokenizer)
+    return tokenizer, VllmGenerator(llm, tokenizer, sampling=sampling, max_seq_len=max_seq_len, eos_ids=eos)
 
 
 def _pin_gpus(addresses: Sequence[str]) -> None:

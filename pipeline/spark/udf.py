@@ -99,8 +99,11 @@ def score_partition(
 
     import torch
 
-    # set on every task: a reused worker keeps whatever the previous task set
-    torch.set_num_threads(task_threads(ctx.cpus() if ctx else None, override=plan.model.torch_threads))
+    # checked on every task: a reused worker keeps whatever the previous task set. Only called on a
+    # change: vLLM's CPU worker replaces torch.set_num_threads with a warning once its engine is up.
+    threads = task_threads(ctx.cpus() if ctx else None, override=plan.model.torch_threads)
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
     key = (task.cache_key(), device)
     started = time.perf_counter()
     loaded, fresh = cache.get_or_load(key, lambda: _load(task, plan.model, device))

