@@ -215,10 +215,13 @@ class WorkerProgress:
             return
         self.last = now
         c = counts.counts
-        rows, elapsed = int(c.get("batch_rows", 0)), now - self.started
+        # generation reports rows as they finish (progress_*); batched tasks as their batches end
+        rows = int(c.get("progress_rows", c.get("batch_rows", 0)))
+        tokens = c.get("progress_tokens", c.get("tokens", 0))
+        elapsed = now - self.started
+        batches = f" in {int(c.get('batches', 0)):,} batches" if "progress_rows" not in c else ""
         print(
-            f"[{self.label}] {rows:,} rows in {int(c.get('batches', 0)):,} batches, "
-            f"{rows / elapsed if elapsed else 0:,.0f} rows/s, "
-            f"{c.get('tokens', 0) / elapsed if elapsed else 0:,.0f} tokens/s",
+            f"[{self.label}] {rows:,} rows{batches}, {rows / elapsed if elapsed else 0:,.1f} rows/s, "
+            f"{tokens / elapsed if elapsed else 0:,.0f} tokens/s",
             file=self.stream, flush=True,
         )

@@ -88,6 +88,21 @@ def test_process_end_to_end(model_dir, mode):
     assert counts.counts["completion_tokens"] == sum(out["completion_tokens"][i] for i in (0, 1, 4, 5, 6))
 
 
+def test_progress_lines_as_rows_finish(model_dir):
+    import io
+
+    from pipeline.metrics import WorkerProgress
+
+    task = _task(model_dir)
+    stream = io.StringIO()
+    counts = WorkerCounts(on_batch=WorkerProgress("gen worker 1", 0.0, stream=stream))
+    task.process(task.load(model_dir, "cpu"), _chunk(), counts)
+    lines = stream.getvalue().splitlines()
+    # one line per generated row (interval 0), counting up, before the chunk is done
+    assert [line.split("] ")[1].split(" rows")[0] for line in lines] == ["1", "2", "3", "4", "5"]
+    assert all("rows/s" in line and "tokens/s" in line for line in lines)
+
+
 def test_bad_rows_are_flagged_not_dropped(model_dir):
     task = _task(model_dir, max_new_tokens_column="budget")
     loaded = task.load(model_dir, "cpu")

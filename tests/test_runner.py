@@ -54,6 +54,7 @@ def test_end_to_end_append_then_partition_overwrite(spark, tmp_path, tiny_embed_
     assert summary.status == {"ok": 198, "skipped_null": 1, "skipped_empty": 1}
     assert summary.delta_version == 0 and summary.writer == "deltalake"
     assert "every input row written once" in out.getvalue()
+    assert summary.infer_seconds > 0 and "worker time             : model load" in out.getvalue()
 
     table = read_scores(tmp_path)
     ids = table["doc_id"].to_pylist()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 from pipeline.generation.kv import SlotBatch
 from pipeline.generation.sampling import SamplingParams, choose_tokens, make_generator
@@ -104,14 +104,16 @@ class BatchGenerator:
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (min(self.eos_ids) if self.eos_ids else 0))
         self.stats: dict[str, float] = {}
+        self._on_finish: Callable[[int, GenerationResult], None] | None = None
 
     def one_at_a_time(self) -> "BatchGenerator":
         """A one-slot static generator over the same model: for retrying rows alone after a batch failed."""
         return BatchGenerator(self.model, self.tokenizer, mode="static", slots=1, max_seq_len=self.max_seq_len,
                               sampling=self.sampling)
 
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        """Results for ``requests``, in the same order."""
+    def generate(self, requests: Sequence[GenerationRequest], *,
+                 on_finish: Callable[[int, GenerationResult], None] | None = None) -> list[GenerationResult]:
+        """Results for ``requests``, in the same order; ``on_finish(index, result)`` as each row ends (progress)."""
         for i, req in enumerate(requests):
             if not req.prompt_ids:
                 raise ValueError(f"request {i} has an empty prompt; every prompt needs at least one token")
@@ -123,6 +125,7 @@ class BatchGenerator:
                     f"max_seq_len {self.max_seq_len}; lower max_input_tokens / max_new_tokens or raise max_seq_len"
                 )
         self.stats = {}
+        self._on_finish = on_finish
         results: list[GenerationResult | None] = [None] * len(requests)
         queue = deque(self._admission_order(requests))
         active: SlotBatch | None = None
@@ -184,6 +187,8 @@ class BatchGenerator:
                 keep.append(b)
             else:
                 results[row.index] = done
+                if self._on_finish is not None:
+                    self._on_finish(row.index, done)
         batch.keep(keep)
         return batch if batch.size else None
 

@@ -29,7 +29,7 @@ import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from pipeline.config import VllmConfig
 from pipeline.generation.engine import GenerationRequest, GenerationResult
@@ -144,8 +144,9 @@ class VllmGenerator:
         """The generator to retry rows alone with after a batch failed: this one (vLLM schedules its own memory)."""
         return self
 
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        """Results for ``requests``, in the same order."""
+    def generate(self, requests: Sequence[GenerationRequest], *,
+                 on_finish: Callable[[int, GenerationResult], None] | None = None) -> list[GenerationResult]:
+        """Results for ``requests``, in the same order; ``on_finish(index, result)`` as each row ends (progress)."""
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -165,7 +166,7 @@ class VllmGenerator:
         renderer = getattr(engine, "renderer", None)
         if prompts and hasattr(renderer, "render_cmpl"):  # vLLM >= 0.30 takes rendered prompts
             prompts = renderer.render_cmpl(prompts)
-        prompt_tokens = {r: len(req.prompt_ids) for r, req in zip(ids, requests)}
+        index = {r: i for i, r in enumerate(ids)}
         results: dict[str, GenerationResult] = {}
         try:
             for request_id, req, prompt in zip(ids, requests, prompts):
@@ -185,7 +186,10 @@ class VllmGenerator:
                 self._count("step_s", time.perf_counter() - step_started)
                 for out in outputs:
                     if out.finished:
-                        results[out.request_id] = self._result(out, prompt_tokens[out.request_id], started)
+                        i = index[out.request_id]
+                        results[out.request_id] = done = self._result(out, len(requests[i].prompt_ids), started)
+                        if on_finish is not None:
+                            on_finish(i, done)
         except BaseException:
             # Leave the cached engine empty for the next chunk (or the one-row retries).
             engine.abort_request([r for r in ids if r not in results])

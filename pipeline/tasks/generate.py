@@ -201,8 +201,16 @@ class GenerateTask:
         if not requests:
             return []
         gen = loaded.generator
+
+        def finished(_: int, result: GenerationResult) -> None:
+            # progress only (a chunk of generation can take minutes); the run's totals are added below
+            counts.add("progress_rows")
+            counts.add("progress_tokens", result.prompt_tokens + result.completion_tokens)
+            if counts.on_batch is not None:
+                counts.on_batch(counts)
+
         try:
-            results = gen.generate(requests)
+            results = gen.generate(requests, on_finish=finished)
         except (RuntimeError, MemoryError):
             counts.add("generate_batch_failures")
             results = [self._generate_alone(gen, r) for r in requests]
