@@ -90,3 +90,22 @@ def reference_generate(model, tokenizer, prompt_ids, max_new_tokens: int) -> lis
             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
         )
     return out[0, ids.shape[1]:].tolist()
+
+
+def generate_job(tmp_path: Path, model_dir: Path, texts: list, task: dict, *, id_prefix: str = "g"):
+    """A ``generate`` job over a Delta table of ``texts`` (ids ``<prefix>00``...), writing to ``tmp_path/out``."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from pipeline.config import build_config
+
+    ids = [f"{id_prefix}{i:02d}" for i in range(len(texts))]
+    write_deltalake(str(tmp_path / "reviews"), pa.table({"doc_id": ids, "text": pa.array(texts, pa.string())}))
+    return build_config({
+        "job": "generate_test",
+        "source": {"format": "delta", "path": str(tmp_path / "reviews"), "id_column": "doc_id"},
+        "model": {"path": str(model_dir), "name": model_dir.name},
+        "task": {"kind": "generate", **task},
+        "sink": {"path": str(tmp_path / "out"), "mode": "overwrite_partition"},
+        "run": {"progress": False, "ds": "2026-11-30"},
+    })

@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from .generation_models import reference_generate, save_model_folder  # noqa: E402
+from .generation_models import generate_job, reference_generate, save_model_folder  # noqa: E402
 from pipeline.config import ConfigError, GenerateTaskConfig, ModelConfig, BatchingConfig, build_config  # noqa: E402
 from pipeline.metrics import WorkerCounts  # noqa: E402
 from pipeline.tasks import GenerateTask, build_task  # noqa: E402
@@ -138,21 +138,14 @@ def test_generate_job_on_spark_writes_completions_to_delta(spark, tmp_path, mode
     """The generate task through the real Spark glue and Delta sink, like conf/generate_text.yaml."""
     import io
 
-    from deltalake import DeltaTable, write_deltalake
+    from deltalake import DeltaTable
 
     from pipeline.runner import run_job
 
     texts = ["the film is funny", None, "a dull mess", "smart and moving", "the story drags", "superb"] * 4
-    ids = [f"g{i:02d}" for i in range(len(texts))]
-    write_deltalake(str(tmp_path / "reviews"), pa.table({"doc_id": ids, "text": pa.array(texts, pa.string())}))
-    config = build_config({
-        "job": "generate_test",
-        "source": {"format": "delta", "path": str(tmp_path / "reviews"), "id_column": "doc_id"},
-        "model": {"path": str(model_dir), "name": "tiny-llama"},
-        "task": {"kind": "generate", "backend": "transformers", "template": "Summarise: {text}",
-                 "max_input_tokens": 32, "max_new_tokens": 5, "slots": 3, "mode": "continuous"},
-        "sink": {"path": str(tmp_path / "out"), "mode": "overwrite_partition"},
-        "run": {"progress": False, "ds": "2026-11-29"},
+    config = generate_job(tmp_path, model_dir, texts, task={
+        "backend": "transformers", "template": "Summarise: {text}", "max_input_tokens": 32, "max_new_tokens": 5,
+        "slots": 3, "mode": "continuous",
     })
     out = io.StringIO()
     summary = run_job(config, spark=spark, out=out)

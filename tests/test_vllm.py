@@ -23,8 +23,10 @@ pytestmark = [
 
 torch = pytest.importorskip("torch")
 
-from .generation_models import build_model, build_tokenizer, reference_generate, save_model_folder  # noqa: E402
-from pipeline.config import BatchingConfig, GenerateTaskConfig, ModelConfig, VllmConfig, build_config  # noqa: E402
+from .generation_models import (  # noqa: E402
+    build_model, build_tokenizer, generate_job, reference_generate, save_model_folder,
+)
+from pipeline.config import BatchingConfig, GenerateTaskConfig, ModelConfig, VllmConfig  # noqa: E402
 from pipeline.generation import GenerationRequest, SamplingParams  # noqa: E402
 from pipeline.metrics import WorkerCounts  # noqa: E402
 from pipeline.tasks import build_task  # noqa: E402
@@ -123,22 +125,16 @@ def test_stop_strings_and_per_row_seeds(model_dir, reference):
         assert cut.finish_reason == "stop" and stop not in cut.completion and text.startswith(cut.completion)
 
 
-def test_generate_job_on_spark_with_vllm_writes_every_row_to_delta(spark, tmp_path, model_dir):
-    from deltalake import DeltaTable, write_deltalake
+@pytest.mark.parametrize("in_process", [True, False], ids=["engine-in-worker", "engine-process"])
+def test_generate_job_on_spark_with_vllm_writes_every_row_to_delta(spark, tmp_path, model_dir, in_process):
+    from deltalake import DeltaTable
 
     from pipeline.runner import run_job
 
     texts = [PROMPTS[0], None, PROMPTS[1], "  ", PROMPTS[2], PROMPTS[3]] * 3
-    ids = [f"v{i:02d}" for i in range(len(texts))]
-    write_deltalake(str(tmp_path / "reviews"), pa.table({"doc_id": ids, "text": pa.array(texts, pa.string())}))
-    config = build_config({
-        "job": "generate_vllm_test",
-        "source": {"format": "delta", "path": str(tmp_path / "reviews"), "id_column": "doc_id"},
-        "model": {"path": str(model_dir), "name": "tiny-llama-64"},
-        "task": {"kind": "generate", "backend": "vllm", "template": "{text}", "max_input_tokens": 32,
-                 "max_new_tokens": 6, "slots": 4, "vllm": {"kv_cache_mb": 4}},
-        "sink": {"path": str(tmp_path / "out"), "mode": "overwrite_partition"},
-        "run": {"progress": False, "ds": "2026-11-30"},
+    config = generate_job(tmp_path, model_dir, texts, id_prefix="v", task={
+        "backend": "vllm", "template": "{text}", "max_input_tokens": 32, "max_new_tokens": 6, "slots": 4,
+        "vllm": {"kv_cache_mb": 4, "in_process": in_process},
     })
     out = io.StringIO()
     summary = run_job(config, spark=spark, out=out)
@@ -146,7 +142,7 @@ def test_generate_job_on_spark_with_vllm_writes_every_row_to_delta(spark, tmp_pa
     assert list(summary.generation_backend) == ["vllm (continuous)"]
     assert "generation backend      : vllm (continuous)" in out.getvalue()
     rows = {r["doc_id"]: r for r in pa.table(DeltaTable(str(tmp_path / "out")).to_pyarrow_table()).to_pylist()}
-    assert sorted(rows) == sorted(ids)
+    assert sorted(rows) == [f"v{i:02d}" for i in range(len(texts))]
     assert rows["v01"]["status"] == "skipped_null" and rows["v03"]["status"] == "skipped_empty"
     assert summary.status == {"ok": 9, "truncated": 3, "skipped_null": 3, "skipped_empty": 3}  # PROMPTS[3] > 32 tokens
     done = [r for r in rows.values() if r["status"] in ("ok", "truncated")]
