@@ -165,15 +165,16 @@ class VllmConfig(_Model):
     """Settings of the ``vllm`` generation backend (one ``vllm.LLM`` per Python worker).
 
     The KV cache is sized from this config, never from a fraction of the
-    machine's RAM: ``kv_cache_mb`` when set, else room for ``max_num_seqs``
-    sequences of ``max_input_tokens + max_new_tokens_limit`` tokens. On a GPU,
-    ``gpu_memory_utilization`` caps what vLLM may take of the card.
+    machine's RAM: ``kv_cache_mb`` when set; else, on a CPU, room for
+    ``max_num_seqs`` sequences of ``max_input_tokens + max_new_tokens_limit``
+    tokens; on a GPU, what ``gpu_memory_utilization`` of the card leaves after
+    the weights (lower it when several tasks share a GPU).
     """
 
     # concurrent sequences in the engine's running batch; None: task.slots
     max_num_seqs: int | None = Field(None, gt=0)
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
-    # KV cache size; None: max_num_seqs full-length sequences (see pipeline.generation.kv.kv_cache_bytes)
+    # KV cache size; None: max_num_seqs full-length sequences on a CPU, gpu_memory_utilization on a GPU
     kv_cache_mb: float | None = Field(None, gt=0)
     # "auto": the number of GPUs Spark gave the task (spark.task.resource.gpu.amount), 1 on a CPU
     tensor_parallel_size: Union[Literal["auto"], Annotated[int, Field(gt=0)]] = "auto"

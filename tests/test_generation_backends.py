@@ -28,6 +28,9 @@ def test_kv_cache_is_sized_from_config_not_from_machine_memory():
     assert _plan(VllmConfig(max_num_seqs=4))["kv_cache_memory_bytes"] == kw["kv_cache_memory_bytes"] // 4
     assert _plan(precision="bf16")["kv_cache_memory_bytes"] == kw["kv_cache_memory_bytes"] // 2
     assert _plan(VllmConfig(kv_cache_mb=300))["kv_cache_memory_bytes"] == 300 * 2**20
+    # on a GPU vLLM sizes it from gpu_memory_utilization of the card, unless kv_cache_mb says otherwise
+    assert "kv_cache_memory_bytes" not in _plan(device="cuda:0")
+    assert _plan(VllmConfig(kv_cache_mb=300), device="cuda:0")["kv_cache_memory_bytes"] == 300 * 2**20
 
 
 def test_engine_arguments_follow_config_and_gpu_resources():
@@ -88,3 +91,10 @@ def test_task_gpu_addresses_come_from_spark_resources():
     assert pick_device(resources) == "cuda:1"
     assert task_gpu_addresses({}) == ()
     assert task_gpu_addresses() == ()  # outside a Spark task
+
+
+def test_docstring_examples():
+    import doctest
+
+    result = doctest.testmod(vllm_backend)
+    assert result.attempted >= 2 and result.failed == 0

@@ -75,15 +75,21 @@ def engine_kwargs(
     precision: str,
     max_seq_len: int,
     slots: int,
+    device: str = "cpu",
     gpu_addresses: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The keyword arguments for ``vllm.LLM`` (pure: tested without vLLM installed).
+
+    The KV cache: ``kv_cache_mb`` when set; else, on a CPU, exactly ``max_num_seqs``
+    full-length sequences (vLLM's CPU default would take a share of the machine's
+    RAM); on a GPU, what ``gpu_memory_utilization`` of the card leaves after the
+    weights (vLLM's own sizing: more cache, more prefix reuse).
 
     >>> cfg = {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64}
     >>> kw = engine_kwargs(VllmConfig(), model_dir=Path("m"), model_config=cfg, precision="fp32",
     ...                    max_seq_len=300, slots=8)
     >>> kw["max_num_seqs"], kw["max_model_len"], kw["kv_cache_memory_bytes"] // 2**10
-    (8, 300, 1536)
+    (8, 300, 3072)
     """
     if precision not in _DTYPES:
         raise ValueError(
@@ -91,9 +97,10 @@ def engine_kwargs(
             "for 8-bit weights give vLLM a quantized checkpoint and set task.vllm.engine_args.quantization"
         )
     seqs = config.max_num_seqs or slots
+    kv_bytes: int | None = None
     if config.kv_cache_mb is not None:
         kv_bytes = int(config.kv_cache_mb * 2**20)
-    else:
+    elif not device.startswith("cuda"):
         blocks_per_seq = math.ceil(max_seq_len / _BLOCK_TOKENS)
         width = 2 if precision in ("bf16", "fp16") else 4
         kv_bytes = kv_cache_bytes(SimpleNamespace(**model_config), rows=seqs,
@@ -107,11 +114,12 @@ def engine_kwargs(
         dtype=_DTYPES[precision],
         max_model_len=max_seq_len,
         max_num_seqs=seqs,
-        kv_cache_memory_bytes=kv_bytes,
         gpu_memory_utilization=config.gpu_memory_utilization,
         tensor_parallel_size=int(tp),
         enforce_eager=config.enforce_eager,
     )
+    if kv_bytes is not None:
+        kwargs["kv_cache_memory_bytes"] = kv_bytes
     kwargs.update(config.engine_args)
     return kwargs
 
@@ -222,6 +230,7 @@ def load_vllm(
     max_seq_len: int,
     slots: int,
     sampling: SamplingParams,
+    device: str = "cpu",
     gpu_addresses: Sequence[str] = (),
 ) -> tuple[Any, VllmGenerator]:
     """``(tokenizer, generator)`` for a Hugging Face causal LM folder, with the engine built from ``config``.
@@ -237,7 +246,7 @@ def load_vllm(
 
     model_config = read_model_config(model_dir)
     kwargs = engine_kwargs(config, model_dir=model_dir, model_config=model_config, precision=precision,
-                           max_seq_len=max_seq_len, slots=slots, gpu_addresses=gpu_addresses)
+                           max_seq_len=max_seq_len, slots=slots, device=device, gpu_addresses=gpu_addresses)
     # Set before vllm is imported: it reads them once. In-process keeps the engine inside this
     # Spark worker (no engine process, no __main__ guard needed); quiet logs unless asked otherwise.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if config.in_process else "1"

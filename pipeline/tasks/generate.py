@@ -123,11 +123,12 @@ class GenerateTask:
         gpus = task_gpu_addresses() if device.startswith("cuda") else ()
         planned = engine_kwargs(cfg.vllm, model_dir=model_dir, model_config=read_model_config(model_dir),
                                 precision=self.model.precision, max_seq_len=self.max_seq_len, slots=cfg.slots,
-                                gpu_addresses=gpus)
-        self._check_kv(planned["kv_cache_memory_bytes"],
-                       f"{planned['max_num_seqs']} sequences x {self.max_seq_len} tokens", "task.vllm.max_num_seqs")
+                                device=device, gpu_addresses=gpus)
+        if "kv_cache_memory_bytes" in planned:  # on a GPU without kv_cache_mb, gpu_memory_utilization bounds it
+            self._check_kv(planned["kv_cache_memory_bytes"],
+                           f"{planned['max_num_seqs']} sequences x {self.max_seq_len} tokens", "task.vllm.max_num_seqs")
         return load_vllm(model_dir, config=cfg.vllm, precision=self.model.precision, max_seq_len=self.max_seq_len,
-                         slots=cfg.slots, sampling=sampling, gpu_addresses=gpus)
+                         slots=cfg.slots, sampling=sampling, device=device, gpu_addresses=gpus)
 
     def _check_kv(self, need: int, what: str, knob: str) -> None:
         limit = self.config.max_kv_cache_mb
