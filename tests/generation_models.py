@@ -92,6 +92,24 @@ def reference_generate(model, tokenizer, prompt_ids, max_new_tokens: int) -> lis
     return out[0, ids.shape[1]:].tolist()
 
 
+POISON = "<|not-in-the-model|>"
+
+
+def save_mismatched_folder(path: Path, **shape: int) -> Path:
+    """A model folder whose tokenizer knows one token more than the model: text with ``POISON`` is a poison row.
+
+    A real-world mistake (a tokenizer from a newer checkpoint): that row's token id is past the
+    model's vocabulary, so the model (or vLLM's input check) rejects it, and only it.
+    """
+    from transformers import AutoTokenizer
+
+    save_model_folder(path, **shape)
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    tokenizer.add_tokens([POISON], special_tokens=False)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 def generate_job(tmp_path: Path, model_dir: Path, texts: list, task: dict, *, id_prefix: str = "g"):
     """A ``generate`` job over a Delta table of ``texts`` (ids ``<prefix>00``...), writing to ``tmp_path/out``."""
     import pyarrow as pa

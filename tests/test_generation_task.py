@@ -7,7 +7,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from .generation_models import generate_job, reference_generate, save_model_folder  # noqa: E402
+from .generation_models import (  # noqa: E402
+    POISON, generate_job, reference_generate, save_mismatched_folder, save_model_folder,
+)
 from pipeline.config import ConfigError, GenerateTaskConfig, ModelConfig, BatchingConfig, build_config  # noqa: E402
 from pipeline.metrics import WorkerCounts  # noqa: E402
 from pipeline.tasks import GenerateTask, build_task  # noqa: E402
@@ -115,6 +117,41 @@ def test_bad_rows_are_flagged_not_dropped(model_dir):
     assert empty.num_rows == 0 and empty.schema == task.output_schema()
     with pytest.raises(ValueError, match=r"lacks column\(s\) \['budget'\]"):
         task.process(loaded, pa.RecordBatch.from_pydict({"title": ["A"], "text": ["x"]}), WorkerCounts())
+
+
+def test_a_tokenizer_that_does_not_match_the_model_flags_its_rows(tmp_path):
+    model_dir = save_mismatched_folder(tmp_path / "mismatched")
+    task = _task(model_dir)
+    chunk = pa.RecordBatch.from_pydict({"title": ["A", "B", "C"], "text": ["fine", f"bad {POISON} row", "also fine"]})
+    counts = WorkerCounts()
+    out = task.process(task.load(model_dir, "cpu"), chunk, counts).to_pydict()
+    assert out["status"] == ["ok", "error", "ok"] and "does not match the model" in out["error"][1]
+    assert out["completion"][1] is None and all(out["completion_tokens"][i] >= 1 for i in (0, 2))
+
+
+@pytest.mark.parametrize("fault, status", [
+    ({"poison_marker": "XPOISONX"}, ["ok", "error", "ok"]),  # a row that breaks any batch it is in
+    ({"oom_above_rows": 1}, ["ok", "ok", "ok"]),  # a batch too big for memory: each row alone fits
+])
+def test_a_failing_batch_is_retried_row_by_row(model_dir, fault, status):
+    from pipeline import faults
+
+    task = _task(model_dir)
+    loaded = task.load(model_dir, "cpu")
+    chunk = pa.RecordBatch.from_pydict({"title": ["A", "B", "C"], "text": ["fine", "XPOISONX row", "also fine"]})
+    clean = task.process(loaded, chunk, WorkerCounts()).to_pydict()
+    faults.activate(fault)
+    try:
+        counts = WorkerCounts()
+        out = task.process(loaded, chunk, counts).to_pydict()
+    finally:
+        faults.activate(None)
+    assert out["status"] == status and counts.counts["generate_batch_failures"] == 1
+    for i, s in enumerate(status):  # rows that passed alone are exactly what the batch would have given
+        if s == "ok":
+            assert out["completion"][i] == clean["completion"][i]
+        else:
+            assert "this row alone: InjectedFault" in out["error"][i] and out["completion"][i] is None
 
 
 def test_sampled_rows_reproduce_per_row_seed(model_dir):

@@ -24,7 +24,7 @@ pytestmark = [
 torch = pytest.importorskip("torch")
 
 from .generation_models import (  # noqa: E402
-    build_model, build_tokenizer, generate_job, reference_generate, save_model_folder,
+    POISON, build_model, build_tokenizer, generate_job, reference_generate, save_mismatched_folder, save_model_folder,
 )
 from pipeline.config import BatchingConfig, GenerateTaskConfig, ModelConfig, VllmConfig  # noqa: E402
 from pipeline.generation import GenerationRequest, SamplingParams  # noqa: E402
@@ -98,6 +98,31 @@ def test_task_process_flags_bad_rows_and_counts(task, loaded, reference):
     assert counts.counts["rows"] == 5 and counts.counts["status"]["ok"] == 2
     assert counts.counts["completion_tokens"] == out["completion_tokens"][0] + out["completion_tokens"][3]
     assert loaded.load_counts["generation_backend"] == {"vllm (continuous)": 1}
+
+
+def test_a_failing_batch_is_retried_row_by_row(task, loaded):
+    from pipeline import faults
+
+    chunk = pa.RecordBatch.from_pydict({"text": [PROMPTS[0], "XPOISONX row", PROMPTS[1]], "budget": [4, 4, 4]})
+    clean = task.process(loaded, chunk, WorkerCounts()).to_pydict()
+    faults.activate({"poison_marker": "XPOISONX"})
+    try:
+        counts = WorkerCounts()
+        out = task.process(loaded, chunk, counts).to_pydict()
+    finally:
+        faults.activate(None)
+    assert out["status"] == ["ok", "error", "ok"] and counts.counts["generate_batch_failures"] == 1
+    assert out["completion"][0] == clean["completion"][0] and out["completion"][2] == clean["completion"][2]
+
+
+def test_a_tokenizer_that_does_not_match_the_model_flags_its_rows(tmp_path):
+    # vLLM pads its embedding table, so it would quietly embed such a token: the task checks first
+    model_dir = save_mismatched_folder(tmp_path / "mismatched", **SHAPE)
+    task = build_task(GenerateTaskConfig(backend="vllm", template="{text}", max_input_tokens=48, max_new_tokens=4),
+                      model=ModelConfig(path=str(model_dir)), batching=BatchingConfig())
+    out = task.process(task.load(model_dir, "cpu"), pa.RecordBatch.from_pydict(
+        {"text": [PROMPTS[0], f"bad {POISON} row", PROMPTS[1]]}), WorkerCounts()).to_pydict()
+    assert out["status"] == ["ok", "error", "ok"] and "does not match the model" in out["error"][1]
 
 
 def test_stop_strings_and_per_row_seeds(model_dir, reference):

@@ -200,7 +200,10 @@ class VllmGenerator:
                             on_finish(i, done)
         except BaseException:
             # Leave the cached engine empty for the next chunk (or the one-row retries).
-            engine.abort_request([r for r in ids if r not in results])
+            try:
+                engine.abort_request([r for r in ids if r not in results])
+            except Exception:  # noqa: BLE001 - a dead engine cannot abort; the original error matters
+                pass
             raise
         self._count("decode_row_steps", sum(r.completion_tokens for r in results.values()))
         return [results[r] for r in ids]

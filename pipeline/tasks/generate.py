@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Hashable
+from typing import Any, ClassVar, Hashable, Sequence
 
 import numpy as np
 import pyarrow as pa
 
+from pipeline import faults
 from pipeline.config import BatchingConfig, GenerateTaskConfig, ModelConfig
 from pipeline.generation.engine import BatchGenerator, GenerationRequest, GenerationResult
 from pipeline.generation.prompts import PromptBuilder, template_fields
@@ -50,6 +51,8 @@ class LoadedGenerator:
     generator: Any
     backend: str = "transformers"
     precision: str = "fp32"
+    # the model's vocabulary (config.json): a prompt token past it means a tokenizer that does not match
+    vocab_size: int | None = None
 
     @property
     def load_counts(self) -> dict[str, Any]:
@@ -84,6 +87,7 @@ class GenerateTask:
 
     def load(self, model_dir: Path, device: str) -> LoadedGenerator:
         from pipeline.generation.vllm_backend import resolve_backend
+        from pipeline.models.loading import read_model_config
 
         cfg = self.config
         backend = resolve_backend(cfg.backend)
@@ -96,7 +100,9 @@ class GenerateTask:
             tokenizer, template=cfg.template, use_chat_template=cfg.use_chat_template,
             system_prompt=cfg.system_prompt, max_input_tokens=cfg.max_input_tokens, truncation=cfg.truncation,
         )
-        return LoadedGenerator(tokenizer, prompts, generator, backend=backend, precision=self.model.precision)
+        vocab = read_model_config(model_dir).get("vocab_size")
+        return LoadedGenerator(tokenizer, prompts, generator, backend=backend, precision=self.model.precision,
+                               vocab_size=int(vocab) if vocab else None)
 
     def _load_transformers(self, model_dir: Path, device: str, sampling: SamplingParams) -> tuple[Any, BatchGenerator]:
         from pipeline.generation.kv import kv_cache_bytes
@@ -152,7 +158,7 @@ class GenerateTask:
         truncated = np.zeros(n, dtype=bool)
         results: list[GenerationResult | None] = [None] * n
 
-        rows, requests = [], []
+        rows, texts, requests = [], [], []
         for i in range(n):
             values = {c: cols[c][i] for c in self.template_columns}
             if any(v is None for v in values.values()):
@@ -164,18 +170,20 @@ class GenerateTask:
                 continue
             try:
                 prompt = loaded.prompts.build(values)
+                self._check_vocab(prompt.token_ids, loaded.vocab_size)
                 budget = self._budget(cols, i)
             except ValueError as exc:
                 status[i], error[i] = "error", str(exc)
                 continue
             key = cols[self.config.seed_column][i] if self.config.seed_column else "\x1f".join(map(str, values.values()))
             rows.append(i)
+            texts.append(" ".join(map(str, values.values())))
             requests.append(GenerationRequest(prompt.token_ids, budget, row_seed(self.config.seed, key)))
             truncated[i] = prompt.truncated
             if prompt.truncated:
                 status[i] = "truncated"
 
-        for i, result in zip(rows, self._generate(loaded, requests, counts)):
+        for i, result in zip(rows, self._generate(loaded, requests, texts, counts)):
             results[i] = result
             if result.finish_reason == "error":
                 status[i], error[i] = "error", result.error
@@ -196,7 +204,16 @@ class GenerateTask:
             raise ValueError(f"{cfg.max_new_tokens_column} is {value}; it must be a positive number of tokens")
         return min(int(value), cfg.max_new_tokens_limit)
 
-    def _generate(self, loaded: LoadedGenerator, requests: list[GenerationRequest],
+    @staticmethod
+    def _check_vocab(token_ids: Sequence[int], vocab_size: int | None) -> None:
+        top = max(token_ids, default=0)
+        if vocab_size is not None and top >= vocab_size:
+            raise ValueError(
+                f"the prompt has token id {top}, past the model's vocabulary of {vocab_size}: the tokenizer "
+                "does not match the model (use the tokenizer saved with these weights)"
+            )
+
+    def _generate(self, loaded: LoadedGenerator, requests: list[GenerationRequest], texts: list[str],
                   counts: WorkerCounts) -> list[GenerationResult]:
         """Generate all rows together; if the batch fails (e.g. out of memory), retry rows one at a time."""
         if not requests:
@@ -211,10 +228,11 @@ class GenerateTask:
                 counts.on_batch(counts)
 
         try:
+            faults.check_batch(texts)  # drills: run.faults poison_marker / oom_above_rows
             results = gen.generate(requests, on_finish=finished)
-        except (RuntimeError, MemoryError):
+        except Exception:  # noqa: BLE001 - out of memory, or a row the engine rejects: find it row by row
             counts.add("generate_batch_failures")
-            results = [self._generate_alone(gen, r) for r in requests]
+            results = [self._generate_alone(gen, r, t) for r, t in zip(requests, texts)]
         stats = gen.stats
         prompt_tokens = sum(len(r.prompt_ids) for r in requests)
         completion_tokens = sum(r.completion_tokens for r in results)
@@ -229,10 +247,11 @@ class GenerateTask:
         return results
 
     @staticmethod
-    def _generate_alone(gen: Any, request: GenerationRequest) -> GenerationResult:
+    def _generate_alone(gen: Any, request: GenerationRequest, text: str) -> GenerationResult:
         try:
+            faults.check_batch([text])
             return gen.one_at_a_time().generate([request])[0]
-        except (RuntimeError, MemoryError) as exc:
+        except Exception as exc:  # noqa: BLE001 - the row is flagged with the error, never dropped
             return GenerationResult("", [], len(request.prompt_ids), "error", 0.0,
                                     error=f"generation failed for this row alone: {type(exc).__name__}: {exc}")
 
