@@ -39,9 +39,11 @@ def test_engine_arguments_follow_config_and_gpu_resources():
     assert kw["tensor_parallel_size"] == 1 and kw["model"] == kw["tokenizer"] == "/models/m"
     assert _plan(gpu_addresses=("2", "3"))["tensor_parallel_size"] == 2
     assert _plan(VllmConfig(tensor_parallel_size=1), gpu_addresses=("2", "3"))["tensor_parallel_size"] == 1
-    # engine_args reach vllm.LLM as given and win over the derived values
-    kw = _plan(VllmConfig(engine_args={"swap_space": 0, "max_num_seqs": 3}))
-    assert kw["swap_space"] == 0 and kw["max_num_seqs"] == 3
+    # engine_args reach vllm.LLM as given; what the task derives (and sizes the cache from) is set once
+    kw = _plan(VllmConfig(engine_args={"swap_space": 0, "enable_prefix_caching": True}))
+    assert kw["swap_space"] == 0 and kw["enable_prefix_caching"] is True
+    with pytest.raises(ValueError, match=r"\['max_num_seqs'\] are derived from the task; set task.vllm.max_num_seqs"):
+        VllmConfig(engine_args={"max_num_seqs": 3})
     with pytest.raises(ValueError, match="quantized checkpoint"):
         _plan(precision="int8")
 

@@ -59,8 +59,9 @@ def task(model_dir):
     return build_task(config, model=ModelConfig(path=str(model_dir)), batching=BatchingConfig())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def loaded(task, model_dir):
+    # per test: a worker keeps one engine, so another test's load shuts the previous one down
     return task.load(model_dir, "cpu")
 
 
@@ -97,7 +98,7 @@ def test_task_process_flags_bad_rows_and_counts(task, loaded, reference):
         assert out["completion"][i] == tok.decode([t for t in ref if t != tok.eos_token_id], skip_special_tokens=True)
     assert counts.counts["rows"] == 5 and counts.counts["status"]["ok"] == 2
     assert counts.counts["completion_tokens"] == out["completion_tokens"][0] + out["completion_tokens"][3]
-    assert loaded.load_counts["generation_backend"] == {"vllm (continuous)": 1}
+    assert loaded.load_counts["generation_backend"] == {"vllm (continuous, engine in worker)": 1}
 
 
 def test_a_failing_batch_is_retried_row_by_row(task, loaded):
@@ -141,13 +142,32 @@ def test_stop_strings_and_per_row_seeds(model_dir, reference):
 
     gen = loaded.generator
     ids = tok(PROMPTS[0])["input_ids"]
-    free = gen.generate([GenerationRequest(ids, 12, seed=1)])[0]
-    text = free.completion
-    if len(text) > 2:
-        stop = text[1:3]
-        gen.sampling = SamplingParams(temperature=1.0, stop=(stop,))
-        cut = gen.generate([GenerationRequest(ids, 12, seed=1)])[0]
-        assert cut.finish_reason == "stop" and stop not in cut.completion and text.startswith(cut.completion)
+    text = gen.generate([GenerationRequest(ids, 12, seed=1)])[0].completion
+    assert len(text) >= 4, text  # the tiny model's 12 tokens decode to more than a few characters
+    stop = text[2:4]
+    gen.sampling = SamplingParams(temperature=1.0, stop=(stop,))
+    cut = gen.generate([GenerationRequest(ids, 12, seed=1)])[0]
+    assert cut.finish_reason == "stop" and cut.completion == text[: text.index(stop)]
+
+
+def test_one_engine_per_worker_and_a_failed_engine_is_dropped(task, model_dir):
+    from pipeline.generation.vllm_backend import EngineFailed, shutdown_engine
+    from pipeline.models import cache
+
+    first = cache.get_or_load(("first", task.cache_key()), lambda: task.load(model_dir, "cpu"))[0]
+    other = build_task(GenerateTaskConfig(backend="vllm", template="{text}", max_input_tokens=40, slots=2),
+                       model=ModelConfig(path=str(model_dir)), batching=BatchingConfig())
+    second = cache.get_or_load(("second", other.cache_key()), lambda: other.load(model_dir, "cpu"))[0]
+    # building the second engine shut the first down and dropped it from the worker's cache
+    assert first.generator.failed and cache.get_or_load(("first", task.cache_key()), lambda: None)[0] is None
+    chunk = pa.RecordBatch.from_pydict({"text": [PROMPTS[0]]})
+    assert other.process(second, chunk, WorkerCounts()).to_pydict()["status"] == ["ok"]
+    # an engine that fails fails the task (Spark retries it) and leaves the cache, never flags rows
+    shutdown_engine()
+    with pytest.raises(EngineFailed):
+        other.process(second, chunk, WorkerCounts())
+    assert cache.get_or_load(("second", other.cache_key()), lambda: "rebuilt")[0] == "rebuilt"
+    cache.clear()
 
 
 @pytest.mark.parametrize("in_process", [True, False], ids=["engine-in-worker", "engine-process"])
@@ -164,8 +184,9 @@ def test_generate_job_on_spark_with_vllm_writes_every_row_to_delta(spark, tmp_pa
     out = io.StringIO()
     summary = run_job(config, spark=spark, out=out)
     assert summary.complete and summary.rows_in == summary.rows_out == len(texts)
-    assert list(summary.generation_backend) == ["vllm (continuous)"]
-    assert "generation backend      : vllm (continuous)" in out.getvalue()
+    placement = "engine in worker" if in_process else "engine process"
+    assert list(summary.generation_backend) == [f"vllm (continuous, {placement})"]
+    assert f"generation backend      : vllm (continuous, {placement}) x" in out.getvalue()
     rows = {r["doc_id"]: r for r in pa.table(DeltaTable(str(tmp_path / "out")).to_pyarrow_table()).to_pylist()}
     assert sorted(rows) == [f"v{i:02d}" for i in range(len(texts))]
     assert rows["v01"]["status"] == "skipped_null" and rows["v03"]["status"] == "skipped_empty"

@@ -37,12 +37,21 @@ from pipeline.generation.kv import kv_cache_bytes
 from pipeline.generation.sampling import SamplingParams
 from pipeline.generation.stopping import find_stop
 
-__all__ = ["VllmGenerator", "engine_kwargs", "load_vllm", "resolve_backend", "vllm_available"]
+__all__ = [
+    "EngineFailed", "VllmGenerator", "engine_kwargs", "load_vllm", "resolve_backend", "shutdown_engine",
+    "vllm_available",
+]
 
 # vLLM's KV blocks hold 16 to 128 tokens depending on the platform: size each sequence in whole blocks.
 _BLOCK_TOKENS = 128
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _FINISH = {"stop": "stop", "length": "length"}
+# this worker's engine (one per Python worker): {"current": VllmGenerator}
+_engine: dict[str, Any] = {}
+
+
+class EngineFailed(RuntimeError):
+    """The engine itself failed (not one request): the task fails, and Spark retries it on a fresh engine."""
 
 
 def vllm_available() -> bool:
@@ -147,6 +156,9 @@ class VllmGenerator:
         self.max_seq_len = max_seq_len
         self.stats: dict[str, float] = {}
         self._calls = 0  # request ids are unique per call: "<call>-<row>"
+        self.failed = False
+        client = type(getattr(llm.llm_engine, "engine_core", None)).__name__
+        self.placement = "engine in worker" if client == "InprocClient" else "engine process"
 
     def one_at_a_time(self) -> "VllmGenerator":
         """The generator to retry rows alone with after a batch failed: this one (vLLM schedules its own memory)."""
@@ -158,6 +170,8 @@ class VllmGenerator:
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.sampling_params import RequestOutputKind
 
+        if self.failed or self.llm is None:
+            raise EngineFailed("this worker's vLLM engine failed earlier or was shut down; the task is retried")
         engine = self.llm.llm_engine
         params = self.sampling
         started = time.perf_counter()
@@ -193,18 +207,21 @@ class VllmGenerator:
                 self._count("steps")
                 self._count("step_s", time.perf_counter() - step_started)
                 for out in outputs:
-                    if out.finished:
+                    if out.finished and out.request_id in index:
                         i = index[out.request_id]
                         results[out.request_id] = done = self._result(out, len(requests[i].prompt_ids), started)
                         if on_finish is not None:
                             on_finish(i, done)
-        except BaseException:
+        except BaseException as exc:
             # Leave the cached engine empty for the next chunk (or the one-row retries).
             try:
                 engine.abort_request([r for r in ids if r not in results])
             except Exception:  # noqa: BLE001 - a dead engine cannot abort; the original error matters
                 pass
-            raise
+            if not isinstance(exc, Exception) or _is_request_error(exc):
+                raise  # an interrupt, or one request was refused: the task retries its rows one by one
+            self.failed = True
+            raise EngineFailed(f"the vLLM engine failed: {type(exc).__name__}: {exc}") from exc
         self._count("decode_row_steps", sum(r.completion_tokens for r in results.values()))
         return [results[r] for r in ids]
 
@@ -225,6 +242,15 @@ class VllmGenerator:
         )
 
 
+def _is_request_error(exc: BaseException) -> bool:
+    """Whether vLLM refused a request (the row's fault), as opposed to failing itself."""
+    try:
+        from vllm.exceptions import VLLMClientError
+    except ImportError:  # older vLLM: requests are refused with ValueError
+        VLLMClientError = ValueError  # noqa: N806
+    return isinstance(exc, (VLLMClientError, ValueError))
+
+
 def load_vllm(
     model_dir: Path,
     *,
@@ -233,39 +259,81 @@ def load_vllm(
     max_seq_len: int,
     slots: int,
     sampling: SamplingParams,
-    device: str = "cpu",
     gpu_addresses: Sequence[str] = (),
+    max_kv_cache_mb: float | None = None,
 ) -> tuple[Any, VllmGenerator]:
     """``(tokenizer, generator)`` for a Hugging Face causal LM folder, with the engine built from ``config``.
 
-    ``gpu_addresses`` are the GPUs Spark gave this task: they become
-    ``CUDA_VISIBLE_DEVICES`` (before CUDA starts in this worker) and, with
-    ``tensor_parallel_size: auto``, the tensor-parallel degree.
+    One engine per Python worker: an engine built earlier in this worker (another
+    config) is shut down first. ``gpu_addresses`` are the GPUs Spark gave this
+    task: they become ``CUDA_VISIBLE_DEVICES`` (before CUDA starts in this
+    worker) and, with ``tensor_parallel_size: auto``, the tensor-parallel
+    degree. ``max_kv_cache_mb`` refuses a planned KV cache above it.
     """
-    from transformers import AutoTokenizer, GenerationConfig
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     from pipeline.generation.engine import eos_ids
     from pipeline.models.loading import read_model_config
 
-    model_config = read_model_config(model_dir)
-    kwargs = engine_kwargs(config, model_dir=model_dir, model_config=model_config, precision=precision,
-                           max_seq_len=max_seq_len, slots=slots, device=device, gpu_addresses=gpu_addresses)
-    # Set before vllm is imported: it reads them once. In-process keeps the engine inside this
-    # Spark worker (no engine process, no __main__ guard needed); quiet logs unless asked otherwise.
+    shutdown_engine()
+    # Set before the engine starts: in-process keeps it inside this Spark worker (no engine
+    # process, no __main__ guard needed); quiet logs unless asked otherwise.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if config.in_process else "1"
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     if gpu_addresses:
         _pin_gpus(gpu_addresses)
-    from vllm import LLM
+    from vllm import LLM, envs
+    from vllm.platforms import current_platform
 
+    if hasattr(envs, "disable_envs_cache"):  # a previous in-process engine froze the env it saw
+        envs.disable_envs_cache()
+    on_gpu = not current_platform.is_cpu()
+    kwargs = engine_kwargs(config, model_dir=model_dir, model_config=read_model_config(model_dir), precision=precision,
+                           max_seq_len=max_seq_len, slots=slots, device="cuda" if on_gpu else "cpu",
+                           gpu_addresses=gpu_addresses)
+    planned = kwargs.get("kv_cache_memory_bytes")
+    if planned is not None:
+        # vLLM's CPU platform would replace our size with this legacy variable's GiB: ours wins
+        os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+        if max_kv_cache_mb is not None and planned > max_kv_cache_mb * 2**20:
+            raise ValueError(
+                f"the KV cache can reach {planned / 2**20:.0f} MiB ({kwargs['max_num_seqs']} sequences x "
+                f"{max_seq_len} tokens) but max_kv_cache_mb is {max_kv_cache_mb}; lower task.vllm.max_num_seqs, "
+                "max_input_tokens or max_new_tokens_limit, or raise max_kv_cache_mb"
+            )
     llm = LLM(**kwargs)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     try:
         generation = GenerationConfig.from_pretrained(str(model_dir))
-    except OSError:  # no generation_config.json: the tokenizer's EOS only
-        generation = None
+    except OSError:  # no generation_config.json: derived from config.json, as vLLM does
+        generation = GenerationConfig.from_model_config(AutoConfig.from_pretrained(str(model_dir)))
     eos = eos_ids(SimpleNamespace(generation_config=generation), tokenizer)
-    return tokenizer, VllmGenerator(llm, tokenizer, sampling=sampling, max_seq_len=max_seq_len, eos_ids=eos)
+    generator = VllmGenerator(llm, tokenizer, sampling=sampling, max_seq_len=max_seq_len, eos_ids=eos)
+    _engine["current"] = generator
+    return tokenizer, generator
+
+
+def shutdown_engine() -> None:
+    """Shut down this worker's engine, if any, and free its memory (before building another, or after it failed)."""
+    generator = _engine.pop("current", None)
+    if generator is None:
+        return
+    generator.failed = True
+    try:
+        generator.llm.llm_engine.engine_core.shutdown()
+    except Exception:  # noqa: BLE001 - a dead engine may not shut down cleanly; its memory goes below
+        pass
+    generator.llm = None
+    import gc
+
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+    except ImportError:  # pragma: no cover - vllm needs torch
+        pass
 
 
 def _pin_gpus(addresses: Sequence[str]) -> None:

@@ -12,11 +12,12 @@ import socket
 import threading
 from typing import Any, Callable, Hashable
 
-__all__ = ["clear", "get_or_load", "load_count", "worker_id"]
+__all__ = ["clear", "discard", "get_or_load", "load_count", "worker_id"]
 
 _models: dict[Hashable, Any] = {}
 _loads: dict[Hashable, int] = {}
-_lock = threading.Lock()
+# reentrant: a factory may discard other entries (a worker holds one vLLM engine at a time)
+_lock = threading.RLock()
 
 
 def worker_id() -> str:
@@ -38,6 +39,15 @@ def get_or_load(key: Hashable, factory: Callable[[], Any]) -> tuple[Any, bool]:
 def load_count(key: Hashable | None = None) -> int:
     """How many times ``key`` (or anything, when None) was loaded in this process."""
     return sum(_loads.values()) if key is None else _loads.get(key, 0)
+
+
+def discard(match: Callable[[Any], bool]) -> int:
+    """Drop the cached objects for which ``match(obj)`` is true (a failed engine, one being replaced)."""
+    with _lock:
+        keys = [k for k, obj in _models.items() if match(obj)]
+        for key in keys:
+            del _models[key]
+        return len(keys)
 
 
 def clear() -> None:

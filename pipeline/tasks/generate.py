@@ -23,6 +23,7 @@ from pipeline.config import BatchingConfig, GenerateTaskConfig, ModelConfig
 from pipeline.generation.engine import BatchGenerator, GenerationRequest, GenerationResult
 from pipeline.generation.prompts import PromptBuilder, template_fields
 from pipeline.generation.sampling import SamplingParams, row_seed
+from pipeline.generation.vllm_backend import EngineFailed
 from pipeline.metrics import WorkerCounts
 from pipeline.tasks.base import STATUS_FIELDS
 
@@ -57,7 +58,7 @@ class LoadedGenerator:
     @property
     def load_counts(self) -> dict[str, Any]:
         """Merged into the run's counts once per load: the summary shows which backend and precision ran."""
-        mode = "continuous" if self.backend == "vllm" else self.generator.mode
+        mode = f"continuous, {self.generator.placement}" if self.backend == "vllm" else self.generator.mode
         return {"precision_used": {self.precision: 1}, "generation_backend": {f"{self.backend} ({mode})": 1}}
 
 
@@ -120,21 +121,17 @@ class GenerateTask:
 
     def _load_vllm(self, model_dir: Path, device: str, sampling: SamplingParams) -> tuple[Any, Any]:
         from pipeline.generation.loading import check_causal_lm
-        from pipeline.generation.vllm_backend import engine_kwargs, load_vllm
+        from pipeline.generation.vllm_backend import load_vllm
+        from pipeline.models import cache
         from pipeline.models.device import task_gpu_addresses
-        from pipeline.models.loading import read_model_config
 
         cfg = self.config
         check_causal_lm(model_dir)
+        # one engine per worker: a cached one (another config) is dropped here and shut down by load_vllm
+        cache.discard(lambda obj: isinstance(obj, LoadedGenerator) and obj.backend == "vllm")
         gpus = task_gpu_addresses() if device.startswith("cuda") else ()
-        planned = engine_kwargs(cfg.vllm, model_dir=model_dir, model_config=read_model_config(model_dir),
-                                precision=self.model.precision, max_seq_len=self.max_seq_len, slots=cfg.slots,
-                                device=device, gpu_addresses=gpus)
-        if "kv_cache_memory_bytes" in planned:  # on a GPU without kv_cache_mb, gpu_memory_utilization bounds it
-            self._check_kv(planned["kv_cache_memory_bytes"],
-                           f"{planned['max_num_seqs']} sequences x {self.max_seq_len} tokens", "task.vllm.max_num_seqs")
         return load_vllm(model_dir, config=cfg.vllm, precision=self.model.precision, max_seq_len=self.max_seq_len,
-                         slots=cfg.slots, sampling=sampling, device=device, gpu_addresses=gpus)
+                         slots=cfg.slots, sampling=sampling, gpu_addresses=gpus, max_kv_cache_mb=cfg.max_kv_cache_mb)
 
     def _check_kv(self, need: int, what: str, knob: str) -> None:
         limit = self.config.max_kv_cache_mb
@@ -230,10 +227,18 @@ class GenerateTask:
         try:
             faults.check_batch(texts)  # drills: run.faults poison_marker / oom_above_rows
             results = gen.generate(requests, on_finish=finished)
+            stats = gen.stats
+        except EngineFailed:
+            self._drop_engine(loaded)
+            raise
         except Exception:  # noqa: BLE001 - out of memory, or a row the engine rejects: find it row by row
             counts.add("generate_batch_failures")
-            results = [self._generate_alone(gen, r, t) for r, t in zip(requests, texts)]
-        stats = gen.stats
+            results, stats = [], {}
+            for request, text in zip(requests, texts):
+                result, row_stats = self._generate_alone(gen, request, text)
+                results.append(result)
+                for name, value in row_stats.items():
+                    stats[name] = stats.get(name, 0) + value
         prompt_tokens = sum(len(r.prompt_ids) for r in requests)
         completion_tokens = sum(r.completion_tokens for r in results)
         counts.add("prompt_tokens", prompt_tokens)
@@ -246,14 +251,26 @@ class GenerateTask:
         counts.add("generate_seconds", stats.get("prefill_s", 0.0) + stats.get("decode_s", 0.0) + stats.get("step_s", 0.0))
         return results
 
-    @staticmethod
-    def _generate_alone(gen: Any, request: GenerationRequest, text: str) -> GenerationResult:
+    def _generate_alone(self, gen: Any, request: GenerationRequest, text: str) -> tuple[GenerationResult, dict]:
+        """One row on its own: its result (an error result if it fails alone too) and the generator's counters."""
+        single = gen.one_at_a_time()
         try:
             faults.check_batch([text])
-            return gen.one_at_a_time().generate([request])[0]
+            return single.generate([request])[0], dict(single.stats)
+        except EngineFailed:
+            raise  # the engine, not the row: _generate drops it and the task is retried
         except Exception as exc:  # noqa: BLE001 - the row is flagged with the error, never dropped
             return GenerationResult("", [], len(request.prompt_ids), "error", 0.0,
-                                    error=f"generation failed for this row alone: {type(exc).__name__}: {exc}")
+                                    error=f"generation failed for this row alone: {type(exc).__name__}: {exc}"), {}
+
+    @staticmethod
+    def _drop_engine(loaded: LoadedGenerator) -> None:
+        """Forget a failed engine in this worker, so Spark's retry of the task builds a fresh one."""
+        from pipeline.generation.vllm_backend import shutdown_engine
+        from pipeline.models import cache
+
+        cache.discard(lambda obj: obj is loaded)
+        shutdown_engine()
 
     def _to_batch(self, results: list[GenerationResult | None], truncated: np.ndarray, status: np.ndarray,
                   error: np.ndarray) -> pa.RecordBatch:
