@@ -14,16 +14,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
 from pipeline.config import SinkConfig
+from pipeline.errors import SinkError
 from pipeline.io.sources import has_delta_connector
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 __all__ = ["SinkError", "WriteResult", "resolve_writer", "write_sink"]
-
-
-class SinkError(RuntimeError):
-    """The output table cannot be written (unwritable path, partitioning mismatch, commit failure)."""
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pipeline.config import SourceConfig
+from pipeline.errors import SourceError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -24,10 +25,6 @@ _UNSUPPORTED_READER_FEATURES = {
     "columnMapping": "physical column names differ from the logical ones",
     "v2Checkpoint": "the snapshot cannot be resolved reliably",
 }
-
-
-class SourceError(ValueError):
-    """The source is missing, unreadable, or lacks the configured columns."""
 
 
 def has_delta_connector(spark: "SparkSession") -> bool:

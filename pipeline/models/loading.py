@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
+from pipeline.errors import ModelError
+
 __all__ = ["ModelError", "check_model_kind", "load_model", "load_pretrained", "model_revision", "read_model_config", "resolve_model_path"]
 
 PACKAGE_PREFIX = "package:"
@@ -22,10 +24,6 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 _FINGERPRINT_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
 
 ModelKind = Literal["embed", "classify"]
-
-
-class ModelError(RuntimeError):
-    """A model folder is missing, incomplete, corrupt or of the wrong kind for the task."""
 
 
 def resolve_model_path(spec: str) -> Path:
