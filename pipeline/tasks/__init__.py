@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.config import BatchingConfig, JobConfig, ModelConfig, TaskConfig
+from pipeline.config import BatchingConfig, ModelConfig, TaskConfig
 from pipeline.tasks.base import STATUS_FIELDS, Task, TextTask
 
-__all__ = ["STATUS_FIELDS", "Task", "TextTask", "build_task", "task_for_job"]
+__all__ = ["STATUS_FIELDS", "Task", "TextTask", "build_task"]
 
 
 def build_task(task_config: TaskConfig, *, model: ModelConfig, batching: BatchingConfig) -> Any:
@@ -24,6 +24,3 @@ def build_task(task_config: TaskConfig, *, model: ModelConfig, batching: Batchin
         raise ValueError(exc.args[0]) from None
     return kind.task(task_config, model=model, batching=batching)
 
-
-def task_for_job(config: JobConfig) -> Any:
-    return build_task(config.task, model=config.model, batching=config.batching)
