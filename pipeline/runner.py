@@ -192,8 +192,9 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
     from pyspark.sql import functions as F
 
     from pipeline import faults as fault_hooks
+    from pipeline.io.paths import check_locations
     from pipeline.io.sinks import write_sink
-    from pipeline.io.sources import SourceError
+    from pipeline.io.sources import SourceError, is_delta_table
     from pipeline.spark.session import get_session
     from pipeline.spark.udf import CountsParam
     from pipeline.tasks import task_for_job
@@ -210,6 +211,7 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
     task = task_for_job(config)
     _, model_name, revision = _validate_model(config, task)
     spark = spark or get_session(config.spark)
+    check_locations(spark, config)  # a remote path the session cannot reach fails here, before any work
     run_id = config.run.resolved_run_id()
     ds = config.run.resolved_ds()
     scored_at = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
@@ -244,7 +246,7 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
         errors = int(acc.value.get("status", {}).get("error", 0))
         quarantine_path = sink.resolved_quarantine_path()
         quarantine_version = None
-        if errors or _is_delta(quarantine_path):
+        if errors or is_delta_table(spark, quarantine_path):
             # written even when empty once it exists, so a rerun replaces that day's failures too
             q = write_sink(_quarantine_rows(scored, inputs, config, task), sink, partition_values={"ds": ds},
                            commit_metadata=metadata, path=quarantine_path)
@@ -296,9 +298,3 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
         )
     return summary
 
-
-def _is_delta(path: str) -> bool:
-    """Whether ``path`` holds a Delta table (local or object store, as deltalake resolves it)."""
-    from deltalake import DeltaTable
-
-    return DeltaTable.is_deltatable(path)
