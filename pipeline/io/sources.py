@@ -275,5 +275,8 @@ def select_input(df: "DataFrame", config: SourceConfig, input_columns: tuple[str
 
 
 def _first_line(exc: BaseException) -> Any:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    """The first informative line of a Spark error (py4j puts "An error occurred while calling ..." first)."""
+    lines = [line.strip(" :") for line in str(exc).strip().splitlines() if line.strip(" :")]
+    if len(lines) > 1 and lines[0].startswith("An error occurred while calling"):
+        return lines[1]
+    return lines[0] if lines else type(exc).__name__
