@@ -67,7 +67,9 @@ class SourceConfig(_Model):
     """Where the rows to score come from."""
 
     format: SourceFormat = Field("delta", description="`delta`, `table`, `parquet`, `json`, `text`")
-    path: str | None = Field(None, description="location of a `delta`, `parquet`, `json` or `text` source")
+    path: str | None = Field(
+        None, description="a local path or any URI (`s3://...`, `abfss://...`, `file:/...`), passed to Spark "
+        "untouched; a remote `delta` path needs the Delta connector; `text` ids are `<file URI>:<line>`")
     table: str | None = Field(None, description="`catalog.schema.name` of a `table` source")
     id_column: str = Field("id", description="the row id column (checked before any work)")
     text_column: str = Field("text", description="text tasks: the column scored (checked before any work)")
@@ -174,7 +176,9 @@ class BatchingConfig(_Model):
 class SinkConfig(_Model):
     """Where results go: a Delta table by path (or a catalog table with the Delta connector)."""
 
-    path: str | None = Field(None, description="output Delta folder")
+    path: str | None = Field(
+        None, description="output Delta folder: a local path, or any URI with the Delta connector "
+        "(refused before any work without it)")
     table: str | None = Field(None, description="output catalog table (needs the Delta connector)")
     # overwrite_partition replaces only this run's partition (for example one ds),
     # so a rerun of the same day replaces its rows instead of duplicating them.

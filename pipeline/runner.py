@@ -182,8 +182,9 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
     from pyspark.sql import functions as F
 
     from pipeline import faults as fault_hooks
+    from pipeline.io.paths import check_locations
     from pipeline.io.sinks import write_sink
-    from pipeline.io.sources import SourceError
+    from pipeline.io.sources import SourceError, is_delta_table
     from pipeline.spark.session import get_session
     from pipeline.registry import get_task_kind
     from pipeline.spark.udf import CountsParam
@@ -202,6 +203,7 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
     model = kind.job.model_info(config, task)  # before any Spark work: a bad model fails in seconds
     model_name, revision = model.name, model.revision
     spark = spark or get_session(config.spark)
+    check_locations(spark, config)  # a remote path the session cannot reach fails here, before any work
     run_id = config.run.resolved_run_id()
     ds = config.run.resolved_ds()
     scored_at = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
@@ -235,7 +237,7 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
         errors = int(acc.value.get("status", {}).get("error", 0))
         quarantine_path = sink.resolved_quarantine_path()
         quarantine_version = None
-        if errors or _is_delta(quarantine_path):
+        if errors or is_delta_table(spark, quarantine_path):
             # written even when empty once it exists, so a rerun replaces that day's failures too
             q = write_sink(_quarantine_rows(scored, inputs, config, tuple(task.input_columns)), sink,
                            partition_values={"ds": ds},
@@ -291,9 +293,3 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
         raise JobError(f"{incomplete}; see the summary above")
     return summary
 
-
-def _is_delta(path: str) -> bool:
-    """Whether ``path`` holds a Delta table (local or object store, as deltalake resolves it)."""
-    from deltalake import DeltaTable
-
-    return DeltaTable.is_deltatable(path)
