@@ -61,6 +61,11 @@ class SparkConfig(_Model):
     arrow_max_records_per_batch: int = Field(10_000, gt=0)
     shuffle_partitions: int = Field(8, gt=0)
     conf: dict[str, str] = Field(default_factory=dict)
+    # Target rows per inference task: the runner plans ceil(rows / rows_per_task) tasks, at least one
+    # per core and a multiple of the cores (pipeline.spark.planning); source.repartition overrides.
+    rows_per_task: int = Field(10_000, gt=0)
+    # Spark Connect address (sc://host:port/;token=...); None: $SPARK_REMOTE, else a classic session.
+    remote: str | None = None
 
 
 SourceFormat = Literal["delta", "table", "parquet", "json", "text"]

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import datetime as dt
 import sys
-import threading
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -23,41 +23,13 @@ from pipeline.metrics import RunSummary
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["JobError", "prepare_scores", "run_job"]
+__all__ = ["JobError", "plan_inference_tasks", "prepare_inputs", "prepare_scores", "run_job", "score_inputs"]
 
 LINEAGE_COLUMNS = ("model_name", "model_revision", "run_id", "scored_at")
 
 
 class JobError(RuntimeError):
     """A job could not run; the message says why and what to change."""
-
-
-class _Progress(threading.Thread):
-    """Prints task progress and rows scored every few seconds while the Spark job runs."""
-
-    def __init__(self, spark: "SparkSession", acc: Any, job: str, interval: float, rows_in: int, out: TextIO) -> None:
-        super().__init__(daemon=True)
-        self.spark, self.acc, self.job, self.interval, self.rows_in, self.out = spark, acc, job, interval, rows_in, out
-        self.stop = threading.Event()
-        self.started = time.perf_counter()
-
-    def run(self) -> None:
-        tracker = self.spark.sparkContext.statusTracker()
-        while not self.stop.wait(self.interval):
-            done = total = 0
-            for stage_id in tracker.getActiveStageIds():
-                info = tracker.getStageInfo(stage_id)
-                if info:
-                    done += info.numCompletedTasks
-                    total += info.numTasks
-            rows = int(self.acc.value.get("rows", 0))
-            elapsed = time.perf_counter() - self.started
-            pct = f" ({100 * rows / self.rows_in:.0f}%)" if self.rows_in else ""
-            print(
-                f"[{self.job}] {elapsed:6.0f}s  tasks {done}/{total} done  rows in finished tasks "
-                f"{rows:,}/{self.rows_in:,}{pct}",
-                file=self.out, flush=True,
-            )
 
 
 def _validate_model(config: JobConfig, task: Any) -> tuple[Path, str, str]:
@@ -110,19 +82,12 @@ def _incremental_filter(spark: "SparkSession", inputs: "DataFrame", config: JobC
     return inputs.join(done, on=["id", "content_hash"], how="left_anti")
 
 
-def prepare_scores(
-    spark: "SparkSession", config: JobConfig, *, run_id: str, ds: dt.date, scored_at: dt.datetime,
-    model_name: str, revision: str, counts_acc: Any, faults: dict[str, Any] | None = None, task: Any = None,
-) -> tuple["DataFrame", "DataFrame"]:
-    """``(inputs, scored)``: the validated rows to score and the lazily scored output with lineage.
+def prepare_inputs(spark: "SparkSession", config: JobConfig, *, revision: str, task: Any = None) -> "DataFrame":
+    """The validated rows to score: ``id``, the task's input columns, ``content_hash`` and the kept columns.
 
-    ``inputs`` has ``id``, the task's input columns, ``content_hash`` and the
-    kept columns; with ``run.incremental`` it holds only new or changed rows.
+    With ``run.incremental`` only new or changed rows (for ``revision``) remain.
     """
-    from pyspark.sql import functions as F
-
     from pipeline.io.sources import read_source, select_input
-    from pipeline.spark.udf import InferencePlan, apply_inference
     from pipeline.tasks import task_for_job
 
     task = task or task_for_job(config)
@@ -132,21 +97,41 @@ def prepare_scores(
     inputs = inputs.withColumn("content_hash", content_hash(tuple(task.input_columns)))
     if config.run.incremental:
         inputs = _incremental_filter(spark, inputs, config, revision)
-    df = inputs
+    return inputs
+
+
+def plan_inference_tasks(spark: "SparkSession", config: JobConfig, rows: int) -> int:
+    """Inference tasks for ``rows`` rows: ``source.repartition`` if set, else planned from rows and cores."""
+    from pipeline.spark.planning import count_cores, plan_tasks
+
     if config.source.repartition is not None:
-        df = df.repartition(config.source.repartition, "id")
-    else:
-        parallelism = spark.sparkContext.defaultParallelism
-        if df.rdd.getNumPartitions() < parallelism:
-            # hash by id: deterministic across task retries, every core busy
-            df = df.repartition(parallelism, "id")
+        return config.source.repartition
+    return plan_tasks(rows, cores=count_cores(spark), rows_per_task=config.spark.rows_per_task)
+
+
+def score_inputs(
+    inputs: "DataFrame", config: JobConfig, *, tasks: int, run_id: str, ds: dt.date, scored_at: dt.datetime,
+    model_name: str, revision: str, faults: dict[str, Any] | None = None, task: Any = None,
+) -> "DataFrame":
+    """The lazily scored rows with lineage, in ``tasks`` inference tasks hashed by id.
+
+    Hashing by id is deterministic across task retries, and the source's own
+    split count never decides the parallelism. Each task's counts ride in
+    ``METRICS_COLUMN`` (see ``pipeline.spark.run_metrics``); drop it before writing.
+    """
+    from pyspark.sql import functions as F
+
+    from pipeline.spark.udf import METRICS_COLUMN, InferencePlan, apply_inference
+    from pipeline.tasks import task_for_job
+
+    task = task or task_for_job(config)
     plan = InferencePlan(
         task=config.task, model=config.model, batching=config.batching,
         keep_columns=("content_hash", *config.source.keep_columns), input_columns=tuple(task.input_columns),
         job=config.job, progress_interval_s=config.run.progress_interval_s if config.run.progress else None,
-        faults=tuple((faults or {}).items()),
+        faults=tuple((faults or {}).items()), metrics_column=METRICS_COLUMN,
     )
-    scored = apply_inference(df, plan, counts_acc).withColumnRenamed("id", config.source.id_column)
+    scored = apply_inference(inputs.repartition(tasks, "id"), plan).withColumnRenamed("id", config.source.id_column)
     scored = scored.select(
         "*",
         F.lit(model_name).alias("model_name"),
@@ -156,6 +141,22 @@ def prepare_scores(
     )
     if "ds" in config.sink.partition_by:
         scored = scored.withColumn("ds", F.lit(ds).cast("date"))
+    return scored
+
+
+def prepare_scores(
+    spark: "SparkSession", config: JobConfig, *, run_id: str, ds: dt.date, scored_at: dt.datetime,
+    model_name: str, revision: str, faults: dict[str, Any] | None = None, task: Any = None,
+    tasks: int | None = None,
+) -> tuple["DataFrame", "DataFrame"]:
+    """``(inputs, scored)``: :func:`prepare_inputs` and :func:`score_inputs` in one call.
+
+    Without ``tasks`` the inputs are counted to plan them.
+    """
+    inputs = prepare_inputs(spark, config, revision=revision, task=task)
+    tasks = tasks or plan_inference_tasks(spark, config, inputs.count())
+    scored = score_inputs(inputs, config, tasks=tasks, run_id=run_id, ds=ds, scored_at=scored_at,
+                          model_name=model_name, revision=revision, faults=faults, task=task)
     return inputs, scored
 
 
@@ -194,8 +195,10 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
     from pipeline import faults as fault_hooks
     from pipeline.io.sinks import write_sink
     from pipeline.io.sources import SourceError
+    from pipeline.spark.progress import JobProgress, stage_source
+    from pipeline.spark.run_metrics import observe_counts
     from pipeline.spark.session import get_session
-    from pipeline.spark.udf import CountsParam
+    from pipeline.spark.udf import METRICS_COLUMN
     from pipeline.tasks import task_for_job
 
     other_parts = [c for c in config.sink.partition_by if c != "ds" and c not in config.source.keep_columns]
@@ -213,35 +216,38 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
     run_id = config.run.resolved_run_id()
     ds = config.run.resolved_ds()
     scored_at = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
-    acc = spark.sparkContext.accumulator({}, CountsParam())
     faults = fault_hooks.from_env(config.run.faults)
 
-    inputs, scored = prepare_scores(
-        spark, config, run_id=run_id, ds=ds, scored_at=scored_at,
-        model_name=model_name, revision=revision, counts_acc=acc, faults=faults, task=task,
-    )
+    inputs = prepare_inputs(spark, config, revision=revision, task=task)
+    rows_in = inputs.count()
+    tasks = plan_inference_tasks(spark, config, rows_in)
+    scored = score_inputs(inputs, config, tasks=tasks, run_id=run_id, ds=ds, scored_at=scored_at,
+                          model_name=model_name, revision=revision, faults=faults, task=task)
     sink = config.sink
     if config.run.incremental and sink.mode != "append":
         # new rows join the run's partition; replacing it would drop the rows scored earlier today
         sink = sink.model_copy(update={"mode": "append"})
-    rows_in = inputs.count()
     mode_note = " incremental" if config.run.incremental else ""
-    print(f"[{config.job}] run {run_id}: scoring {rows_in:,}{mode_note} rows with {model_name} @ {revision} "
-          f"-> {sink.path or sink.table} (ds {ds}, mode {sink.mode})", file=out, flush=True)
+    print(f"[{config.job}] run {run_id}: scoring {rows_in:,}{mode_note} rows in {tasks} tasks with {model_name} "
+          f"@ {revision} -> {sink.path or sink.table} (ds {ds}, mode {sink.mode})", file=out, flush=True)
 
     # Scored rows feed two writes (output, quarantine): keep them so inference runs once.
     scored = scored.persist(StorageLevel.MEMORY_AND_DISK)
-    progress = _Progress(spark, acc, config.job, config.run.progress_interval_s, rows_in, out)
-    if config.run.progress:
-        progress.start()
+    # the tasks' counts are observed while the output is written, and their column never written
+    to_write, observed = observe_counts(scored, METRICS_COLUMN)
+    progress = (JobProgress(stage_source(spark), job=config.job, planned_tasks=tasks, rows_total=rows_in,
+                            interval=config.run.progress_interval_s, out=out)
+                if config.run.progress and rows_in else nullcontext())
     started = time.perf_counter()
     metadata = {"sbi.job": config.job, "sbi.run_id": run_id, "sbi.model_revision": revision}
     try:
-        result = write_sink(
-            scored.where(F.col("status") != "error"), sink, partition_values={"ds": ds},
-            commit_metadata=metadata, faults=faults,
-        )
-        errors = int(acc.value.get("status", {}).get("error", 0))
+        with progress:
+            result = write_sink(
+                to_write.where(F.col("status") != "error"), sink, partition_values={"ds": ds},
+                commit_metadata=metadata, faults=faults,
+            )
+        counts = observed.counts() if rows_in else {}
+        errors = int(counts.get("status", {}).get("error", 0))
         quarantine_path = sink.resolved_quarantine_path()
         quarantine_version = None
         if errors or _is_delta(quarantine_path):
@@ -250,7 +256,6 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
                            commit_metadata=metadata, path=quarantine_path)
             quarantine_version = q.version
     finally:
-        progress.stop.set()
         scored.unpersist()
     seconds = time.perf_counter() - started
 
@@ -268,7 +273,6 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
                    if c in written.columns]
     samples = [r.asDict() for r in written.select(*sample_cols).limit(config.run.sample_rows).collect()]
 
-    counts = acc.value
     summary = RunSummary(
         job=config.job, run_id=run_id, ds=ds.isoformat(), rows_in=rows_in, rows_out=rows_out,
         rows_quarantined=rows_quarantined, quarantine=quarantine_path if quarantine_version is not None else None,
@@ -280,11 +284,12 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
         delta_version=result.version, writer=result.writer,
         batch_sizes={k: int(v) for k, v in counts.get("batch_sizes", {}).items()}, samples=samples,
         incremental=config.run.incremental,
-        retries={k: int(counts.get(k, 0)) for k in ("oom_splits", "adaptive_splits", "poison_bisections")
-                 if counts.get(k)},
+        retries={k: int(counts.get(k, 0)) for k in ("oom_splits", "adaptive_splits", "poison_bisections",
+                                                     "task_retries") if counts.get(k)},
         precision_used=counts.get("precision_used", {}), precision_fallbacks=counts.get("precision_fallbacks", {}),
         generation_backend=counts.get("generation_backend", {}),
         load_seconds=float(counts.get("load_seconds", 0.0)), infer_seconds=float(counts.get("infer_seconds", 0.0)),
+        tasks=tasks, rows_per_worker={w: int(n) for w, n in counts.get("rows_per_worker", {}).items()},
     )
     print(summary.render(), file=out, flush=True)
     if config.run.summary_path:
