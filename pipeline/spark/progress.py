@@ -78,34 +78,42 @@ def progress_line(*, job: str, elapsed_s: float, tasks_done: int, tasks_total: i
 
 
 def inference_tasks_done(stages: list[StageProgress], planned_tasks: int) -> int:
-    """Finished tasks of the inference stage: the latest stage with exactly the planned task count.
+    """Finished tasks of the inference stage: the most advanced stage with exactly the planned task count.
 
     The runner's ``repartition(planned_tasks, "id")`` makes that stage; the
-    source scan and the shuffle's map side have other task counts.
+    source scan and the shuffle's map side have other task counts. With
+    adaptive execution, later jobs list the same stage again as skipped
+    (nothing done), hence the most advanced, not the latest.
 
-    >>> inference_tasks_done([StageProgress(0, 1, 1), StageProgress(3, 8, 5), StageProgress(2, 8, 8)], 8)
+    >>> inference_tasks_done([StageProgress(0, 1, 1), StageProgress(3, 8, 0), StageProgress(2, 8, 5)], 8)
     5
     >>> inference_tasks_done([StageProgress(0, 1, 0)], 8)
     0
     """
-    matching = [s for s in stages if s.tasks == planned_tasks]
-    return max(matching, key=lambda s: s.stage_id).done if matching else 0
+    return max((s.done for s in stages if s.tasks == planned_tasks), default=0)
 
 
 class _StatusTrackerSource:
-    """Classic sessions: stages from ``sparkContext.statusTracker()``, remembered once seen."""
+    """Classic sessions: the stages of the jobs this thread's job group starts from now on.
+
+    Read through ``sparkContext.statusTracker()``, which keeps finished jobs
+    and stages too, so a stage shorter than the print interval still counts.
+    """
 
     def __init__(self, spark: Any) -> None:
-        self.tracker = spark.sparkContext.statusTracker()
-        self.seen: set[int] = set()
+        sc = spark.sparkContext
+        self.tracker = sc.statusTracker()
+        self.group = sc.getLocalProperty("spark.jobGroup.id")  # the caller's thread; None when ungrouped
+        self.before = set(self.tracker.getJobIdsForGroup(self.group))
 
     def stages(self) -> list[StageProgress]:
-        self.seen.update(self.tracker.getActiveStageIds())
         out = []
-        for stage_id in sorted(self.seen):
-            info = self.tracker.getStageInfo(stage_id)
-            if info is not None:
-                out.append(StageProgress(stage_id, info.numTasks, info.numCompletedTasks))
+        for job in sorted(set(self.tracker.getJobIdsForGroup(self.group)) - self.before):
+            info = self.tracker.getJobInfo(job)
+            for stage_id in info.stageIds if info is not None else ():
+                stage = self.tracker.getStageInfo(stage_id)
+                if stage is not None:
+                    out.append(StageProgress(stage_id, stage.numTasks, stage.numCompletedTasks))
         return out
 
     def close(self) -> None:
