@@ -119,19 +119,25 @@ def write_sink(
     return WriteResult(target, writer, _deltalake_version(target, write_id), write_id)
 
 
-_registered: set[int] = set()
+_registered: set[Any] = set()
 _register_lock = threading.Lock()
 
 
 def _register_once(spark: Any, source: type) -> None:
-    """Register the data source once per session: re-registering races with writes in other threads."""
-    key = id(spark._jsparkSession) if hasattr(spark, "_jsparkSession") else id(spark)
-    try:
+    """Register the data source once per session: re-registering races with writes in other threads.
+
+    Works on both session kinds: a Connect session registers it in its server-side session (keyed
+    by the session id; the server's Python workers import the source class).
+    """
+    from pipeline.spark.session import is_connect
+
+    if is_connect(spark):
+        key: Any = ("connect", spark.session_id)
+    else:
+        key = id(spark._jsparkSession)
         # Python data sources are looked up in the JVM thread's active session; a write from
         # another Python thread runs on a JVM thread that has none.
         spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
-    except Exception:  # noqa: BLE001 - Spark Connect: no JVM handle, nothing to set
-        pass
     with _register_lock:
         if key not in _registered:
             spark.dataSource.register(source)
