@@ -100,13 +100,20 @@ def prepare_inputs(spark: "SparkSession", config: JobConfig, *, revision: str, t
     return inputs
 
 
-def plan_inference_tasks(spark: "SparkSession", config: JobConfig, rows: int) -> int:
-    """Inference tasks for ``rows`` rows: ``source.repartition`` if set, else planned from rows and cores."""
+def plan_inference_tasks(spark: "SparkSession", config: JobConfig, rows: int, task: Any = None) -> int:
+    """Inference tasks for ``rows`` rows: ``source.repartition`` if set, else planned from rows and cores.
+
+    Rows per task: ``spark.rows_per_task`` when set, else the task's own preference (``rows_per_task``
+    on the task class: generation prefers small tasks), else the default.
+    """
     from pipeline.spark.planning import count_cores, plan_tasks
 
     if config.source.repartition is not None:
         return config.source.repartition
-    return plan_tasks(rows, cores=count_cores(spark), rows_per_task=config.spark.rows_per_task)
+    rows_per_task = config.spark.rows_per_task
+    if "rows_per_task" not in config.spark.model_fields_set:
+        rows_per_task = getattr(task, "rows_per_task", None) or rows_per_task
+    return plan_tasks(rows, cores=count_cores(spark), rows_per_task=rows_per_task)
 
 
 def score_inputs(
@@ -154,7 +161,7 @@ def prepare_scores(
     Without ``tasks`` the inputs are counted to plan them.
     """
     inputs = prepare_inputs(spark, config, revision=revision, task=task)
-    tasks = tasks or plan_inference_tasks(spark, config, inputs.count())
+    tasks = tasks or plan_inference_tasks(spark, config, inputs.count(), task)
     scored = score_inputs(inputs, config, tasks=tasks, run_id=run_id, ds=ds, scored_at=scored_at,
                           model_name=model_name, revision=revision, faults=faults, task=task)
     return inputs, scored
@@ -220,7 +227,7 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
 
     inputs = prepare_inputs(spark, config, revision=revision, task=task)
     rows_in = inputs.count()
-    tasks = plan_inference_tasks(spark, config, rows_in)
+    tasks = plan_inference_tasks(spark, config, rows_in, task)
     scored = score_inputs(inputs, config, tasks=tasks, run_id=run_id, ds=ds, scored_at=scored_at,
                           model_name=model_name, revision=revision, faults=faults, task=task)
     sink = config.sink

@@ -50,3 +50,28 @@ def test_a_single_file_single_row_group_table_keeps_every_worker_busy(spark, tmp
     assert min(per_worker.values()) >= 0.75 * max(per_worker.values()), f"unfair shares: {per_worker}"
     assert "rows per worker         : " in out.getvalue()
     assert read_scores(tmp_path).num_rows == n
+
+
+class _Session:
+    """Only what count_cores reads: ``conf.get``."""
+
+    class conf:  # noqa: N801 - mirrors spark.conf
+        @staticmethod
+        def get(key, default=None):
+            return {"spark.master": "local[2]"}.get(key, default)
+
+
+def test_task_preference_applies_unless_rows_per_task_is_set(tmp_path, tiny_embed_model):
+    from types import SimpleNamespace
+
+    from pipeline.runner import plan_inference_tasks
+    from pipeline.tasks.generate import GenerateTask
+
+    generate = SimpleNamespace(rows_per_task=GenerateTask.rows_per_task)
+    config = job_config(tmp_path, tiny_embed_model)
+    assert plan_inference_tasks(_Session, config, 5_592, generate) == 12  # 11 tasks of 512 rows -> 12 on 2 cores
+    assert plan_inference_tasks(_Session, config, 5_592) == 2
+    explicit = job_config(tmp_path, tiny_embed_model, spark={"rows_per_task": 10_000})
+    assert plan_inference_tasks(_Session, explicit, 5_592, generate) == 2
+    fixed = job_config(tmp_path, tiny_embed_model, source={"repartition": 7})
+    assert plan_inference_tasks(_Session, fixed, 5_592, generate) == 7
