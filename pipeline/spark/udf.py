@@ -21,7 +21,11 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Iterator
 
 import pyarrow as pa
-from pyspark.accumulators import AccumulatorParam
+
+try:
+    from pyspark.accumulators import AccumulatorParam
+except ImportError:  # pragma: no cover - pyspark-client (Spark Connect only) has no accumulators
+    AccumulatorParam = object  # type: ignore[assignment,misc]
 
 from pipeline.config import BatchingConfig, ModelConfig
 from pipeline.metrics import WorkerCounts, WorkerProgress, merge_counts
