@@ -1,9 +1,10 @@
 """Counters collected on the executors and the end-of-run summary built from them.
 
 Executors count into a plain nested dict of numbers (rows, tokens, padded
-tokens, batches, seconds, model loads per worker, batch-size histogram); Spark
-merges those dicts with :func:`merge_counts` through an accumulator. Pure
-Python: no pyspark import.
+tokens, batches, seconds, model loads and rows per worker, batch-size
+histogram); each task hands its dict to the driver inside the data it emits,
+and the driver merges them with :func:`merge_counts`
+(``pipeline.spark.run_metrics``). Pure Python: no pyspark import.
 """
 
 from __future__ import annotations
@@ -95,6 +96,9 @@ class RunSummary:
     incomplete: str | None = None
     # task-specific summary lines, {label: value} (e.g. the recommend kind's latest table and model quality)
     details: dict[str, str] = field(default_factory=dict)
+    # inference tasks the runner planned, and rows scored per Python worker
+    tasks: int = 0
+    rows_per_worker: dict[str, int] = field(default_factory=dict)
 
     @property
     def rows_flagged(self) -> int:
@@ -153,6 +157,8 @@ class RunSummary:
             f"model                   : {self.model_name} @ {self.model_revision}",
             f"model loads             : {load_line}",
         ]
+        if self.rows_per_worker:
+            lines.append(f"rows per worker         : {_spread(self.rows_per_worker)} in {self.tasks:,} task(s)")
         if self.load_seconds or self.infer_seconds:
             lines.append(f"worker time             : model load {self.load_seconds:,.1f} s, inference "
                          f"{self.infer_seconds:,.1f} s (summed over workers)")
@@ -175,6 +181,18 @@ class RunSummary:
         return "\n".join(lines)
 
 
+def _spread(per_worker: Mapping[str, int]) -> str:
+    """``'20,100 / 19,900 (2 workers, min/max 0.99)'``: how evenly the workers shared the rows.
+
+    >>> _spread({"h:1": 19_900, "h:2": 20_100})
+    '20,100 / 19,900 (2 workers, min/max 0.99)'
+    """
+    counts = sorted(per_worker.values(), reverse=True)
+    shown = " / ".join(f"{n:,}" for n in counts[:8]) + (" / ..." if len(counts) > 8 else "")
+    ratio = counts[-1] / counts[0] if counts[0] else 1.0
+    return f"{shown} ({len(counts)} worker{'s' if len(counts) != 1 else ''}, min/max {ratio:.2f})"
+
+
 def _short(row: Mapping[str, Any], width: int = 160) -> str:
     parts = []
     for key, value in row.items():
@@ -193,7 +211,7 @@ def _short(row: Mapping[str, Any], width: int = 160) -> str:
 class WorkerProgress:
     """Prints a worker's progress to stderr at most every ``interval`` seconds.
 
-    Spark's accumulators only reach the driver when a task ends, so a long task
+    A task's counts only reach the driver when the task ends, so a long task
     would look stuck; the worker's own line shows it moving (in the console
     under ``local[*]``, in the executor's stderr log on a cluster).
     """
