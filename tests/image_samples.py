@@ -143,3 +143,23 @@ def build_tiny_classifier(folder, *, num_classes: int = 4, seed: int = 0, image_
     (folder / "config.json").write_text(json.dumps(config))
     torch.save(model.state_dict(), folder / "model.pth")
     return folder
+
+
+DOC_LINES = [
+    "Batch inference on Spark",
+    "Images are decoded on the workers.",
+    "Each page is read line by line, 2026.",
+    "The quick brown fox jumps over the lazy dog",
+]
+
+
+def text_page(lines=DOC_LINES, *, size: tuple[int, int] = (900, 420), font_size: int = 30) -> bytes:
+    """A white PNG page with ``lines`` of black text (Pillow's built-in FreeType font: no system fonts)."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    page = Image.new("RGB", size, "white")
+    draw = ImageDraw.Draw(page)
+    font = ImageFont.load_default(size=font_size)
+    for i, line in enumerate(lines):
+        draw.text((40, 40 + i * int(font_size * 2.6)), line, fill="black", font=font)
+    return _save(page, "PNG")
