@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = [
-    "SourceError", "check_source", "has_delta_connector", "is_delta_table", "read_delta", "read_source",
-    "select_input",
+    "SourceError", "check_source", "has_delta_connector", "is_delta_table", "read_binary_files", "read_delta",
+    "read_source", "select_input",
 ]
 
 # Reader features whose semantics a plain Parquet read would get wrong.
@@ -187,6 +187,8 @@ def read_source(spark: "SparkSession", config: SourceConfig) -> "DataFrame":
             df = spark.read.json(location)
         elif fmt == "text":
             df = _read_text(spark, location)
+        elif fmt == "binary_file":
+            df = read_binary_files(spark, location)
         else:  # pragma: no cover - config validation forbids it
             raise SourceError(f"unknown source.format {fmt!r}")
     except SourceError:
@@ -201,6 +203,18 @@ def read_source(spark: "SparkSession", config: SourceConfig) -> "DataFrame":
     if config.repartition:
         df = df.repartition(config.repartition)
     return df
+
+
+def read_binary_files(spark: "SparkSession", path: str) -> "DataFrame":
+    """Files as rows ``path``, ``modificationTime``, ``length``, ``content`` (Spark's ``binaryFile`` format).
+
+    ``path`` is a folder (read recursively) or a glob such as ``/data/scans/*.png``.
+    The executors read the bytes; nothing about the files is collected to the driver.
+    """
+    reader = spark.read.format("binaryFile")
+    if not any(c in path for c in "*?[{"):
+        reader = reader.option("recursiveFileLookup", "true")
+    return reader.load(path)
 
 
 def _read_text(spark: "SparkSession", path: str) -> "DataFrame":
