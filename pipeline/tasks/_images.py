@@ -152,7 +152,7 @@ class ImageTask:
         counts.add("rows", n)
         counts.add("chunks")
         counts.add_status({str(s): int(c) for s, c in zip(*np.unique(status.astype(str), return_counts=True))})
-        columns = [pa.array([r[f.name] for r in results], f.type) for f in self.result_fields()]
+        columns = [pa.array([r.get(f.name) for r in results], f.type) for f in self.result_fields()]
         columns += [
             pa.array([m[0] for m in meta], pa.int32()), pa.array([m[1] for m in meta], pa.int32()),
             pa.array([m[2] for m in meta], pa.string()), pa.array([m[3] for m in meta], pa.string()),

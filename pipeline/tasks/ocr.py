@@ -54,6 +54,9 @@ class OcrConfig(TaskConfig):
     min_confidence: float = Field(
         0.5, ge=0, le=1, description="ocr: recognised lines below this confidence are dropped (PP-OCR's text_score)")
     max_line_width: int = Field(3200, gt=0, description="ocr: widest line crop, in pixels at 48 px height")
+    reference_column: str | None = Field(
+        None, description="ocr: a column with the expected text (e.g. from pdftotext); adds a per-row `cer` "
+        "and the overall character error rate to the summary")
 
 
 @dataclass
@@ -91,10 +94,40 @@ class OcrTask(ImageTask):
 
     kind = "ocr"
 
+    def __init__(self, config: Any, **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
+        if config.reference_column:
+            self.input_columns = (config.image_column, config.reference_column)
+
     def result_fields(self) -> list[pa.Field]:
         line = pa.struct([pa.field("text", pa.string()), pa.field("box", pa.list_(pa.int32())),
                           pa.field("confidence", pa.float32())])
-        return [pa.field("text", pa.string()), pa.field("lines", pa.list_(line)), pa.field("n_lines", pa.int32())]
+        fields = [pa.field("text", pa.string()), pa.field("lines", pa.list_(line)), pa.field("n_lines", pa.int32())]
+        if self.config.reference_column:
+            fields.append(pa.field("cer", pa.float32()))
+        return fields
+
+    def process(self, loaded: Any, chunk: pa.RecordBatch, counts: WorkerCounts) -> pa.RecordBatch:
+        """As every image task, plus the character error rate against ``reference_column`` when set."""
+        from pipeline.images.ocr_steps import char_error_rate, normalize_text
+
+        out = super().process(loaded, chunk, counts)
+        if not self.config.reference_column:
+            return out
+        texts = out.column(out.schema.get_field_index("text")).to_pylist()
+        refs = chunk.column(chunk.schema.get_field_index(self.config.reference_column)).to_pylist()
+        cer: list[float | None] = []
+        for text, ref in zip(texts, refs):
+            if text is None or ref is None:
+                cer.append(None)
+                continue
+            rate = char_error_rate(text, ref)
+            ref_chars = len(normalize_text(ref))
+            counts.add("cer_errors", rate * ref_chars)
+            counts.add("cer_reference_chars", ref_chars)
+            cer.append(rate)
+        index = out.schema.get_field_index("cer")
+        return out.set_column(index, out.schema.field(index), pa.array(cer, pa.float32()))
 
     def group_size(self) -> int:
         return self.config.pages_per_group
@@ -204,11 +237,16 @@ class OcrJob(TaskJob):
         real, padded = int(counts.get("tokens", 0)), int(counts.get("padded_tokens", 0))
         eff = real / padded if padded else 1.0
         sort = "width-sorted" if config.task.width_bucketing else "arrival order"
-        return [
+        lines = [
             f"pages read : {int(counts.get('images_inferred', 0)):,}, "
             f"{int(counts.get('ocr_lines', 0)):,} lines detected",
             f"recogniser padding : {eff:.3f} ({real:,} real / {padded:,} padded columns, {sort})",
         ]
+        ref_chars = float(counts.get("cer_reference_chars", 0))
+        if ref_chars:
+            lines.append(f"character error rate : {counts.get('cer_errors', 0) / ref_chars:.4f} against "
+                         f"{config.task.reference_column} ({int(ref_chars):,} reference characters)")
+        return lines
 
 
 register_task(OcrConfig, OcrTask, job=OcrJob())
