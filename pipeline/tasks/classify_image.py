@@ -47,17 +47,17 @@ class ImageClassifyConfig(TaskConfig):
     """Image classification (EfficientNet-Lite, torch): top-k labels per image, optionally the embedding."""
 
     kind: Literal["classify_image"] = "classify_image"
-    image_column: str = Field("content", description="classify_image/ocr: the source column holding the image "
+    image_column: str = Field("content", description="the source column holding the image "
                               "(bytes; `content` of a `binary_file` source) or its path/URI")
     image_input: Literal["bytes", "path"] = Field(
-        "bytes", description="classify_image/ocr: `bytes` (image data) or `path` (paths/URIs read on the workers)")
-    top_k: int = Field(5, gt=0, description="classify_image: labels kept per image, best first")
-    store_embedding: bool = Field(False, description="classify_image: also write the pooled embedding")
+        "bytes", description="`bytes` (image data) or `path` (paths/URIs read on the workers)")
+    top_k: int = Field(5, gt=0, description="labels kept per image, best first")
+    store_embedding: bool = Field(False, description="also write the pooled embedding")
     image_size: int | None = Field(
-        None, gt=0, description="classify_image: square input side; none: the model's (224 for Lite0)")
+        None, gt=0, description="square input side; none: the model's (224 for Lite0)")
     crop_fraction: float = Field(
-        0.875, gt=0, le=1, description="classify_image: centre crop / resized shorter side (ImageNet eval: 0.875)")
-    max_pixels: int = Field(DEFAULT_MAX_PIXELS, gt=0, description="classify_image/ocr: images with more pixels "
+        0.875, gt=0, le=1, description="centre crop / resized shorter side (ImageNet eval: 0.875)")
+    max_pixels: int = Field(DEFAULT_MAX_PIXELS, gt=0, description="images with more pixels "
                             "are refused from their header before decoding (status too_large)")
 
 
@@ -214,11 +214,12 @@ class ImageClassifyJob(TaskJob):
         name = config.model.name or str(folder_config.get("name") or weights.stem)
         return ModelInfo(config.model.path, name, files_revision(files))
 
-    def summary_lines(self, spark: Any, config: JobConfig, counts: dict[str, Any], model: ModelInfo) -> list[str]:
+    def summary_lines(self, spark: Any, config: JobConfig, counts: dict[str, Any],
+                      model: ModelInfo) -> dict[str, str]:
         seconds = float(counts.get("infer_seconds", 0.0))
         images = int(counts.get("images_inferred", 0))
-        rate = f"{images / seconds:,.1f} images/s per worker-second" if seconds else "-"
-        return [f"images classified : {images:,} ({rate})"]
+        rate = f"{images / seconds:,.1f} images per worker-second of inference" if seconds else "-"
+        return {"images classified": f"{images:,} ({rate})"}
 
 
 register_task(ImageClassifyConfig, ImageClassifyTask, job=ImageClassifyJob())

@@ -42,20 +42,20 @@ class OcrConfig(TaskConfig):
     kind: Literal["ocr"] = "ocr"
     image_column: str = Field("content", description="the source column holding the image bytes, or its path/URI")
     image_input: Literal["bytes", "path"] = Field("bytes", description="`bytes` or `path` (read on the workers)")
-    max_pixels: int = Field(DEFAULT_MAX_PIXELS, gt=0, description="ocr: larger images are refused before decoding")
+    max_pixels: int = Field(DEFAULT_MAX_PIXELS, gt=0, description="larger images are refused before decoding")
     pages_per_group: int = Field(
-        8, gt=0, description="ocr: pages whose line crops are pooled, width-sorted and batched together")
-    width_bucketing: bool = Field(True, description="ocr: sort line crops by width before batching (less padding)")
-    det_min_side: int = Field(736, gt=0, description="ocr: the detector sees the page's shorter side at least this big")
-    det_max_side: int = Field(2000, gt=0, description="ocr: and its longer side at most this big")
-    det_threshold: float = Field(0.3, gt=0, lt=1, description="ocr: text probability that marks a pixel as text")
-    box_threshold: float = Field(0.5, gt=0, lt=1, description="ocr: least mean probability of a kept line box")
-    unclip_ratio: float = Field(1.6, gt=0, description="ocr: how far a detected text kernel grows into its box")
+        8, gt=0, description="pages whose line crops are pooled, width-sorted and batched together")
+    width_bucketing: bool = Field(True, description="sort line crops by width before batching (less padding)")
+    det_min_side: int = Field(736, gt=0, description="the detector sees the page's shorter side at least this big")
+    det_max_side: int = Field(2000, gt=0, description="and its longer side at most this big")
+    det_threshold: float = Field(0.3, gt=0, lt=1, description="text probability that marks a pixel as text")
+    box_threshold: float = Field(0.5, gt=0, lt=1, description="least mean probability of a kept line box")
+    unclip_ratio: float = Field(1.6, gt=0, description="how far a detected text kernel grows into its box")
     min_confidence: float = Field(
-        0.5, ge=0, le=1, description="ocr: recognised lines below this confidence are dropped (PP-OCR's text_score)")
-    max_line_width: int = Field(3200, gt=0, description="ocr: widest line crop, in pixels at 48 px height")
+        0.5, ge=0, le=1, description="recognised lines below this confidence are dropped (PP-OCR's text_score)")
+    max_line_width: int = Field(3200, gt=0, description="widest line crop, in pixels at 48 px height")
     reference_column: str | None = Field(
-        None, description="ocr: a column with the expected text (e.g. from pdftotext); adds a per-row `cer` "
+        None, description="a column with the expected text (e.g. from pdftotext); adds a per-row `cer` "
         "and the overall character error rate to the summary")
 
 
@@ -233,19 +233,20 @@ class OcrJob(TaskJob):
         name = config.model.name or f"{det.stem.replace('_det_infer', '')}+rec"
         return ModelInfo(config.model.path, name, files_revision([det, rec]))
 
-    def summary_lines(self, spark: Any, config: JobConfig, counts: dict[str, Any], model: ModelInfo) -> list[str]:
+    def summary_lines(self, spark: Any, config: JobConfig, counts: dict[str, Any],
+                      model: ModelInfo) -> dict[str, str]:
         real, padded = int(counts.get("tokens", 0)), int(counts.get("padded_tokens", 0))
         eff = real / padded if padded else 1.0
         sort = "width-sorted" if config.task.width_bucketing else "arrival order"
-        lines = [
-            f"pages read : {int(counts.get('images_inferred', 0)):,}, "
-            f"{int(counts.get('ocr_lines', 0)):,} lines detected",
-            f"recogniser padding : {eff:.3f} ({real:,} real / {padded:,} padded columns, {sort})",
-        ]
+        lines = {
+            "pages read": f"{int(counts.get('images_inferred', 0)):,}, "
+                          f"{int(counts.get('ocr_lines', 0)):,} lines detected",
+            "recogniser padding": f"{eff:.3f} ({real:,} real / {padded:,} padded columns, {sort})",
+        }
         ref_chars = float(counts.get("cer_reference_chars", 0))
         if ref_chars:
-            lines.append(f"character error rate : {counts.get('cer_errors', 0) / ref_chars:.4f} against "
-                         f"{config.task.reference_column} ({int(ref_chars):,} reference characters)")
+            lines["character error rate"] = (f"{counts.get('cer_errors', 0) / ref_chars:.4f} against "
+                                             f"{config.task.reference_column} ({int(ref_chars):,} reference chars)")
         return lines
 
 
