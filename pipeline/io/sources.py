@@ -210,11 +210,42 @@ def read_binary_files(spark: "SparkSession", path: str) -> "DataFrame":
 
     ``path`` is a folder (read recursively) or a glob such as ``/data/scans/*.png``.
     The executors read the bytes; nothing about the files is collected to the driver.
+
+    Spark's file sources silently skip 0-byte files, which would lose them; the
+    file listing Spark already holds on the driver (``inputFiles``: names only)
+    is anti-joined with the rows read, and each missing file comes back as a row
+    with empty ``content`` (``length`` 0, ``modificationTime`` null), so the task
+    can flag it instead of it vanishing.
     """
+    from pyspark.sql import functions as F
+
     reader = spark.read.format("binaryFile")
     if not any(c in path for c in "*?[{"):
         reader = reader.option("recursiveFileLookup", "true")
-    return reader.load(path)
+    df = reader.load(path)
+    # inputFiles() gives URIs (file:///a%20b); the path column has Hadoop's decoded form (file:/a b)
+    listed = [(_hadoop_path(f),) for f in df.inputFiles()]
+    if not listed:
+        return df
+    empty = (
+        spark.createDataFrame(listed, "path string")
+        .join(df.select("path"), on="path", how="left_anti")
+        .select("path", F.lit(None).cast("timestamp").alias("modificationTime"),
+                F.lit(0).cast("long").alias("length"), F.lit("").cast("binary").alias("content"))
+    )
+    return df.unionByName(empty)
+
+
+def _hadoop_path(uri: str) -> str:
+    """A file URI as Hadoop's ``Path.toString`` writes it (what binaryFile's ``path`` column holds).
+
+    >>> _hadoop_path("file:///data/a%20b.png"), _hadoop_path("s3a://bucket/x%23y.jpg")
+    ('file:/data/a b.png', 's3a://bucket/x#y.jpg')
+    """
+    from urllib.parse import unquote
+
+    text = unquote(uri)
+    return "file:/" + text[len("file:///"):] if text.startswith("file:///") else text
 
 
 def _read_text(spark: "SparkSession", path: str) -> "DataFrame":
