@@ -17,6 +17,7 @@ job, which reports the character error rate against it.
 from __future__ import annotations
 
 import gzip
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -93,7 +94,7 @@ def render_pages(pdf: Path, out: Path, *, pages: int, dpi: int = 100, min_chars:
             break
         text = subprocess.run(["pdftotext", "-f", str(page), "-l", str(page), "-enc", "UTF-8", str(pdf), "-"],
                               check=True, capture_output=True, text=True).stdout
-        if len("".join(text.split())) < min_chars or text.count(". .") > 5:
+        if len("".join(text.split())) < min_chars or len(re.findall(r"(?:\. ?){6,}", text)) > 5:
             continue  # title and blank pages, and tables of contents (dot leaders are not text)
         prefix = out / f"{pdf.stem}-p{page:03d}"
         subprocess.run(["pdftoppm", "-r", str(dpi), "-f", str(page), "-l", str(page), "-png", "-singlefile",
