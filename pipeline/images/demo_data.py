@@ -37,7 +37,7 @@ DEBIAN_MANUALS = {
 def copy_photos(out: Path) -> list[Path]:
     """Copy scikit-image's sample photos to ``out`` and the bad-image set to ``out/bad``; the files written."""
     from pipeline.images.samples import bad_image_set
-    from pipeline.tasks._images import package_folder
+    from pipeline.models.files import package_folder
 
     data = package_folder("skimage", sub="data")
     out.mkdir(parents=True, exist_ok=True)

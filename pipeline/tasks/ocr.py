@@ -31,7 +31,8 @@ from pipeline.config import JobConfig, TaskConfig
 from pipeline.images.decode import DEFAULT_MAX_PIXELS, DecodedImage
 from pipeline.metrics import WorkerCounts
 from pipeline.registry import ModelInfo, TaskJob, register_task
-from pipeline.tasks._images import PACKAGE_PREFIX, ImageTask, files_revision, package_folder
+from pipeline.models.files import PACKAGE_PREFIX, files_revision, package_folder
+from pipeline.tasks._images import ImageTask
 
 __all__ = ["LoadedOcr", "OcrConfig", "OcrJob", "OcrTask", "find_ocr_models"]
 
