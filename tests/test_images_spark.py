@@ -53,6 +53,7 @@ def read(path: Path) -> list[dict]:
     return pa.table(DeltaTable(str(path)).to_pyarrow_table()).to_pylist()
 
 
+@pytest.mark.slow  # a Spark job over 15 files (~30 s on an idle 2-core machine, more when shared)
 def test_folder_of_images_with_every_bad_class_and_a_poison_image(spark, tmp_path, tiny_image_model):
     folder = tmp_path / "photos"
     (folder / "sub").mkdir(parents=True)
@@ -93,6 +94,7 @@ def test_folder_of_images_with_every_bad_class_and_a_poison_image(spark, tmp_pat
     assert re.search(r"images classified\s*: 10 ", text) and "every input row written once" in text
 
 
+@pytest.mark.slow  # two Spark jobs
 def test_tables_of_image_bytes_and_of_image_paths(spark, tmp_path, tiny_image_model):
     paths = []
     for i in range(3):
@@ -122,6 +124,7 @@ def test_tables_of_image_bytes_and_of_image_paths(spark, tmp_path, tiny_image_mo
         assert len(by_path[k]["embedding"]) == 1280
 
 
+@pytest.mark.slow  # a Spark job with the real OCR models
 def test_real_ocr_models_on_spark_with_cer(spark, tmp_path):
     pages = tmp_path / "pages"
     pages.mkdir()
