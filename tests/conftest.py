@@ -130,6 +130,8 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory):
         "spark.connect.grpc.binding.port": str(port), "spark.connect.grpc.binding.address": "127.0.0.1",
         "spark.ui.enabled": "false", "spark.log.level": "WARN", "spark.sql.session.timeZone": "UTC",
         "spark.python.worker.reuse": "true", "spark.default.parallelism": "2", "spark.task.maxFailures": "2",
+        # progress reports every 100 ms (default 2 s), so short test queries report their stages too
+        "spark.connect.progress.reportInterval": "100ms",
         "spark.python.worker.faulthandler.enabled": "true",
         "spark.sql.execution.pyspark.udf.faulthandler.enabled": "true",
     }

@@ -25,8 +25,12 @@ def test_line_moves_with_tasks_and_never_reads_zero_of_zero():
     assert inference_tasks_done([StageProgress(1, 3, 3), StageProgress(2, 6, 4)], 6) == 4
 
 
-def _identity(batches):
-    yield from batches
+def _slow_identity(batches):
+    import time
+
+    for batch in batches:
+        time.sleep(0.5)  # each task outlasts a few of the Connect server's progress reports
+        yield batch
 
 
 def test_adapter_sees_the_planned_stage_finish(any_spark):
@@ -34,7 +38,7 @@ def test_adapter_sees_the_planned_stage_finish(any_spark):
     out = io.StringIO()
     watch = JobProgress(stage_source(any_spark), job="probe", planned_tasks=6, rows_total=600, interval=3600, out=out)
     with watch:
-        n = any_spark.range(0, 600, 1, 1).repartition(6, "id").mapInArrow(_identity, "id long").count()
+        n = any_spark.range(0, 600, 1, 1).repartition(6, "id").mapInArrow(_slow_identity, "id long").count()
     assert n == 600
     line = watch.line()
     assert "tasks 6/6 done" in line and "rows ~600/600 (100%)" in line, line
