@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Annotated, Any, Iterable, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 __all__ = [
     "AccuracyGateConfig",
@@ -31,6 +31,7 @@ __all__ = [
     "GenerateTaskConfig",
     "Int8Config",
     "JobConfig",
+    "MlflowConfig",
     "ModelConfig",
     "RunConfig",
     "SinkConfig",
@@ -141,6 +142,9 @@ class ModelConfig(_Model):
     # Torch threads per task; None (the default, and the rule): the cores Spark gave the task
     # (spark.task.cpus). Setting it oversubscribes the machine; the bench uses it to measure that.
     torch_threads: int | None = Field(None, gt=0)
+    registry_uri: str | None = Field(
+        None, description="MLflow registry for a model.path of models:/<name>/<version> or models:/<name>@<alias>; "
+        "none: MLflow's default ($MLFLOW_REGISTRY_URI, $MLFLOW_TRACKING_URI, or the Databricks workspace)")
 
 
 class EmbedTaskConfig(_Model):
@@ -305,6 +309,14 @@ class SinkConfig(_Model):
         return self
 
 
+class MlflowConfig(_Model):
+    """Where a run logs its params, metrics and report (see ``pipeline.tracking``)."""
+
+    tracking_uri: str = Field(..., description="MLflow tracking URI, e.g. sqlite:///mlflow.db, file:/path, databricks")
+    experiment: str | None = Field(None, description="experiment name; none: the job name")
+    registry_uri: str | None = Field(None, description="model registry URI; none: the tracking URI")
+
+
 class RunConfig(_Model):
     """Per-run values: the logical date, the run id, reporting."""
 
@@ -319,6 +331,12 @@ class RunConfig(_Model):
     incremental: bool = False
     # Fault injection for tests and drills (see pipeline.faults); merged over $SBI_FAULTS.
     faults: dict[str, Any] = Field(default_factory=dict)
+    runs_path: str | None = Field(
+        None, description="Delta table with one row per run (see pipeline.runs); none: <sink.path>_runs")
+    report_path: str | None = Field(
+        None, description="write this run's HTML report here at the end (see pipeline.report); none: no report")
+    mlflow: MlflowConfig | None = Field(
+        None, description="log params, metrics and the report to MLflow when it is installed; none: no logging")
 
     def resolved_ds(self) -> dt.date:
         return self.ds or dt.datetime.now(dt.timezone.utc).date()
@@ -336,6 +354,14 @@ class JobConfig(_Model):
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
     sink: SinkConfig
     run: RunConfig = Field(default_factory=RunConfig)
+    # key paths (e.g. "sink.path") whose values came from ${VAR}: the runs table redacts them
+    _env_paths: frozenset[str] = PrivateAttr(default_factory=frozenset)
+
+    def resolved_runs_path(self) -> str | None:
+        """The runs table: ``run.runs_path``, else the output path + ``_runs`` (none for a catalog sink)."""
+        if self.run.runs_path:
+            return self.run.runs_path
+        return self.sink.path.rstrip("/") + "_runs" if self.sink.path else None
 
     @model_validator(mode="after")
     def _precision_suits_task(self) -> "JobConfig":
@@ -352,13 +378,16 @@ class JobConfig(_Model):
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
-def _expand_env(value: Any, where: str) -> Any:
+def _expand_env(value: Any, where: str, found: set[str] | None = None) -> Any:
+    """``value`` with ``${VAR}`` expanded; the key paths that held one are added to ``found``."""
     if isinstance(value, dict):
-        return {k: _expand_env(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+        return {k: _expand_env(v, f"{where}.{k}" if where else str(k), found) for k, v in value.items()}
     if isinstance(value, list):
-        return [_expand_env(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [_expand_env(v, f"{where}[{i}]", found) for i, v in enumerate(value)]
     if not isinstance(value, str):
         return value
+    if found is not None and _ENV.search(value):
+        found.add(where)
 
     def sub(match: re.Match[str]) -> str:
         name, default = match.group(1), match.group(2)
@@ -458,10 +487,13 @@ def _format_errors(exc: ValidationError, source: str) -> str:
 
 def build_config(data: dict[str, Any], *, source: str = "(dict)") -> JobConfig:
     """Validate a plain dict (already merged) into a :class:`JobConfig`."""
+    found: set[str] = set()
     try:
-        return JobConfig.model_validate(_expand_env(data, ""))
+        config = JobConfig.model_validate(_expand_env(data, "", found))
     except ValidationError as exc:
         raise ConfigError(_format_errors(exc, source)) from None
+    config._env_paths = frozenset(found)
+    return config
 
 
 def merged_config_data(
@@ -474,10 +506,15 @@ def merged_config_data(
 
     Job families with their own config model (e.g. ``pipeline.recs``) validate this dict themselves.
     """
+    return _expand_env(_merged_raw(path, overrides=overrides, overlays=overlays), "")
+
+
+def _merged_raw(path: str | os.PathLike[str], *, overrides: Iterable[str],
+                overlays: Iterable[str | os.PathLike[str]]) -> dict[str, Any]:
     data = _read_yaml(Path(path))
     for overlay in overlays:
         data = _deep_merge(data, _read_yaml(Path(overlay)))
-    return _expand_env(_deep_merge(data, parse_overrides(overrides)), "")
+    return _deep_merge(data, parse_overrides(overrides))
 
 
 def load_config(
@@ -493,4 +530,5 @@ def load_config(
         load_config("conf/score_documents.yaml", overlays=["conf/env/databricks.yaml"],
                     overrides=["run.ds=2026-11-29"])
     """
-    return build_config(merged_config_data(path, overrides=overrides, overlays=overlays), source=str(path))
+    # build_config expands ${VAR} itself, remembering which keys held one (redacted in the runs table)
+    return build_config(_merged_raw(path, overrides=overrides, overlays=overlays), source=str(path))

@@ -4,17 +4,33 @@ Executors count into a plain nested dict of numbers (rows, tokens, padded
 tokens, batches, seconds, model loads per worker, batch-size histogram); Spark
 merges those dicts with :func:`merge_counts` through an accumulator. Pure
 Python: no pyspark import.
+
+Per-batch metrics stay small at any row count: each batch adds to a histogram
+by padded length, to its worker's timeline in ``TIMELINE_BUCKET_S``-second
+buckets, and competes for one of the task's ``SLOWEST_PER_TASK`` slowest-batch
+slots. Every leaf is a number, so the counts stay a plain JSON-able dict that
+:func:`merge_counts` adds up; :func:`batch_metrics` turns them into what the
+runs table and the report keep.
 """
 
 from __future__ import annotations
 
 import json
+import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping
 
-__all__ = ["RunSummary", "WorkerCounts", "WorkerProgress", "merge_counts"]
+__all__ = ["RunSummary", "WorkerCounts", "WorkerProgress", "batch_metrics", "merge_counts"]
 
 Counts = dict[str, Any]
+
+# per-batch metrics: timeline resolution on the workers, slowest batches kept per task and per run,
+# and the most timeline points per worker the run keeps (older buckets are merged pairwise)
+TIMELINE_BUCKET_S = 5
+SLOWEST_PER_TASK = 5
+SLOWEST_PER_RUN = 20
+TIMELINE_POINTS = 120
 
 
 def merge_counts(into: Counts, other: Mapping[str, Any]) -> Counts:
@@ -33,22 +49,55 @@ class WorkerCounts:
     ``on_batch(counts)`` is called after every batch (the worker's progress line hangs there).
     """
 
-    def __init__(self, on_batch: Callable[["WorkerCounts"], None] | None = None) -> None:
+    def __init__(self, on_batch: Callable[["WorkerCounts"], None] | None = None, *, worker: str = "worker",
+                 task: int | None = None, clock: Callable[[], float] = time.time) -> None:
         self.counts: Counts = {}
         self.on_batch = on_batch
+        self.worker, self._clock = worker, clock
+        # key prefix of this task's slowest batches: unique even when a worker reruns a partition
+        self._slow_prefix = f"{worker}|{task if task is not None else '-'}|{uuid.uuid4().hex[:6]}"
+        self._slowest: list[tuple[float, str, dict[str, float]]] = []
+        self._seq = 0
 
     def add(self, name: str, value: float = 1) -> None:
         self.counts[name] = self.counts.get(name, 0) + value
 
-    def add_batch(self, *, rows: int, tokens: int, padded_tokens: int) -> None:
+    def add_batch(self, *, rows: int, tokens: int, padded_tokens: int, padded_length: int | None = None,
+                  seconds: float | None = None) -> None:
         self.add("batches")
         self.add("tokens", tokens)
         self.add("padded_tokens", padded_tokens)
         sizes = self.counts.setdefault("batch_sizes", {})
         sizes[str(rows)] = sizes.get(str(rows), 0) + 1
         self.add("batch_rows", rows)
+        if seconds is not None:
+            self.record_batch(rows=rows, tokens=tokens, padded_tokens=padded_tokens,
+                              padded_length=padded_length, seconds=seconds)
         if self.on_batch is not None:
             self.on_batch(self)
+
+    def record_batch(self, *, rows: int, tokens: int, padded_tokens: int, seconds: float,
+                     padded_length: int | None = None) -> None:
+        """Per-batch metrics (no totals): length histogram, worker timeline, this task's slowest batches.
+
+        The volume is bounded by the number of distinct padded lengths, the run's
+        duration and ``SLOWEST_PER_TASK``, never by the number of rows.
+        """
+        length = int(padded_length if padded_length is not None else (padded_tokens // rows if rows else 0))
+        values = {"batches": 1, "rows": rows, "tokens": tokens, "padded_tokens": padded_tokens, "seconds": seconds}
+        merge_counts(self.counts.setdefault("by_length", {}), {str(length): values})
+        now = self._clock()
+        bucket = str(int(now // TIMELINE_BUCKET_S) * TIMELINE_BUCKET_S)
+        merge_counts(self.counts.setdefault("timeline", {}),
+                     {self.worker: {bucket: {"rows": rows, "tokens": tokens, "seconds": seconds}}})
+        self._seq += 1
+        record = {"seconds": seconds, "rows": rows, "tokens": tokens, "padded_tokens": padded_tokens,
+                  "padded_length": length, "at": round(now, 3)}
+        self._slowest.append((seconds, f"{self._slow_prefix}|{self._seq}", record))
+        if len(self._slowest) > SLOWEST_PER_TASK:
+            self._slowest.remove(min(self._slowest, key=lambda item: item[0]))
+        # the task's own entries are replaced, never summed: their keys are unique to this task
+        self.counts["slow_batches"] = {key: rec for _, key, rec in self._slowest}
 
     def add_status(self, statuses: Mapping[str, int]) -> None:
         merge_counts(self.counts.setdefault("status", {}), statuses)
@@ -91,6 +140,9 @@ class RunSummary:
     # seconds summed over workers: loading models, and running the task on chunks
     load_seconds: float = 0.0
     infer_seconds: float = 0.0
+    # per-batch metrics (see batch_metrics): length histogram, worker timelines, slowest batches,
+    # and for generation finish reasons and token counts
+    batch_metrics: dict[str, Any] = field(default_factory=dict)
 
     @property
     def rows_flagged(self) -> int:
@@ -172,6 +224,48 @@ class RunSummary:
         for row in self.samples:
             lines.append("sample                  : " + _short(row))
         return "\n".join(lines)
+
+
+def batch_metrics(counts: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's per-batch metrics from merged worker counts: small, JSON-able, what the report plots.
+
+    ``by_length``: ``[{padded_length, batches, rows, tokens, padded_tokens, seconds}]`` by length;
+    ``timeline``: ``{worker: [[epoch_s, rows, tokens, seconds], ...]}`` at most ``TIMELINE_POINTS`` each;
+    ``slowest``: the ``SLOWEST_PER_RUN`` slowest batches with their worker and task;
+    ``finish_reasons`` and ``generation`` token counts for generation runs.
+
+    >>> c = WorkerCounts(worker="w1", task=0, clock=lambda: 100.0)
+    >>> c.add_batch(rows=2, tokens=10, padded_tokens=16, padded_length=8, seconds=0.5)
+    >>> m = batch_metrics(c.counts)
+    >>> m["by_length"][0]["padded_length"], m["timeline"]["w1"], m["slowest"][0]["worker"]
+    (8, [[100, 2, 10, 0.5]], 'w1')
+    """
+    by_length = [
+        {"padded_length": int(length), **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in values.items()}}
+        for length, values in sorted(counts.get("by_length", {}).items(), key=lambda item: int(item[0]))
+    ]
+    timeline = {}
+    for worker, buckets in counts.get("timeline", {}).items():
+        points = [[int(t), int(v.get("rows", 0)), int(v.get("tokens", 0)), round(float(v.get("seconds", 0.0)), 4)]
+                  for t, v in sorted(buckets.items(), key=lambda item: int(item[0]))]
+        while len(points) > TIMELINE_POINTS:  # merge neighbours: coarser, same totals
+            points = [_merge_points(points[i : i + 2]) for i in range(0, len(points), 2)]
+        timeline[worker] = points
+    slowest = []
+    for key, rec in counts.get("slow_batches", {}).items():
+        worker, task, _, _ = (key.split("|") + ["", "", "", ""])[:4]
+        slowest.append({"worker": worker, "task": task, **rec})
+    slowest.sort(key=lambda r: -float(r.get("seconds", 0.0)))
+    out: dict[str, Any] = {"by_length": by_length, "timeline": timeline, "slowest": slowest[:SLOWEST_PER_RUN]}
+    if counts.get("finish_reasons"):
+        out["finish_reasons"] = {k: int(v) for k, v in counts["finish_reasons"].items()}
+    if counts.get("completion_tokens") or counts.get("generate_seconds"):
+        out["generation"] = {k: counts.get(k, 0) for k in ("prompt_tokens", "completion_tokens", "generate_seconds")}
+    return out
+
+
+def _merge_points(points: list[list[Any]]) -> list[Any]:
+    return [points[0][0], sum(p[1] for p in points), sum(p[2] for p in points), round(sum(p[3] for p in points), 4)]
 
 
 def _short(row: Mapping[str, Any], width: int = 160) -> str:

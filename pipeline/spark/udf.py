@@ -92,7 +92,7 @@ def score_partition(
     if plan.progress_interval_s:
         part = f" task {ctx.partitionId()}" if ctx else ""
         progress = WorkerProgress(f"{plan.job} worker {worker}{part}", plan.progress_interval_s)
-    counts = WorkerCounts(on_batch=progress)
+    counts = WorkerCounts(on_batch=progress, worker=worker, task=ctx.partitionId() if ctx else None)
     counts.merge({"tasks_per_worker": {worker: 1}})
     task = plan.build_task()
     device = pick_device(ctx.resources() if ctx else None, prefer=plan.model.device)
