@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from pipeline.config import JobConfig
-from pipeline.metrics import RunSummary
+from pipeline.metrics import RunSummary, batch_metrics
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -187,7 +187,24 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
 
     Rows whose scoring failed go to the quarantine table (``sink.quarantine_path``),
     the rest to the output; the summary checks rows in = rows out + rows quarantined.
+    Every run, failed or not, leaves a row in the runs table (``pipeline.runs``).
     """
+    # --- issue 13: every run on the record (runs table, report, MLflow); recording never fails the run ---
+    from pipeline.runs import RunRecorder
+
+    run = config.run.model_copy(update={"run_id": config.run.resolved_run_id(), "ds": config.run.resolved_ds()})
+    config = config.model_copy(update={"run": run})  # one run id and ds for the record and the run
+    recorder = RunRecorder.begin(config, run_id=run.run_id, ds=run.ds, out=out)
+    try:
+        summary = _run_job(config, spark=spark, out=out, recorder=recorder)
+    except BaseException as exc:
+        recorder.end(error=exc)
+        raise
+    recorder.end(summary=summary)
+    return summary
+
+
+def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, recorder: Any) -> RunSummary:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -209,7 +226,9 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
 
     task = task_for_job(config)
     _, model_name, revision = _validate_model(config, task)
+    recorder.note(model_name=model_name, model_revision=revision)  # issue 13
     spark = spark or get_session(config.spark)
+    recorder.note(spark=spark)  # issue 13
     run_id = config.run.resolved_run_id()
     ds = config.run.resolved_ds()
     scored_at = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
@@ -285,7 +304,9 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
         precision_used=counts.get("precision_used", {}), precision_fallbacks=counts.get("precision_fallbacks", {}),
         generation_backend=counts.get("generation_backend", {}),
         load_seconds=float(counts.get("load_seconds", 0.0)), infer_seconds=float(counts.get("infer_seconds", 0.0)),
+        batch_metrics=batch_metrics(counts),
     )
+    recorder.summary = summary  # issue 13: a run failing its row check below is recorded with its counts
     print(summary.render(), file=out, flush=True)
     if config.run.summary_path:
         Path(config.run.summary_path).parent.mkdir(parents=True, exist_ok=True)
