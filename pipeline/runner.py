@@ -64,7 +64,7 @@ def _validate_model(config: JobConfig, task: Any) -> tuple[Path, str, str]:
     """Resolve and fingerprint the model on the driver, before any Spark work."""
     from pipeline.models.loading import check_model_kind, model_revision, resolve_model_path
 
-    path = resolve_model_path(config.model.path)
+    path = resolve_model_path(config.model.path, registry_uri=config.model.registry_uri)
     check_model_kind(path, getattr(task, "model_kind", task.kind))
     name = config.model.name or path.name
     return path, name, model_revision(path)
@@ -225,6 +225,10 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
         raise JobError("sink.mode overwrite_partition replaces one run date: use sink.partition_by: [ds]")
 
     task = task_for_job(config)
+    if config.model.path.startswith("models:/"):  # issue 13: an alias is pinned to one version for every worker
+        from pipeline.tracking import pin_registry_model
+
+        config = pin_registry_model(config)
     _, model_name, revision = _validate_model(config, task)
     recorder.note(model_name=model_name, model_revision=revision)  # issue 13
     spark = spark or get_session(config.spark)

@@ -274,8 +274,9 @@ class RunRecorder:
                 from pipeline.tracking import log_run
 
                 mlflow_run = log_run(self.row, self.config.run.mlflow, report_path=report_path)
-                if mlflow_run:
-                    print(f"[{self.config.job}] MLflow run {mlflow_run}", file=self.out, flush=True)
+                print(f"[{self.config.job}] " + (f"MLflow run {mlflow_run}" if mlflow_run else
+                      "run.mlflow is set but mlflow is not installed here: nothing logged "
+                      "(pip install mlflow-skinny)"), file=self.out, flush=True)
             except Exception as exc:  # noqa: BLE001
                 self._warn("could not log to MLflow", self.config.run.mlflow.tracking_uri, exc)
 

@@ -28,9 +28,20 @@ class ModelError(RuntimeError):
     """A model folder is missing, incomplete, corrupt or of the wrong kind for the task."""
 
 
-def resolve_model_path(spec: str) -> Path:
-    """The model folder for ``spec`` (a path or ``package:<module>``), checked to exist."""
-    if spec.startswith(PACKAGE_PREFIX):
+def resolve_model_path(spec: str, *, registry_uri: str | None = None) -> Path:
+    """The model folder for ``spec`` (a path, ``package:<module>`` or ``models:/...``), checked to exist.
+
+    ``models:/<name>/<version>`` and ``models:/<name>@<alias>`` come from the MLflow
+    model registry at ``registry_uri`` (see ``pipeline.tracking``).
+    """
+    if spec.startswith("models:/"):
+        from pipeline.tracking import RegistryError, resolve_registry_model
+
+        try:
+            path = resolve_registry_model(spec, registry_uri=registry_uri)
+        except RegistryError as exc:
+            raise ModelError(str(exc)) from None
+    elif spec.startswith(PACKAGE_PREFIX):
         module_name = spec[len(PACKAGE_PREFIX):]
         try:
             module = importlib.import_module(module_name)

@@ -72,7 +72,7 @@ def _load(task: Any, model: ModelConfig, device: str) -> Any:
         transformers.utils.logging.disable_progress_bar()
     except ImportError:  # pragma: no cover
         pass
-    return task.load(resolve_model_path(model.path), device)
+    return task.load(resolve_model_path(model.path, registry_uri=model.registry_uri), device)
 
 
 def score_partition(
