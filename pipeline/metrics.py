@@ -6,8 +6,8 @@ merges those dicts with :func:`merge_counts` through an accumulator. Pure
 Python: no pyspark import.
 
 Per-batch metrics stay small at any row count: each batch adds to a histogram
-by padded length, to its worker's timeline in ``TIMELINE_BUCKET_S``-second
-buckets, and competes for one of the task's ``SLOWEST_PER_TASK`` slowest-batch
+by padded length, to its worker's timeline (1-second buckets, doubled while a
+task's timeline grows past ``TIMELINE_TASK_POINTS``), and competes for one of the task's ``SLOWEST_PER_TASK`` slowest-batch
 slots. Every leaf is a number, so the counts stay a plain JSON-able dict that
 :func:`merge_counts` adds up; :func:`batch_metrics` turns them into what the
 runs table and the report keep.
@@ -25,12 +25,13 @@ __all__ = ["RunSummary", "WorkerCounts", "WorkerProgress", "batch_metrics", "mer
 
 Counts = dict[str, Any]
 
-# per-batch metrics: timeline resolution on the workers, slowest batches kept per task and per run,
-# and the most timeline points per worker the run keeps (older buckets are merged pairwise)
-TIMELINE_BUCKET_S = 5
+# per-batch metrics: a task's timeline starts at 1-second buckets and doubles them past
+# TIMELINE_TASK_POINTS; a run keeps at most TIMELINE_POINTS per worker; slowest batches per task and run
+TIMELINE_BUCKET_S = 1
+TIMELINE_TASK_POINTS = 240
+TIMELINE_POINTS = 120
 SLOWEST_PER_TASK = 5
 SLOWEST_PER_RUN = 20
-TIMELINE_POINTS = 120
 
 
 def merge_counts(into: Counts, other: Mapping[str, Any]) -> Counts:
@@ -58,6 +59,7 @@ class WorkerCounts:
         self._slow_prefix = f"{worker}|{task if task is not None else '-'}|{uuid.uuid4().hex[:6]}"
         self._slowest: list[tuple[float, str, dict[str, float]]] = []
         self._seq = 0
+        self._bucket = TIMELINE_BUCKET_S
 
     def add(self, name: str, value: float = 1) -> None:
         self.counts[name] = self.counts.get(name, 0) + value
@@ -87,9 +89,16 @@ class WorkerCounts:
         values = {"batches": 1, "rows": rows, "tokens": tokens, "padded_tokens": padded_tokens, "seconds": seconds}
         merge_counts(self.counts.setdefault("by_length", {}), {str(length): values})
         now = self._clock()
-        bucket = str(int(now // TIMELINE_BUCKET_S) * TIMELINE_BUCKET_S)
-        merge_counts(self.counts.setdefault("timeline", {}),
-                     {self.worker: {bucket: {"rows": rows, "tokens": tokens, "seconds": seconds}}})
+        timeline = self.counts.setdefault("timeline", {}).setdefault(self.worker, {})
+        bucket = str(int(now // self._bucket) * self._bucket)
+        merge_counts(timeline, {bucket: {"rows": rows, "tokens": tokens, "seconds": seconds}})
+        if len(timeline) > TIMELINE_TASK_POINTS:  # a long task: coarser buckets, same totals
+            self._bucket *= 2
+            coarser: Counts = {}
+            for start, values in timeline.items():
+                merge_counts(coarser, {str(int(start) // self._bucket * self._bucket): values})
+            self.counts["timeline"][self.worker] = coarser
+        self.counts["timeline_bucket_s"] = {str(self._bucket): 1}  # the driver re-bins to the coarsest
         self._seq += 1
         record = {"seconds": seconds, "rows": rows, "tokens": tokens, "padded_tokens": padded_tokens,
                   "padded_length": length, "at": round(now, 3)}
@@ -230,7 +239,8 @@ def batch_metrics(counts: Mapping[str, Any]) -> dict[str, Any]:
     """The run's per-batch metrics from merged worker counts: small, JSON-able, what the report plots.
 
     ``by_length``: ``[{padded_length, batches, rows, tokens, padded_tokens, seconds}]`` by length;
-    ``timeline``: ``{worker: [[epoch_s, rows, tokens, seconds], ...]}`` at most ``TIMELINE_POINTS`` each;
+    ``timeline``: ``{worker: [[epoch_s, rows, tokens, busy seconds], ...]}`` at most ``TIMELINE_POINTS`` each,
+    all on buckets of ``timeline_bucket_s`` seconds (zeros where the worker scored nothing);
     ``slowest``: the ``SLOWEST_PER_RUN`` slowest batches with their worker and task;
     ``finish_reasons`` and ``generation`` token counts for generation runs.
 
@@ -244,19 +254,14 @@ def batch_metrics(counts: Mapping[str, Any]) -> dict[str, Any]:
         {"padded_length": int(length), **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in values.items()}}
         for length, values in sorted(counts.get("by_length", {}).items(), key=lambda item: int(item[0]))
     ]
-    timeline = {}
-    for worker, buckets in counts.get("timeline", {}).items():
-        points = [[int(t), int(v.get("rows", 0)), int(v.get("tokens", 0)), round(float(v.get("seconds", 0.0)), 4)]
-                  for t, v in sorted(buckets.items(), key=lambda item: int(item[0]))]
-        while len(points) > TIMELINE_POINTS:  # merge neighbours: coarser, same totals
-            points = [_merge_points(points[i : i + 2]) for i in range(0, len(points), 2)]
-        timeline[worker] = points
+    timeline, width = _timeline(counts)
     slowest = []
     for key, rec in counts.get("slow_batches", {}).items():
         worker, task, _, _ = (key.split("|") + ["", "", "", ""])[:4]
         slowest.append({"worker": worker, "task": task, **rec})
     slowest.sort(key=lambda r: -float(r.get("seconds", 0.0)))
-    out: dict[str, Any] = {"by_length": by_length, "timeline": timeline, "slowest": slowest[:SLOWEST_PER_RUN]}
+    out: dict[str, Any] = {"by_length": by_length, "timeline": timeline, "timeline_bucket_s": width,
+                           "slowest": slowest[:SLOWEST_PER_RUN]}
     if counts.get("finish_reasons"):
         out["finish_reasons"] = {k: int(v) for k, v in counts["finish_reasons"].items()}
     if counts.get("completion_tokens") or counts.get("generate_seconds"):
@@ -264,8 +269,27 @@ def batch_metrics(counts: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _merge_points(points: list[list[Any]]) -> list[Any]:
-    return [points[0][0], sum(p[1] for p in points), sum(p[2] for p in points), round(sum(p[3] for p in points), 4)]
+def _timeline(counts: Mapping[str, Any]) -> tuple[dict[str, list[list[Any]]], int]:
+    """Every worker's timeline on one bucket width (empty buckets as zeros), at most ``TIMELINE_POINTS`` long."""
+    buckets = counts.get("timeline", {})
+    if not buckets:
+        return {}, TIMELINE_BUCKET_S
+    starts = [int(t) for per_worker in buckets.values() for t in per_worker]
+    width = max([TIMELINE_BUCKET_S, *(int(w) for w in counts.get("timeline_bucket_s", {}))])
+    while (max(starts) - min(starts)) // width + 1 > TIMELINE_POINTS:
+        width *= 2
+    out = {}
+    for worker, per_worker in buckets.items():
+        binned: dict[int, list[float]] = {}
+        for start, v in per_worker.items():
+            point = binned.setdefault(int(start) // width * width, [0, 0, 0.0])
+            point[0] += int(v.get("rows", 0))
+            point[1] += int(v.get("tokens", 0))
+            point[2] += float(v.get("seconds", 0.0))
+        first, last = min(binned), max(binned)
+        out[worker] = [[t, *(int(x) for x in binned.get(t, [0, 0])[:2]), round(binned.get(t, [0, 0, 0.0])[2], 4)]
+                       for t in range(first, last + width, width)]
+    return out, width
 
 
 def _short(row: Mapping[str, Any], width: int = 160) -> str:

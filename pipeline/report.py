@@ -30,8 +30,6 @@ from typing import Any, Iterable, Mapping, Sequence
 
 __all__ = ["Thresholds", "find_deviations", "render_report", "resolve_runs", "write_report"]
 
-TIMELINE_BUCKET_S = 5  # as pipeline.metrics.TIMELINE_BUCKET_S: rows per bucket / 5 = rows/s
-
 
 class ReportError(ValueError):
     """The report cannot be made; the message says what was wrong and what to pass instead."""
@@ -177,15 +175,15 @@ def plot_throughput(metrics: Mapping[str, Any]) -> str | None:
     timeline = metrics.get("timeline") or {}
     if not timeline:
         return None
+    width = metrics.get("timeline_bucket_s") or 1
     start = min(p[0] for points in timeline.values() for p in points)
     fig, ax = _figure()
     for worker, points in sorted(timeline.items()):
-        xs = [p[0] - start for p in points]
-        # a merged point covers several buckets: spread its rows over the gap to the next point
-        widths = [max(TIMELINE_BUCKET_S, b[0] - a[0]) for a, b in zip(points, points[1:])] + [TIMELINE_BUCKET_S]
-        ax.step(xs, [p[1] / w for p, w in zip(points, widths)], where="post", marker="o", markersize=3,
+        ax.step([p[0] - start for p in points] + [points[-1][0] - start + width],
+                [p[1] / width for p in points] + [points[-1][1] / width], where="post",
                 label=f"worker {_worker_label(worker)}")
-    ax.set(xlabel="seconds since the first batch", ylabel="rows/s", title="Throughput over time per worker")
+    ax.set(xlabel=f"seconds since the first batch ({width} s buckets)", ylabel="rows/s",
+           title="Throughput over time per worker")
     ax.legend(fontsize=7, loc="best")
     return _png(fig)
 
@@ -242,9 +240,10 @@ def plot_generation(metrics: Mapping[str, Any]) -> str | None:
     left.bar(names, [reasons[n] for n in names], color="#64b5cd")
     left.set(ylabel="rows", title="Finish reasons")
     timeline = metrics.get("timeline") or {}
+    width = metrics.get("timeline_bucket_s") or 1
+    start = min((p[0] for points in timeline.values() for p in points), default=0)
     for worker, points in sorted(timeline.items()):
-        start = points[0][0]
-        right.plot([p[0] - start for p in points], [p[2] / TIMELINE_BUCKET_S for p in points],
+        right.step([p[0] - start for p in points], [p[2] / width for p in points], where="post",
                    label=f"worker {_worker_label(worker)}")
     seconds = gen.get("generate_seconds") or 0
     rate = gen.get("completion_tokens", 0) / seconds if seconds else 0

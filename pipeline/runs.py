@@ -259,6 +259,8 @@ class RunRecorder:
                     ended_at=dt.datetime.now(dt.timezone.utc))
         if self.row is None:
             return
+        if self.version is not None and summary is not None:
+            print(f"runs table              : {self.path} (version {self.version})", file=self.out, flush=True)
         report_path = self.config.run.report_path
         if report_path:
             try:
@@ -290,6 +292,7 @@ class RunRecorder:
         if self.path is None:
             return  # a catalog sink without run.runs_path: the row exists only for the report/MLflow
         try:
+            self.version = None
             self.version = write_run_row(self.path, self.row)
         except Exception as exc:  # noqa: BLE001 - recording must never fail the run
             self._warn(f"could not record the run ({outcome})", self.path, exc)

@@ -58,7 +58,7 @@ def test_started_row_is_replaced_by_the_final_row(tmp_path: Path) -> None:
     assert row["ds"] == dt.date(2026, 11, 30) and row["seconds"] >= 0
     metrics = json.loads(row["batch_metrics"])
     assert metrics["by_length"][0]["batches"] == 3 and len(metrics["slowest"]) == 3
-    assert out.getvalue() == ""  # nothing went wrong, nothing to say
+    assert out.getvalue() == f"runs table              : {path} (version 1)\n"  # no warning
 
 
 def test_failed_run_keeps_error_class_and_message(tmp_path: Path) -> None:
@@ -130,3 +130,27 @@ def test_write_run_row_matches_schema_and_appends(tmp_path: Path) -> None:
     assert table.schema.names == RUNS_SCHEMA.names
     assert [r["rows_in"] for r in read_runs(path)] == [10, 20, 30]
     assert [r["run_id"] for r in read_runs(path, run_id="r1")] == ["r1"]
+
+
+def test_per_batch_metrics_stay_small_and_keep_totals() -> None:
+    """A long task (20,000 batches over ~4 hours) and a second worker: bounded volume, exact totals."""
+    from pipeline.metrics import SLOWEST_PER_TASK, TIMELINE_POINTS, TIMELINE_TASK_POINTS, merge_counts
+
+    clock = [1_700_000_000.0]
+    merged: dict = {}
+    for worker, batches in (("host:1", 20_000), ("host:2", 50)):
+        counts = WorkerCounts(worker=worker, task=0, clock=lambda: clock[0])
+        for i in range(batches):
+            clock[0] += 0.7
+            length = 8 * (1 + i % 32)
+            counts.add_batch(rows=4, tokens=3 * length, padded_tokens=4 * length, padded_length=length,
+                             seconds=0.01 * (i % 97))
+        assert len(counts.counts["timeline"][worker]) <= TIMELINE_TASK_POINTS
+        merge_counts(merged, json.loads(json.dumps(counts.counts)))  # as they travel: plain JSON
+    assert len(json.dumps(merged)) < 50_000
+    metrics = batch_metrics(merged)
+    assert sum(b["batches"] for b in metrics["by_length"]) == 20_050 and len(metrics["by_length"]) == 32
+    assert all(len(points) <= TIMELINE_POINTS for points in metrics["timeline"].values())
+    assert sum(p[1] for points in metrics["timeline"].values() for p in points) == 4 * 20_050
+    assert len(metrics["slowest"]) == 2 * SLOWEST_PER_TASK  # the slowest of each task
+    assert metrics["slowest"][0]["seconds"] == pytest.approx(0.96)
