@@ -171,11 +171,23 @@ def _worker_label(worker: str) -> str:
     return worker.rsplit(":", 1)[-1] if ":" in worker else worker
 
 
+def _coarser(timeline: Mapping[str, list[list[Any]]], width: int, points: int = 25) -> tuple[dict[str, Any], int]:
+    """The timeline on buckets ``factor`` times wider, so the longest worker has at most ``points``: a
+    batch lands in one bucket, and 1-second buckets of 2-second batches would only show the batches."""
+    longest = max((len(p) for p in timeline.values()), default=0)
+    factor = max(1, -(-longest // points))
+    out = {}
+    for worker, series in timeline.items():
+        out[worker] = [[group[0][0], sum(p[1] for p in group), sum(p[2] for p in group), sum(p[3] for p in group)]
+                       for group in (series[i : i + factor] for i in range(0, len(series), factor))]
+    return out, width * factor
+
+
 def plot_throughput(metrics: Mapping[str, Any]) -> str | None:
     timeline = metrics.get("timeline") or {}
     if not timeline:
         return None
-    width = metrics.get("timeline_bucket_s") or 1
+    timeline, width = _coarser(timeline, metrics.get("timeline_bucket_s") or 1)
     start = min(p[0] for points in timeline.values() for p in points)
     fig, ax = _figure()
     for worker, points in sorted(timeline.items()):
@@ -239,8 +251,7 @@ def plot_generation(metrics: Mapping[str, Any]) -> str | None:
     names = sorted(reasons)
     left.bar(names, [reasons[n] for n in names], color="#64b5cd")
     left.set(ylabel="rows", title="Finish reasons")
-    timeline = metrics.get("timeline") or {}
-    width = metrics.get("timeline_bucket_s") or 1
+    timeline, width = _coarser(metrics.get("timeline") or {}, metrics.get("timeline_bucket_s") or 1)
     start = min((p[0] for points in timeline.values() for p in points), default=0)
     for worker, points in sorted(timeline.items()):
         right.step([p[0] - start for p in points], [p[2] / width for p in points], where="post",
