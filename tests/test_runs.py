@@ -154,3 +154,17 @@ def test_per_batch_metrics_stay_small_and_keep_totals() -> None:
     assert sum(p[1] for points in metrics["timeline"].values() for p in points) == 4 * 20_050
     assert len(metrics["slowest"]) == 2 * SLOWEST_PER_TASK  # the slowest of each task
     assert metrics["slowest"][0]["seconds"] == pytest.approx(0.96)
+
+
+def test_run_job_failing_before_spark_leaves_a_failed_row(tmp_path: Path) -> None:
+    """A run that dies on the driver (here: no model folder) is on the record too, with its error."""
+    from pipeline.models.loading import ModelError
+    from pipeline.runner import run_job
+
+    config = job_config(tmp_path, ds="2026-11-30", run_id="nomodel")
+    with pytest.raises(ModelError):
+        run_job(config, out=io.StringIO())
+    [row] = read_runs(str(tmp_path / "scores_runs"))
+    assert (row["run_id"], row["outcome"], row["ds"]) == ("nomodel", "failed", dt.date(2026, 11, 30))
+    assert row["error_class"] == "pipeline.models.loading.ModelError" and "does not exist" in row["error_message"]
+    assert row["ended_at"] >= row["started_at"] and row["spark_app_id"] is None
