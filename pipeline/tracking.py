@@ -146,7 +146,8 @@ def parse_registry_uri(spec: str) -> tuple[str, str | None, str | None]:
 
 def _client(registry_uri: str | None) -> Any:
     mlflow = _mlflow()
-    return mlflow.MlflowClient(registry_uri=registry_uri) if registry_uri else mlflow.MlflowClient()
+    # the tracking URI too: MLflow's default one is ./mlflow.db, a database in whatever the cwd is
+    return mlflow.MlflowClient(tracking_uri=registry_uri, registry_uri=registry_uri) if registry_uri         else mlflow.MlflowClient()
 
 
 def _version(client: Any, spec: str) -> tuple[str, str]:

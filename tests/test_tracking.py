@@ -137,3 +137,4 @@ def test_run_job_from_an_alias_logs_to_mlflow(spark, store: str, tmp_path: Path,
     assert f"MLflow run {logged.info.run_id}" in out.getvalue()
     assert logged.data.metrics["rows_in"] == 40 and logged.data.params["model_name"] == "tiny"
     assert "report.html" in {a.path for a in client.list_artifacts(logged.info.run_id)}
+    assert not (Path.cwd() / "mlflow.db").exists()  # no database left behind in the working directory
