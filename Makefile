@@ -8,6 +8,9 @@ WHEELS := .cache/wheels
 DEMO_ROWS ?= 5000
 PYTEST_ARGS ?=
 ARGS ?=
+# torch build: cpu (the lock's pin, torch==X+cpu), or a CUDA build of the same version, e.g. cu128
+TORCH_VARIANT ?= cpu
+export TORCH_VARIANT
 
 # Spark's Python workers (and spark-submit's driver) must run the venv's interpreter.
 export PYSPARK_PYTHON := $(abspath $(PY))
@@ -21,7 +24,8 @@ export HF_HUB_OFFLINE := 1
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.lock
+	# torch==X+cpu is on PyTorch's CPU index, not PyPI: the configured indexes first, then that one
+	.ci/pip_install_lock.sh $(PY) requirements.lock
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
@@ -116,7 +120,7 @@ bench-generate: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
 # Re-pin every dependency from requirements.in in a clean venv.
 lock:
 	rm -rf /tmp/sbi-lock && $(PYTHON) -m venv /tmp/sbi-lock
-	/tmp/sbi-lock/bin/pip install -q -r requirements.in
+	TORCH_VARIANT=cpu .ci/pip_install_lock.sh /tmp/sbi-lock/bin/python requirements.in
 	/tmp/sbi-lock/bin/pip freeze --exclude-editable | sort > requirements.lock
 
 lock-vllm:

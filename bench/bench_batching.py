@@ -77,7 +77,8 @@ def token_lengths(tokenizer: Any, texts: list[str]) -> tuple[list[list[int]], np
 
 def embed_task(precision: str | None = None, *, labels: dict[str, str] | None = None, gate: bool = False,
                int8: dict[str, Any] | None = None, batch_size: int = BATCH) -> Any:
-    from pipeline.config import BatchingConfig, EmbedTaskConfig, ModelConfig
+    from pipeline.config import BatchingConfig, ModelConfig
+    from pipeline.tasks.embed import EmbedTaskConfig
     from pipeline.tasks import build_task
 
     model = ModelConfig(path=MODEL, precision=precision or PRECISION, device="cuda" if DEVICE == "cuda" else "cpu",

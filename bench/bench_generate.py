@@ -179,7 +179,7 @@ def _mode(name, model, tokenizer, requests, args, model_dir):
 
 
 def _vllm(name, model, tokenizer, requests, args, model_dir):
-    from pipeline.config import VllmConfig
+    from pipeline.generation.config import VllmConfig
     from pipeline.generation.sampling import SamplingParams
     from pipeline.generation.vllm_backend import load_vllm
 

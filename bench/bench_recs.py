@@ -95,13 +95,12 @@ def _task_point(chunk_path: str, model_root: str, batch_size: int) -> dict[str, 
 
     from pipeline.config import ModelConfig
     from pipeline.metrics import WorkerCounts
-    from pipeline.recs.config import RecommendTaskConfig
-    from pipeline.recs.task import RecommendTask
+    from pipeline.tasks.recommend import RecommendTask, RecommendTaskConfig
 
     torch.set_num_threads(1)
     chunk = pa.ipc.open_file(pa.memory_map(chunk_path)).get_batch(0)
     n_users = chunk.num_rows
-    task = RecommendTask(RecommendTaskConfig(k=10, batch_size=batch_size), model=ModelConfig(path=model_root))
+    task = RecommendTask(RecommendTaskConfig(k=10, batch_size=batch_size, interactions="unused"), model=ModelConfig(path=model_root))
     started = time.perf_counter()
     loaded = task.load(Path(model_root), "cpu")
     load_s = time.perf_counter() - started

@@ -25,7 +25,7 @@ print(args)
 
 # COMMAND ----------
 
-from pipeline.recs.job import run_refresh
+from pipeline import load_config, run_job
 
-summary = run_refresh(args.config_path, ds=args.ds, run_id=args.run_id, overrides=args.overrides,
-                      overlays=args.overlays, spark=spark)  # noqa: F821
+config = load_config(args.config_path, overlays=args.overlays, overrides=args.overrides_with_run())
+summary = run_job(config, spark=spark)  # noqa: F821

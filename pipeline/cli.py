@@ -19,6 +19,9 @@ def build_parser(prog: str = "python -m pipeline") -> argparse.ArgumentParser:
     add_job_arguments(run)
     check = sub.add_parser("check", help="validate a config and print it resolved, without running")
     add_job_arguments(check)
+    sub.add_parser("tasks", help="list the registered task kinds and their config keys")
+    docs = sub.add_parser("config-reference", help="print the config reference table (README's, generated)")
+    docs.add_argument("--write", metavar="README", help="replace the generated table inside this file")
     add_report_arguments(sub.add_parser(
         "report", help="write an HTML report of a run (or the last N runs) from the runs table"))
     return parser
@@ -81,25 +84,35 @@ def config_from_args(args: argparse.Namespace):
 
 
 def main(argv: Sequence[str] | None = None, *, prog: str = "python -m pipeline") -> int:
-    from pipeline.config import ConfigError
-    from pipeline.io.sinks import SinkError
-    from pipeline.io.sources import SourceError
-    from pipeline.models.loading import ModelError
-    from pipeline.runner import JobError, run_job
-
-    from pipeline.report import ReportError
+    from pipeline.errors import PipelineError
 
     args = build_parser(prog).parse_args(argv)
     try:
         if args.command == "report":
             return report_command(args)
+        if args.command == "tasks":
+            from pipeline.docs import task_kinds_text
+
+            print(task_kinds_text())
+            return 0
+        if args.command == "config-reference":
+            from pipeline.docs import config_reference, write_config_reference
+
+            if args.write:
+                changed = write_config_reference(args.write)
+                print(f"{args.write}: config reference {'updated' if changed else 'already up to date'}")
+            else:
+                print(config_reference())
+            return 0
         config = config_from_args(args)
         if args.command == "check":
             print(config.model_dump_json(indent=2))
             return 0
+        from pipeline.runner import run_job
+
         run_job(config)
         return 0
-    except (ConfigError, ModelError, SourceError, SinkError, JobError, ReportError) as exc:
+    except PipelineError as exc:  # every deliberate error: its message says what to change
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

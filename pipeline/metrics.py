@@ -149,6 +149,10 @@ class RunSummary:
     # seconds summed over workers: loading models, and running the task on chunks
     load_seconds: float = 0.0
     infer_seconds: float = 0.0
+    # what does not add up (the task kind's completeness check), None when every input row is accounted for
+    incomplete: str | None = None
+    # task-specific summary lines, {label: value} (e.g. the recommend kind's latest table and model quality)
+    details: dict[str, str] = field(default_factory=dict)
     # per-batch metrics (see batch_metrics): length histogram, worker timelines, slowest batches,
     # and for generation finish reasons and token counts
     batch_metrics: dict[str, Any] = field(default_factory=dict)
@@ -171,8 +175,8 @@ class RunSummary:
 
     @property
     def complete(self) -> bool:
-        """Every input row is in the output or the quarantine table, once."""
-        return self.rows_in == self.rows_out + self.rows_quarantined
+        """Every input row is in the output or the quarantine table, once (as the task kind checks it)."""
+        return self.incomplete is None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -196,9 +200,7 @@ class RunSummary:
             f"max {max(loads.values())} per worker" if loads else "none (no rows reached a worker)"
         )
         status = ", ".join(f"{k}={v}" for k, v in sorted(self.status.items())) or "-"
-        check = "OK: every input row written once" if self.complete else (
-            f"MISMATCH: {self.rows_in} rows in, {self.rows_out} out + {self.rows_quarantined} quarantined"
-        )
+        check = "OK: every input row written once" if self.complete else f"MISMATCH: {self.incomplete}"
         lines = [
             f"== {self.job} run {self.run_id} (ds {self.ds}) ==",
             f"rows in / out / flagged : {self.rows_in:,} / {self.rows_out:,} / {self.rows_flagged:,}"
@@ -223,9 +225,8 @@ class RunSummary:
         if self.generation_backend:
             used = ", ".join(f"{b} x{n}" for b, n in sorted(self.generation_backend.items()))
             lines.append(f"generation backend      : {used} (model loads)")
-        lines += [
-            f"output                  : {self.output} (Delta version {self.delta_version}, {self.writer} writer)",
-        ]
+        lines += [f"{label:<24}: {value}" for label, value in self.details.items()]
+        lines.append(f"output                  : {self.output} (Delta version {self.delta_version}, {self.writer} writer)")
         if self.quarantine:
             lines.append(f"quarantine              : {self.quarantine} ({self.rows_quarantined:,} rows of this run)")
         if self.retries:

@@ -28,11 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-__all__ = ["Thresholds", "find_deviations", "render_report", "resolve_runs", "write_report"]
+from pipeline.errors import ReportError
 
-
-class ReportError(ValueError):
-    """The report cannot be made; the message says what was wrong and what to pass instead."""
+__all__ = ["ReportError", "Thresholds", "find_deviations", "render_report", "resolve_runs", "write_report"]
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from pipeline.config import JobConfig
+from pipeline.errors import JobError
 from pipeline.metrics import RunSummary, batch_metrics
+from pipeline.registry import ModelInfo
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -26,10 +28,6 @@ if TYPE_CHECKING:
 __all__ = ["JobError", "prepare_scores", "run_job"]
 
 LINEAGE_COLUMNS = ("model_name", "model_revision", "run_id", "scored_at")
-
-
-class JobError(RuntimeError):
-    """A job could not run; the message says why and what to change."""
 
 
 class _Progress(threading.Thread):
@@ -58,16 +56,6 @@ class _Progress(threading.Thread):
                 f"{rows:,}/{self.rows_in:,}{pct}",
                 file=self.out, flush=True,
             )
-
-
-def _validate_model(config: JobConfig, task: Any) -> tuple[Path, str, str]:
-    """Resolve and fingerprint the model on the driver, before any Spark work."""
-    from pipeline.models.loading import check_model_kind, model_revision, resolve_model_path
-
-    path = resolve_model_path(config.model.path, registry_uri=config.model.registry_uri)
-    check_model_kind(path, getattr(task, "model_kind", task.kind))
-    name = config.model.name or path.name
-    return path, name, model_revision(path)
 
 
 def content_hash(input_columns: tuple[str, ...]) -> Any:
@@ -112,7 +100,7 @@ def _incremental_filter(spark: "SparkSession", inputs: "DataFrame", config: JobC
 
 def prepare_scores(
     spark: "SparkSession", config: JobConfig, *, run_id: str, ds: dt.date, scored_at: dt.datetime,
-    model_name: str, revision: str, counts_acc: Any, faults: dict[str, Any] | None = None, task: Any = None,
+    model: ModelInfo, counts_acc: Any, faults: dict[str, Any] | None = None,
 ) -> tuple["DataFrame", "DataFrame"]:
     """``(inputs, scored)``: the validated rows to score and the lazily scored output with lineage.
 
@@ -121,12 +109,13 @@ def prepare_scores(
     """
     from pyspark.sql import functions as F
 
-    from pipeline.io.sources import read_source, select_input
+    from pipeline.registry import get_task_kind
     from pipeline.spark.udf import InferencePlan, apply_inference
-    from pipeline.tasks import task_for_job
 
-    task = task or task_for_job(config)
-    inputs = select_input(read_source(spark, config.source), config.source, task.input_columns)
+    kind = get_task_kind(config.task.kind)
+    task = kind.task(config.task, model=config.model, batching=config.batching)
+    revision = model.revision
+    inputs = kind.job.read_inputs(spark, config, task)
     if config.source.unique_ids:
         _check_ids(inputs, config.source.id_column)
     inputs = inputs.withColumn("content_hash", content_hash(tuple(task.input_columns)))
@@ -141,15 +130,15 @@ def prepare_scores(
             # hash by id: deterministic across task retries, every core busy
             df = df.repartition(parallelism, "id")
     plan = InferencePlan(
-        task=config.task, model=config.model, batching=config.batching,
+        task=config.task, model=config.model.model_copy(update={"path": model.path}), batching=config.batching,
         keep_columns=("content_hash", *config.source.keep_columns), input_columns=tuple(task.input_columns),
         job=config.job, progress_interval_s=config.run.progress_interval_s if config.run.progress else None,
-        faults=tuple((faults or {}).items()),
+        faults=tuple((faults or {}).items()), task_class=kind.task,
     )
     scored = apply_inference(df, plan, counts_acc).withColumnRenamed("id", config.source.id_column)
     scored = scored.select(
         "*",
-        F.lit(model_name).alias("model_name"),
+        F.lit(model.name).alias("model_name"),
         F.lit(revision).alias("model_revision"),
         F.lit(run_id).alias("run_id"),
         F.lit(scored_at).cast("timestamp").alias("scored_at"),
@@ -159,7 +148,8 @@ def prepare_scores(
     return inputs, scored
 
 
-def _quarantine_rows(scored: "DataFrame", inputs: "DataFrame", config: JobConfig, task: Any) -> "DataFrame":
+def _quarantine_rows(scored: "DataFrame", inputs: "DataFrame", config: JobConfig,
+                     input_columns: tuple[str, ...]) -> "DataFrame":
     """Failed rows with their error, lineage and original inputs (joined back by id and content hash)."""
     from pyspark.sql import functions as F
 
@@ -169,7 +159,7 @@ def _quarantine_rows(scored: "DataFrame", inputs: "DataFrame", config: JobConfig
         *(["ds"] if "ds" in scored.columns else []),
     )
     originals = inputs.select(F.col("id").alias(id_col), "content_hash",
-                              *[F.col(c).alias(f"input_{c}") for c in task.input_columns])
+                              *[F.col(c).alias(f"input_{c}") for c in input_columns])
     return failed.join(originals, on=[id_col, "content_hash"], how="left")
 
 
@@ -209,11 +199,12 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     from pyspark.sql import functions as F
 
     from pipeline import faults as fault_hooks
+    from pipeline.io.paths import check_locations
     from pipeline.io.sinks import write_sink
-    from pipeline.io.sources import SourceError
+    from pipeline.io.sources import SourceError, is_delta_table
     from pipeline.spark.session import get_session
+    from pipeline.registry import get_task_kind
     from pipeline.spark.udf import CountsParam
-    from pipeline.tasks import task_for_job
 
     other_parts = [c for c in config.sink.partition_by if c != "ds" and c not in config.source.keep_columns]
     if other_parts:
@@ -224,15 +215,18 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     if config.sink.mode == "overwrite_partition" and config.sink.partition_by != ["ds"]:
         raise JobError("sink.mode overwrite_partition replaces one run date: use sink.partition_by: [ds]")
 
-    task = task_for_job(config)
+    kind = get_task_kind(config.task.kind)
+    task = kind.task(config.task, model=config.model, batching=config.batching)
     if config.model.path.startswith("models:/"):  # issue 13: an alias is pinned to one version for every worker
         from pipeline.tracking import pin_registry_model
 
         config = pin_registry_model(config)
-    _, model_name, revision = _validate_model(config, task)
+    model = kind.job.model_info(config, task)  # before any Spark work: a bad model fails in seconds
+    model_name, revision = model.name, model.revision
     recorder.note(model_name=model_name, model_revision=revision)  # issue 13
     spark = spark or get_session(config.spark)
     recorder.note(spark=spark)  # issue 13
+    check_locations(spark, config)  # a remote path the session cannot reach fails here, before any work
     run_id = config.run.resolved_run_id()
     ds = config.run.resolved_ds()
     scored_at = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
@@ -240,8 +234,7 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     faults = fault_hooks.from_env(config.run.faults)
 
     inputs, scored = prepare_scores(
-        spark, config, run_id=run_id, ds=ds, scored_at=scored_at,
-        model_name=model_name, revision=revision, counts_acc=acc, faults=faults, task=task,
+        spark, config, run_id=run_id, ds=ds, scored_at=scored_at, model=model, counts_acc=acc, faults=faults,
     )
     sink = config.sink
     if config.run.incremental and sink.mode != "append":
@@ -261,15 +254,16 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     metadata = {"sbi.job": config.job, "sbi.run_id": run_id, "sbi.model_revision": revision}
     try:
         result = write_sink(
-            scored.where(F.col("status") != "error"), sink, partition_values={"ds": ds},
-            commit_metadata=metadata, faults=faults,
+            kind.job.shape_output(scored.where(F.col("status") != "error"), config), sink,
+            partition_values={"ds": ds}, commit_metadata=metadata, faults=faults,
         )
         errors = int(acc.value.get("status", {}).get("error", 0))
         quarantine_path = sink.resolved_quarantine_path()
         quarantine_version = None
-        if errors or _is_delta(quarantine_path):
+        if errors or is_delta_table(spark, quarantine_path):
             # written even when empty once it exists, so a rerun replaces that day's failures too
-            q = write_sink(_quarantine_rows(scored, inputs, config, task), sink, partition_values={"ds": ds},
+            q = write_sink(_quarantine_rows(scored, inputs, config, tuple(task.input_columns)), sink,
+                           partition_values={"ds": ds},
                            commit_metadata=metadata, path=quarantine_path)
             quarantine_version = q.version
     finally:
@@ -292,6 +286,10 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     samples = [r.asDict() for r in written.select(*sample_cols).limit(config.run.sample_rows).collect()]
 
     counts = acc.value
+    incomplete = kind.job.check_complete(rows_in=rows_in, rows_out=rows_out, rows_quarantined=rows_quarantined,
+                                         counts=counts)
+    details = kind.job.after_commit(spark, config, output=result.output, run_id=run_id, ds=ds) if not incomplete else {}
+    details = {**kind.job.summary_lines(spark, config, counts, model), **details}
     summary = RunSummary(
         job=config.job, run_id=run_id, ds=ds.isoformat(), rows_in=rows_in, rows_out=rows_out,
         rows_quarantined=rows_quarantined, quarantine=quarantine_path if quarantine_version is not None else None,
@@ -308,6 +306,7 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
         precision_used=counts.get("precision_used", {}), precision_fallbacks=counts.get("precision_fallbacks", {}),
         generation_backend=counts.get("generation_backend", {}),
         load_seconds=float(counts.get("load_seconds", 0.0)), infer_seconds=float(counts.get("infer_seconds", 0.0)),
+        incomplete=incomplete, details=details,
         batch_metrics=batch_metrics(counts),
     )
     recorder.summary = summary  # issue 13: a run failing its row check below is recorded with its counts
@@ -316,14 +315,6 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
         Path(config.run.summary_path).parent.mkdir(parents=True, exist_ok=True)
         Path(config.run.summary_path).write_text(summary.to_json())
     if not summary.complete:
-        raise JobError(
-            f"{rows_in} rows in but {rows_out} written + {rows_quarantined} quarantined; see the summary above"
-        )
+        raise JobError(f"{incomplete}; see the summary above")
     return summary
 
-
-def _is_delta(path: str) -> bool:
-    """Whether ``path`` holds a Delta table (local or object store, as deltalake resolves it)."""
-    from deltalake import DeltaTable
-
-    return DeltaTable.is_deltatable(path)

@@ -26,10 +26,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from pipeline.errors import RegistryError
+
 if TYPE_CHECKING:
     from pipeline.config import JobConfig, MlflowConfig
 
-__all__ = ["REGISTRY_PREFIX", "log_run", "parse_registry_uri", "pin_registry_model", "resolve_registry_model"]
+__all__ = ["REGISTRY_PREFIX", "RegistryError", "log_run", "parse_registry_uri", "pin_registry_model", "resolve_registry_model"]
 
 REGISTRY_PREFIX = "models:/"
 _REGISTRY = re.compile(r"^models:/(?P<name>[^/@]+?)(?:/(?P<version>\d+)|@(?P<alias>[A-Za-z0-9_.-]+))/?$")
@@ -38,10 +40,6 @@ _METRICS = ("rows_in", "rows_out", "rows_flagged", "rows_quarantined", "tokens",
             "delta_version")
 _PARAMS = ("job", "run_id", "ds", "outcome", "task_kind", "model_name", "model_revision", "precision",
            "config_hash", "output", "writer", "spark_app_id", "spark_master", "error_class")
-
-
-class RegistryError(ValueError):
-    """A ``models:/`` path cannot be resolved; the message says why and what to set."""
 
 
 def _mlflow() -> Any:

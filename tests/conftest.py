@@ -64,6 +64,15 @@ def tiny_classify_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_bert(tmp_path_factory.mktemp("models") / "tiny-classify", kind="classify")
 
 
+@pytest.fixture
+def drill():
+    """``drill(settings)`` activates fault injection in this process (as a Spark task does); cleared after."""
+    from pipeline import faults
+
+    yield faults.activate
+    faults.activate(None)
+
+
 @pytest.fixture(scope="session")
 def spark():
     from pipeline.config import SparkConfig

@@ -7,7 +7,8 @@ import pyarrow as pa
 import pytest
 
 from pipeline.batching import BatchSizeMemory
-from pipeline.config import BatchingConfig, EmbedTaskConfig, ModelConfig
+from pipeline.config import BatchingConfig, ModelConfig
+from pipeline.tasks.embed import EmbedTaskConfig
 from pipeline.metrics import WorkerCounts
 from pipeline.tasks import build_task
 
@@ -16,7 +17,7 @@ from .conftest import SENTENCES
 # short rows (5-7 tokens, bucket 16) and long rows (40+ tokens, bucket 64), interleaved
 TEXTS = [f"good movie {i}" if i % 2 else " ".join(SENTENCES[:4]) + f" {i}" for i in range(40)]
 # 16 rows x 7 tokens fit under 128 padded tokens; 16 rows x 40+ tokens do not
-FAULTS = '{"oom_above_tokens": 128}'
+FAULTS = {"oom_above_tokens": 128}
 
 
 def _task(model_dir, *, adaptive=True):
@@ -42,10 +43,10 @@ def _assert_every_row_once(out, counts, clean):
     assert scored == counts.counts["batch_rows"] == len(TEXTS)  # nothing scored twice
 
 
-def test_out_of_memory_size_is_remembered_per_bucket(tiny_embed_model, monkeypatch, clean):
+def test_out_of_memory_size_is_remembered_per_bucket(tiny_embed_model, drill, clean):
     task = _task(tiny_embed_model)
     loaded = task.load(tiny_embed_model, "cpu")
-    monkeypatch.setenv("SBI_FAULTS", FAULTS)
+    drill(FAULTS)
 
     first = WorkerCounts()
     out = _run(task, loaded, first)
@@ -67,10 +68,10 @@ def test_out_of_memory_size_is_remembered_per_bucket(tiny_embed_model, monkeypat
     assert max(int(s) for s in second.counts["batch_sizes"]) == 16  # short rows still in full batches
 
 
-def test_without_adaptive_every_chunk_splits_again(tiny_embed_model, monkeypatch, clean):
+def test_without_adaptive_every_chunk_splits_again(tiny_embed_model, drill, clean):
     task = _task(tiny_embed_model, adaptive=False)
     loaded = task.load(tiny_embed_model, "cpu")
-    monkeypatch.setenv("SBI_FAULTS", FAULTS)
+    drill(FAULTS)
     for _ in range(2):
         counts = WorkerCounts()
         _assert_every_row_once(_run(task, loaded, counts), counts, clean)

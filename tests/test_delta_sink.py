@@ -169,3 +169,34 @@ def test_a_straggler_finishing_after_the_job_takes_its_files_back(tmp_path):
     assert _parquet_files(tmp_path / "t") == set()
     late = writer.write(iter([batch]))  # ... and an attempt still running finishes afterwards
     assert late.adds == [] and _parquet_files(tmp_path / "t") == set()
+
+
+@pytest.mark.parametrize("sink_path", ["s3://lake/scores", "abfss://c@acct.dfs.core.windows.net/scores"])
+def test_remote_sink_without_connector_fails_before_any_work(spark, tmp_path, monkeypatch, tiny_embed_model, sink_path):
+    """The README's own cluster example without the connector: refused before the source is even read."""
+    import io
+
+    from pipeline.config import build_config
+    from pipeline.runner import run_job
+
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    config = build_config({
+        "job": "remote_sink",
+        # no table here: were the source read (or anything scored) first, this would fail with a SourceError
+        "source": {"format": "delta", "path": str(tmp_path / "no-such-docs"), "id_column": "doc_id"},
+        "model": {"path": str(tiny_embed_model)},
+        "task": {"kind": "embed"},
+        "sink": {"path": sink_path},
+        "run": {"progress": False, "ds": "2026-11-29"},
+    })
+    out = io.StringIO()
+    with pytest.raises(SinkError) as err:
+        run_job(config, spark=spark, out=out)
+    text = str(err.value)
+    assert f"sink.path {sink_path!r} is a" in text
+    assert "--packages io.delta:delta-spark_4.2_2.13:4.4.1" in text and "DeltaSparkSessionExtension" in text
+    assert out.getvalue() == ""  # not even the "scoring N rows" line: nothing was read
+    assert list(cwd.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["cwd"]
+    assert not (Path(__file__).resolve().parents[1] / "s3:").exists()

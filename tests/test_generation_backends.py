@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import ConfigError, GenerateTaskConfig, VllmConfig, build_config
+from pipeline.config import ConfigError, build_config
+from pipeline.tasks.generate import GenerateTaskConfig
+from pipeline.generation.config import VllmConfig
 from pipeline.generation import vllm_backend
 from pipeline.generation.vllm_backend import engine_kwargs, resolve_backend, vllm_available
 from pipeline.models.device import pick_device, task_gpu_addresses

@@ -10,9 +10,11 @@ torch = pytest.importorskip("torch")
 from .generation_models import (  # noqa: E402
     POISON, generate_job, reference_generate, save_mismatched_folder, save_model_folder,
 )
-from pipeline.config import ConfigError, GenerateTaskConfig, ModelConfig, BatchingConfig, build_config  # noqa: E402
+from pipeline.config import ConfigError, ModelConfig, BatchingConfig, build_config  # noqa: E402
+from pipeline.tasks.generate import GenerateTaskConfig  # noqa: E402
 from pipeline.metrics import WorkerCounts  # noqa: E402
-from pipeline.tasks import GenerateTask, build_task  # noqa: E402
+from pipeline.tasks import build_task  # noqa: E402
+from pipeline.tasks.generate import GenerateTask  # noqa: E402
 
 LONG = " ".join(f"word{i}" for i in range(300))
 
@@ -151,7 +153,7 @@ def test_a_failing_batch_is_retried_row_by_row(model_dir, fault, status):
         if s == "ok":
             assert out["completion"][i] == clean["completion"][i]
         else:
-            assert "this row alone: InjectedFault" in out["error"][i] and out["completion"][i] is None
+            assert "this row alone: InjectedFaultError" in out["error"][i] and out["completion"][i] is None
 
 
 def test_sampled_rows_reproduce_per_row_seed(model_dir):

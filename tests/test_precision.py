@@ -8,7 +8,9 @@ import io
 import numpy as np
 import pytest
 
-from pipeline.config import BatchingConfig, ClassifyTaskConfig, ConfigError, EmbedTaskConfig, ModelConfig, build_config
+from pipeline.config import BatchingConfig, ConfigError, ModelConfig, build_config
+from pipeline.tasks.classify import ClassifyTaskConfig
+from pipeline.tasks.embed import EmbedTaskConfig
 from pipeline.metrics import WorkerCounts
 from pipeline.models import precision as precision_mod
 from pipeline.models.precision import PrecisionGateError, agreement, fallback_chain

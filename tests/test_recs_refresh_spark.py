@@ -1,4 +1,4 @@
-"""End to end on local Spark: Delta tables -> refresh_recommendations -> dated + latest Delta tables."""
+"""End to end on local Spark: Delta tables -> the recommend task through run_job -> dated + latest Delta tables."""
 
 from __future__ import annotations
 
@@ -10,16 +10,17 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from pipeline.config import ConfigError, ModelConfig
+from pipeline import run_job
+from pipeline.config import ConfigError, JobConfig, ModelConfig, build_config, load_config
+from pipeline.errors import ModelError
 from pipeline.metrics import WorkerCounts
-from pipeline.recs.config import RecommendTaskConfig, RefreshJobConfig, TrainConfig, load_refresh_config
+from pipeline.recs.config import TrainConfig
 from pipeline.recs.data import write_recs_tables
 from pipeline.recs.evaluate import seen_lists
-from pipeline.recs.job import OUTPUT_COLUMNS, RefreshError, refresh_recommendations
 from pipeline.recs.registry import save_two_tower
 from pipeline.recs.synthetic import make_synthetic_recs
-from pipeline.recs.task import RecommendTask
 from pipeline.recs.train import train_two_tower
+from pipeline.tasks.recommend import OUTPUT_COLUMNS, RecommendTask, RecommendTaskConfig
 
 K = 5
 
@@ -34,21 +35,21 @@ def world(tmp_path_factory):
     return root, data, folder, revision
 
 
-def _config(root, **run) -> RefreshJobConfig:
-    return RefreshJobConfig.model_validate({
-        "tables": {"users": str(root / "recs/users"), "interactions": str(root / "recs/interactions"),
-                   "items": str(root / "recs/items")},
+def _config(root, **run) -> JobConfig:
+    return build_config({
+        "job": "refresh_recommendations",
+        "source": {"format": "delta", "path": str(root / "recs/users"), "id_column": "user_id"},
         "model": {"path": str(root / "models/two_tower")},
-        "task": {"k": K, "batch_size": 7},
+        "task": {"kind": "recommend", "k": K, "batch_size": 7, "interactions": str(root / "recs/interactions"),
+                 "items": str(root / "recs/items"), "latest_path": str(root / "out/recommendations_latest")},
         "sink": {"path": str(root / "out/recommendations"), "mode": "overwrite_partition", "partition_by": ["ds"]},
-        "latest": str(root / "out/recommendations_latest"),
         "run": {"progress": False, **run},
     })
 
 
 def _expected(data, folder) -> dict[int, list[int]]:
     """The pure task's answer for every user, to compare with what Spark wrote."""
-    task = RecommendTask(RecommendTaskConfig(k=K), model=ModelConfig(path=str(folder)))
+    task = RecommendTask(RecommendTaskConfig(k=K, interactions="unused"), model=ModelConfig(path=str(folder)))
     users = data.users.sort_values("user_id")
     chunk = pa.RecordBatch.from_pydict({
         "user_id": pa.array(users["user_id"], pa.int64()),
@@ -64,9 +65,13 @@ def _expected(data, folder) -> dict[int, list[int]]:
 @pytest.mark.slow  # a Spark job: ~20 s on an idle 2-core machine, more when shared
 def test_refresh_writes_ranked_unseen_items_with_lineage(spark, world):
     root, data, folder, revision = world
-    summary = refresh_recommendations(_config(root, ds="2026-11-30", run_id="r1"), spark=spark, out=io.StringIO())
-    assert summary.users_in == 24 and summary.rows_written == 24 * K
-    assert summary.model_revision == revision and summary.items_unknown_to_model == 0
+    out = io.StringIO()
+    summary = run_job(_config(root, ds="2026-11-30", run_id="r1"), spark=spark, out=out)
+    assert summary.rows_in == 24 and summary.rows_out == 24 * K and summary.complete
+    assert summary.model_revision == revision and summary.model_name == "two_tower"
+    assert summary.details["catalog items unknown"].startswith("0 ")
+    assert summary.details["latest"].endswith("(updated)")
+    assert "recommendations" in out.getvalue() and "OK: every input row" in out.getvalue()
 
     table = DeltaTable(str(root / "out/recommendations"))
     assert table.metadata().partition_columns == ["ds"]
@@ -74,6 +79,7 @@ def test_refresh_writes_ranked_unseen_items_with_lineage(spark, world):
     assert rows.schema.names == list(OUTPUT_COLUMNS)
     frame = rows.to_pandas().sort_values(["user_id", "rank"])
     assert set(frame["model_revision"]) == {revision} and set(frame["run_id"]) == {"r1"}
+    assert set(frame["model_name"]) == {"two_tower"} and frame["scored_at"].notna().all()
     assert set(frame["ds"].astype(str)) == {"2026-11-30"}
     seen = data.interactions.groupby("user_id")["item_id"].apply(set)
     for user, group in frame.groupby("user_id"):
@@ -91,9 +97,9 @@ def test_refresh_writes_ranked_unseen_items_with_lineage(spark, world):
 def test_rerun_replaces_its_day_and_backfill_keeps_latest(spark, world):
     root, _, _, _ = world
     out = io.StringIO()
-    refresh_recommendations(_config(root, ds="2026-11-30", run_id="r2"), spark=spark, out=out)
-    summary = refresh_recommendations(_config(root, ds="2026-11-29", run_id="r3"), spark=spark, out=out)
-    assert summary.latest_updated is False  # latest holds 2026-11-30, newer than this backfill
+    run_job(_config(root, ds="2026-11-30", run_id="r2"), spark=spark, out=out)
+    summary = run_job(_config(root, ds="2026-11-29", run_id="r3"), spark=spark, out=out)
+    assert "kept: it holds a newer ds" in summary.details["latest"]  # latest holds 2026-11-30
 
     frame = DeltaTable(str(root / "out/recommendations")).to_pyarrow_table().to_pandas()
     by_day = frame.groupby(frame["ds"].astype(str))["run_id"].agg(lambda s: sorted(set(s)))
@@ -106,19 +112,21 @@ def test_rerun_replaces_its_day_and_backfill_keeps_latest(spark, world):
 def test_bad_model_or_features_fail_before_spark_work(spark, world, tmp_path):
     root, _, _, _ = world
     config = _config(root, ds="2026-11-30")
-    with pytest.raises(RefreshError, match="train_recommender"):
-        refresh_recommendations(config.model_copy(update={"model": ModelConfig(path=str(tmp_path))}), spark=spark)
-    wrong = config.model_copy(update={"task": RecommendTaskConfig(feature_columns=["age"])})
-    with pytest.raises(RefreshError, match="feature_columns"):
-        refresh_recommendations(wrong, spark=spark)
+    with pytest.raises(ModelError, match="train_recommender"):
+        run_job(config.model_copy(update={"model": ModelConfig(path=str(tmp_path))}), spark=spark)
+    wrong = config.model_copy(update={"task": config.task.model_copy(update={"feature_columns": ["age"]})})
+    with pytest.raises(ModelError, match="feature_columns"):
+        run_job(wrong, spark=spark)
 
 
 def test_committed_config_and_notebook():
-    config = load_refresh_config("conf/refresh_recommendations.yaml", overrides=["task.k=20", "run.ds=2026-11-30"])
+    config = load_config("conf/refresh_recommendations.yaml", overrides=["task.k=20", "run.ds=2026-11-30"])
     assert config.task.k == 20 and config.run.ds == dt.date(2026, 11, 30)
     with pytest.raises(ConfigError, match="task.top_k: unknown key"):
-        load_refresh_config("conf/refresh_recommendations.yaml", overrides=["task.top_k=20"])
+        load_config("conf/refresh_recommendations.yaml", overrides=["task.top_k=20"])
+    with pytest.raises(ConfigError, match="incremental does not apply"):
+        load_config("conf/refresh_recommendations.yaml", overrides=["run.incremental=true"])
     # The shared tests/test_notebooks.py checks the notebook format; here: it runs this job's entry point.
     text = open("notebooks/refresh_recommendations.py").read()
     last_cell = text.split("# COMMAND ----------")[-1]
-    assert "from pipeline.recs.job import run_refresh" in last_cell and "run_refresh(args.config_path" in last_cell
+    assert "from pipeline import load_config, run_job" in last_cell and "run_job(config, spark=spark)" in last_cell

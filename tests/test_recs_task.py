@@ -8,11 +8,11 @@ import pytest
 
 from pipeline.config import ModelConfig
 from pipeline.metrics import WorkerCounts
-from pipeline.recs.config import RecommendTaskConfig, TrainConfig
+from pipeline.recs.config import TrainConfig
 from pipeline.recs.evaluate import seen_lists
 from pipeline.recs.registry import save_two_tower
 from pipeline.recs.synthetic import make_synthetic_recs
-from pipeline.recs.task import RecommendTask
+from pipeline.tasks.recommend import RecommendTask, RecommendTaskConfig, _quality_line
 from pipeline.recs.train import train_two_tower
 
 
@@ -39,7 +39,7 @@ def _chunk(data, user_ids, seen=None):
 
 
 def _task(root, **options):
-    return RecommendTask(RecommendTaskConfig(**options), model=ModelConfig(path=str(root)))
+    return RecommendTask(RecommendTaskConfig(interactions="unused", **options), model=ModelConfig(path=str(root)))
 
 
 def test_one_row_per_user_best_first_and_seen_excluded(setup):
@@ -98,11 +98,10 @@ def test_missing_columns_and_feature_mismatch_fail_clearly(setup):
 
 def test_config_rejects_unknown_keys():
     with pytest.raises(ValueError, match="extra"):
-        RecommendTaskConfig(k=10, topk=5)
+        RecommendTaskConfig(interactions="unused", k=10, topk=5)
 
 
 def test_refresh_summary_reports_held_out_quality_against_popularity():
-    from pipeline.recs.job import _quality_line
 
     line = _quality_line({"model": {"hit_rate@10": 0.2174, "recall@10": 0.114, "users": 943},
                           "popularity": {"hit_rate@10": 0.1092, "recall@10": 0.0562}})

@@ -166,5 +166,5 @@ def test_run_job_failing_before_spark_leaves_a_failed_row(tmp_path: Path) -> Non
         run_job(config, out=io.StringIO())
     [row] = read_runs(str(tmp_path / "scores_runs"))
     assert (row["run_id"], row["outcome"], row["ds"]) == ("nomodel", "failed", dt.date(2026, 11, 30))
-    assert row["error_class"] == "pipeline.models.loading.ModelError" and "does not exist" in row["error_message"]
+    assert row["error_class"] == "pipeline.errors.ModelError" and "does not exist" in row["error_message"]
     assert row["ended_at"] >= row["started_at"] and row["spark_app_id"] is None

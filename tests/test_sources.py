@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import SourceConfig
-from pipeline.io.sources import SourceError, has_delta_connector, read_source, select_input
+from pipeline.io.sources import SourceError, has_delta_connector, is_delta_table, read_delta, read_source, select_input
 
 from .conftest import make_documents, write_delta
 
@@ -18,8 +21,19 @@ def _ids(df, col="doc_id"):
     return sorted(r[col] for r in df.select(col).collect())
 
 
-def test_no_delta_connector_in_the_local_default(spark):
+def test_no_delta_connector_in_the_local_default(spark, monkeypatch):
     assert has_delta_connector(spark) is False
+    monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "16.4")
+    assert has_delta_connector(spark) is True
+
+
+def test_io_uses_only_the_dataframe_api():
+    """What Spark Connect lacks (SparkContext, JVM handles, RDDs, accumulators, status tracker) stays out of io."""
+    io_dir = Path(__file__).resolve().parents[1] / "pipeline" / "io"
+    banned = re.compile(r"sparkContext|_jvm|\.rdd\b|accumulator|statusTracker")
+    hits = [f"{f.name}:{n}" for f in sorted(io_dir.glob("*.py"))
+            for n, line in enumerate(f.read_text().splitlines(), 1) if banned.search(line)]
+    assert hits == []
 
 
 def test_delta_snapshot_with_partitions_and_later_versions(spark, tmp_path):
@@ -74,9 +88,73 @@ def test_parquet_json_and_text_sources(spark, tmp_path):
 
     (tmp_path / "notes.txt").write_text("first line\nsecond line\n\nfourth\n")
     df = read_source(spark, SourceConfig(format="text", path=str(tmp_path / "notes.txt")))
-    rows = df.collect()
-    assert [r["text"] for r in rows] == ["first line", "second line", "", "fourth"]
-    assert len({r["id"] for r in rows}) == 4
+    rows = {r["id"]: r["text"] for r in df.collect()}
+    uri = f"file:{tmp_path / 'notes.txt'}"
+    assert rows == {f"{uri}:1": "first line", f"{uri}:2": "second line", f"{uri}:3": "", f"{uri}:4": "fourth"}
+
+    # file: URIs are local paths too
+    df = read_source(spark, SourceConfig(format="parquet", path=f"file://{tmp_path / 'docs.parquet'}"))
+    assert df.count() == 12
+
+
+def _text_rows(spark, folder: Path) -> dict[str, str]:
+    rows = read_source(spark, SourceConfig(format="text", path=str(folder))).collect()
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids)), "text ids must be unique"
+    return {r["id"]: r["text"] for r in rows}
+
+
+def test_text_ids_are_file_and_line_and_stable_when_files_come_and_go(spark, tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "a.log").write_text("".join(f"a {n}\n" for n in range(1, 6)))
+    (logs / "b.log").write_bytes(b"b 1\nb 2 caf\xc3\xa9 \xff\xfe bad\n\nb 4")  # invalid UTF-8, no final newline
+    before = _text_rows(spark, logs)
+    a_uri, b_uri = f"file:{logs / 'a.log'}", f"file:{logs / 'b.log'}"
+    assert before == {
+        **{f"{a_uri}:{n}": f"a {n}" for n in range(1, 6)},
+        f"{b_uri}:1": "b 1", f"{b_uri}:2": "b 2 caf\u00e9 \ufffd\ufffd bad", f"{b_uri}:3": "", f"{b_uri}:4": "b 4",
+    }
+
+    # a larger file arrives (the old ids ordered files by size, so this renumbered the others),
+    # read in several blocks: its lines are numbered across block boundaries
+    (logs / "c.log").write_text("".join(f"c {n} {'x' * (n % 50)}\n" for n in range(1, 3001)))
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "16384")
+    try:
+        blocks = spark.read.text(str(logs / "c.log")).select("_metadata.file_block_start").distinct().count()
+        after = _text_rows(spark, logs)
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
+    assert blocks > 3, "c.log should be read in several blocks"
+    assert len(after) == 5 + 4 + 3000
+    assert {k: v for k, v in after.items() if not k.startswith("file:" + str(logs / "c.log"))} == before
+    c_uri = f"file:{logs / 'c.log'}"
+    c_rows = {k: v for k, v in after.items() if k.startswith(c_uri + ":")}
+    assert len(c_rows) == 3000
+    for key, text in c_rows.items():
+        line = int(key.rsplit(":", 1)[1])
+        assert text == f"c {line} {'x' * (line % 50)}", key
+
+    # and a file leaving changes nothing for the others either
+    os.remove(logs / "a.log")
+    assert _text_rows(spark, logs) == {k: v for k, v in after.items() if not k.startswith(a_uri + ":")}
+
+
+def test_remote_uris_are_never_made_local(spark, tmp_path, monkeypatch):
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    # Delta without the connector: refused up front, naming the connector
+    with pytest.raises(SourceError, match=r"source.path 's3://lake/docs' is a s3: URI.*--packages io.delta:delta-spark_4.2_2.13"):
+        read_source(spark, SourceConfig(format="delta", path="s3://lake/docs"))
+    with pytest.raises(SourceError, match=r"'abfss://c@a.dfs.core.windows.net/t' is a abfss: URI"):
+        read_delta(spark, "abfss://c@a.dfs.core.windows.net/t")
+    assert is_delta_table(spark, "s3://lake/docs") is False
+    # Parquet goes to Spark as written: Spark, not a local folder, answers for the scheme
+    with pytest.raises(SourceError, match=r"could not read source 's3://lake/docs' \(format parquet\).*s3"):
+        read_source(spark, SourceConfig(format="parquet", path="s3://lake/docs"))
+    assert list(cwd.iterdir()) == []
+    assert not Path("s3:").exists() and not (Path(__file__).resolve().parents[1] / "s3:").exists()
 
 
 def test_where_filter(spark, tmp_path):

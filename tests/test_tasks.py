@@ -4,7 +4,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline.config import BatchingConfig, ClassifyTaskConfig, EmbedTaskConfig, ModelConfig
+from pipeline.config import BatchingConfig, ModelConfig
+from pipeline.tasks.classify import ClassifyTaskConfig
+from pipeline.tasks.embed import EmbedTaskConfig
 from pipeline.metrics import WorkerCounts
 from pipeline.models.loading import ModelError
 from pipeline.tasks import build_task
@@ -144,9 +146,9 @@ def test_binary_text_with_invalid_utf8_is_scored_not_dropped(embed):
     assert out[1]["embedding"] is not None
 
 
-def test_poison_rows_are_isolated_and_the_rest_scored(embed, monkeypatch):
+def test_poison_rows_are_isolated_and_the_rest_scored(embed, drill):
     task, loaded = embed
-    monkeypatch.setenv("SBI_FAULTS", '{"poison_marker": "POISON"}')
+    drill({"poison_marker": "POISON"})
     texts = [f"good movie {i}" for i in range(11)]
     texts[3] = "a POISON review"
     texts[8] = "another POISON one"
@@ -158,15 +160,15 @@ def test_poison_rows_are_isolated_and_the_rest_scored(embed, monkeypatch):
                for i, r in enumerate(out) if i not in (3, 8))
     assert counts.counts["poison_bisections"] >= 2 and counts.counts["row_errors"] == 2
     # the good rows' results are exactly what a clean run gives
-    monkeypatch.delenv("SBI_FAULTS")
+    drill(None)
     clean = task.process(loaded, _chunk(texts), WorkerCounts()).to_pylist()
     assert out[0]["embedding"] == pytest.approx(clean[0]["embedding"], abs=1e-6)
     assert out[10]["embedding"] == pytest.approx(clean[10]["embedding"], abs=1e-6)
 
 
-def test_out_of_memory_splits_batches_without_losing_rows(embed, monkeypatch):
+def test_out_of_memory_splits_batches_without_losing_rows(embed, drill):
     task, loaded = embed  # batch_size 4
-    monkeypatch.setenv("SBI_FAULTS", '{"oom_above_rows": 1}')
+    drill({"oom_above_rows": 1})
     texts = [f"good movie number {i}" for i in range(9)]
     counts = WorkerCounts()
     out = task.process(loaded, _chunk(texts), counts).to_pylist()

@@ -26,7 +26,9 @@ torch = pytest.importorskip("torch")
 from .generation_models import (  # noqa: E402
     POISON, build_model, build_tokenizer, generate_job, reference_generate, save_mismatched_folder, save_model_folder,
 )
-from pipeline.config import BatchingConfig, GenerateTaskConfig, ModelConfig, VllmConfig  # noqa: E402
+from pipeline.config import BatchingConfig, ModelConfig  # noqa: E402
+from pipeline.tasks.generate import GenerateTaskConfig  # noqa: E402
+from pipeline.generation.config import VllmConfig  # noqa: E402
 from pipeline.generation import GenerationRequest, SamplingParams  # noqa: E402
 from pipeline.metrics import WorkerCounts  # noqa: E402
 from pipeline.tasks import build_task  # noqa: E402
@@ -151,7 +153,7 @@ def test_stop_strings_and_per_row_seeds(model_dir, reference):
 
 
 def test_one_engine_per_worker_and_a_failed_engine_is_dropped(task, model_dir):
-    from pipeline.generation.vllm_backend import EngineFailed, shutdown_engine
+    from pipeline.generation.vllm_backend import EngineError, shutdown_engine
     from pipeline.models import cache
 
     first = cache.get_or_load(("first", task.cache_key()), lambda: task.load(model_dir, "cpu"))[0]
@@ -164,7 +166,7 @@ def test_one_engine_per_worker_and_a_failed_engine_is_dropped(task, model_dir):
     assert other.process(second, chunk, WorkerCounts()).to_pydict()["status"] == ["ok"]
     # an engine that fails fails the task (Spark retries it) and leaves the cache, never flags rows
     shutdown_engine()
-    with pytest.raises(EngineFailed):
+    with pytest.raises(EngineError):
         other.process(second, chunk, WorkerCounts())
     assert cache.get_or_load(("second", other.cache_key()), lambda: "rebuilt")[0] == "rebuilt"
     cache.clear()

@@ -13,6 +13,8 @@ import string
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
+from pipeline.errors import PromptError
+
 __all__ = ["Prompt", "PromptBuilder", "PromptError", "template_fields"]
 
 Truncation = Literal["keep_start", "keep_end"]
@@ -20,10 +22,6 @@ Truncation = Literal["keep_start", "keep_end"]
 # Values longer than this many characters per allowed token are clipped before
 # tokenising (a 1 MB cell would otherwise cost seconds); such rows are truncated anyway.
 _CHARS_PER_TOKEN_CAP = 16
-
-
-class PromptError(ValueError):
-    """A template or prompt setting cannot work; the message says what to change."""
 
 
 def template_fields(template: str) -> tuple[str, ...]:

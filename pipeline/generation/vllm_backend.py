@@ -32,14 +32,15 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Sequence
 
-from pipeline.config import VllmConfig
+from pipeline.generation.config import VllmConfig
+from pipeline.errors import EngineError
 from pipeline.generation.engine import GenerationRequest, GenerationResult, check_requests
 from pipeline.generation.kv import check_kv_budget, kv_cache_bytes
 from pipeline.generation.sampling import SamplingParams
 from pipeline.generation.stopping import find_stop
 
 __all__ = [
-    "EngineFailed", "VllmGenerator", "engine_kwargs", "load_vllm", "resolve_backend", "shutdown_engine",
+    "EngineError", "VllmGenerator", "engine_kwargs", "load_vllm", "resolve_backend", "shutdown_engine",
     "vllm_available",
 ]
 
@@ -49,10 +50,6 @@ _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _FINISH = {"stop": "stop", "length": "length"}
 # this worker's engine (one per Python worker): {"current": VllmGenerator}
 _engine: dict[str, Any] = {}
-
-
-class EngineFailed(RuntimeError):
-    """The engine itself failed (not one request): the task fails, and Spark retries it on a fresh engine."""
 
 
 def vllm_available() -> bool:
@@ -172,7 +169,7 @@ class VllmGenerator:
         from vllm.sampling_params import RequestOutputKind
 
         if self.failed or self.llm is None:
-            raise EngineFailed("this worker's vLLM engine failed earlier or was shut down; the task is retried")
+            raise EngineError("this worker's vLLM engine failed earlier or was shut down; the task is retried")
         engine = self.llm.llm_engine
         params = self.sampling
         started = time.perf_counter()
@@ -217,7 +214,7 @@ class VllmGenerator:
             if not isinstance(exc, Exception) or _is_request_error(exc):
                 raise  # an interrupt, or one request was refused: the task retries its rows one by one
             self.failed = True
-            raise EngineFailed(f"the vLLM engine failed: {type(exc).__name__}: {exc}") from exc
+            raise EngineError(f"the vLLM engine failed: {type(exc).__name__}: {exc}") from exc
         self._count("decode_row_steps", sum(r.completion_tokens for r in results.values()))
         return [results[r] for r in ids]
 

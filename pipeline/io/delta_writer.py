@@ -75,7 +75,15 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
         path = options.get("path")
         if not path:
             raise ValueError("the sbi_delta writer needs .option('path', <table folder>)")
-        self.path = os.path.abspath(path)
+        from pipeline.io.paths import is_local, local_path
+
+        if not is_local(path):
+            # delta-rs and pyarrow would need credentials and object-store commits this writer does not do
+            raise ValueError(
+                f"the sbi_delta writer writes local or mounted paths only, not {path!r}; "
+                "write object stores through the Delta Spark connector (format 'delta')"
+            )
+        self.path = local_path(path)
         self.partition_by = _option_list(options.get("partition_by"))
         self.overwrite = overwrite
         self.schema_bytes = schema.serialize().to_pybytes()

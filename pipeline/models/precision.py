@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from pipeline.config import AccuracyGateConfig, Int8Config
+from pipeline.errors import PrecisionGateError
 
 __all__ = [
     "CALIBRATION_TEXTS", "SAFER", "GateCheck", "GateResult", "PrecisionGateError", "agreement",
@@ -56,10 +57,6 @@ CALIBRATION_TEXTS: tuple[str, ...] = (
     "A visually stunning but emotionally hollow epic.",
     "I laughed, I cried, I bought the soundtrack.",
 )
-
-
-class PrecisionGateError(RuntimeError):
-    """A reduced precision failed the accuracy gate and the config says to fail rather than fall back."""
 
 
 def fallback_chain(precision: str, *, fast_bf16: bool = True) -> list[str]:

@@ -1,4 +1,5 @@
-"""Typed options of the recommendation stack: training, scoring (the task) and the refresh job.
+"""Typed options of training the two-tower recommender (the refresh's task config lives in
+:mod:`pipeline.tasks.recommend`).
 
 Same conventions as :mod:`pipeline.config`: small frozen pydantic models with
 named defaults, unknown keys rejected, so a typo in YAML or ``--set`` fails
@@ -7,48 +8,15 @@ before any work instead of silently using a default.
 
 from __future__ import annotations
 
-import os
-from typing import Iterable, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from pipeline.config import ConfigError, ModelConfig, RunConfig, SinkConfig, SparkConfig
-from pipeline.config import merged_config_data
-
-__all__ = [
-    "RecommendTaskConfig",
-    "RecsTablesConfig",
-    "RefreshJobConfig",
-    "TrainConfig",
-    "load_refresh_config",
-]
+__all__ = ["TrainConfig"]
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
-
-
-class RecommendTaskConfig(_Model):
-    """Top-K recommendation per user with a two-tower model (see :class:`pipeline.recs.task.RecommendTask`).
-
-    ``batch_size`` is users per scoring batch: each batch scores ``batch_size x
-    n_items`` in one matrix product, so it bounds the memory of a worker
-    (about ``batch_size * n_items * 4`` bytes for scores plus as much again for
-    masks), never ``users x items``.
-    """
-
-    kind: Literal["recommend"] = "recommend"
-    k: int = Field(10, gt=0, le=1000)
-    batch_size: int = Field(256, gt=0)
-    # Items the user already interacted with are never recommended again.
-    exclude_seen: bool = True
-    # Input column with the user's seen item ids (oldest first); the most
-    # recent ``max_history`` feed the user tower, all of them are excluded.
-    seen_column: str = "seen_item_ids"
-    max_history: int = Field(200, gt=0)
-    # Columns holding the user features the model was trained with; checked
-    # against the model folder's config when the model loads.
-    feature_columns: list[str] = Field(default_factory=lambda: ["age", "gender", "occupation"])
 
 
 class TrainConfig(_Model):
@@ -80,63 +48,3 @@ class TrainConfig(_Model):
         if self.loss == "in_batch" and self.batch_size < 64:
             raise ValueError(f"loss 'in_batch' needs batch_size >= 64 to have enough negatives, got {self.batch_size}")
         return self
-
-
-class RecsTablesConfig(_Model):
-    """The Delta tables the refresh reads (folders; see ``jobs/prepare_recs_data.py``)."""
-
-    users: str
-    interactions: str
-    # Optional: only used to report catalog items the model does not know (added since it was trained).
-    items: str | None = None
-
-
-class RefreshJobConfig(_Model):
-    """The nightly ``refresh_recommendations`` job: users + seen items -> top-K per user -> Delta.
-
-    ``model.path`` is a two-tower model folder or a model root whose
-    ``LATEST`` file names the revision to use. ``sink`` is the dated history
-    table (partitioned by ``ds``, one partition replaced per run); ``latest``
-    is overwritten with the newest run's rows, for serving.
-    """
-
-    job: str = "refresh_recommendations"
-    spark: SparkConfig = Field(default_factory=SparkConfig)
-    tables: RecsTablesConfig
-    model: ModelConfig
-    task: RecommendTaskConfig = Field(default_factory=RecommendTaskConfig)
-    sink: SinkConfig
-    latest: str | None = None
-    run: RunConfig = Field(default_factory=RunConfig)
-
-    @model_validator(mode="after")
-    def _check(self) -> "RefreshJobConfig":
-        if self.sink.partition_by != ["ds"]:
-            raise ValueError(f"sink.partition_by must be [ds] (one partition per run date), got {self.sink.partition_by}")
-        if self.sink.table and self.latest:
-            raise ValueError("latest is a folder path; with sink.table (a catalog) leave latest unset")
-        return self
-
-
-def load_refresh_config(
-    path: str | os.PathLike[str],
-    *,
-    overrides: Iterable[str] = (),
-    overlays: Iterable[str | os.PathLike[str]] = (),
-) -> RefreshJobConfig:
-    """Load ``conf/refresh_recommendations.yaml`` (+ overlays, + ``key.path=value`` overrides), validated.
-
-    Same rules as :func:`pipeline.config.load_config`: ``${VAR}`` reads the
-    environment, unknown keys are errors naming the key.
-    """
-    data = merged_config_data(path, overrides=overrides, overlays=overlays)
-    try:
-        return RefreshJobConfig.model_validate(data)
-    except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-            what = {"extra_forbidden": "unknown key", "missing": "required key is missing"}.get(
-                err["type"], f"{err['msg']} (got {err.get('input')!r})")
-            lines.append(f"  {where}: {what}")
-        raise ConfigError(f"invalid config {path}:\n" + "\n".join(lines)) from None

@@ -25,6 +25,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from pipeline.errors import DataFetchError
+
 __all__ = [
     "DataFetchError",
     "INTERACTIONS_SCHEMA",
@@ -62,9 +64,6 @@ INTERACTIONS_SCHEMA = pa.schema([
 ])
 TABLES = ("users", "items", "interactions")
 
-
-class DataFetchError(RuntimeError):
-    """The MovieLens wheel could not be downloaded or read; the message says how to provide it."""
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Pure torch (no pyspark). The shape of the work:
 
 - the item tower runs once per worker (:func:`item_matrix`, cached with the
-  model by :class:`pipeline.recs.task.RecommendTask`);
+  model by :class:`pipeline.tasks.recommend.RecommendTask`);
 - users are cut into fixed-size batches; the last, ragged batch is padded by
   repeating its last row, so every matrix product has the same shape (BLAS
   picks kernels by shape; a fixed shape keeps results independent of where a

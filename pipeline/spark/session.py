@@ -11,7 +11,7 @@ from pipeline.config import SparkConfig
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["get_session", "session_settings"]
+__all__ = ["activate_for_this_thread", "get_session", "session_key", "session_settings"]
 
 
 def session_settings(config: SparkConfig) -> dict[str, str]:
@@ -57,3 +57,24 @@ def get_session(config: SparkConfig) -> "SparkSession":
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def session_key(spark: "SparkSession") -> int:
+    """One key per underlying session (several Python wrappers may share one JVM session)."""
+    jsession = getattr(spark, "_jsparkSession", None)  # classic only; Spark Connect has no JVM handle
+    return id(jsession) if jsession is not None else id(spark)
+
+
+def activate_for_this_thread(spark: "SparkSession") -> None:
+    """Make ``spark`` the JVM thread's active session (classic); nothing to do on Spark Connect.
+
+    Python data sources are looked up in the JVM thread's active session, and a
+    write from another Python thread runs on a JVM thread that has none.
+    """
+    jsession = getattr(spark, "_jsparkSession", None)
+    if jsession is None:
+        return
+    try:
+        spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(jsession)  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - best effort: the default session is used instead
+        pass

@@ -48,8 +48,12 @@ class InferencePlan:
     progress_interval_s: float | None = None
     # fault injection for tests and drills (pipeline.faults); empty in production
     faults: tuple[tuple[str, Any], ...] = ()
+    # the registered task class; pickled by reference, so a worker imports (and registers) its module
+    task_class: Any = None
 
     def build_task(self) -> Any:
+        if self.task_class is not None:
+            return self.task_class(self.task, model=self.model, batching=self.batching)
         from pipeline.tasks import build_task
 
         return build_task(self.task, model=self.model, batching=self.batching)
@@ -72,7 +76,9 @@ def _load(task: Any, model: ModelConfig, device: str) -> Any:
         transformers.utils.logging.disable_progress_bar()
     except ImportError:  # pragma: no cover
         pass
-    return task.load(resolve_model_path(model.path, registry_uri=model.registry_uri), device)
+    resolve = getattr(task, "resolve_model_dir", None)
+    path = resolve(model.path) if resolve else resolve_model_path(model.path, registry_uri=model.registry_uri)
+    return task.load(path, device)
 
 
 def score_partition(

@@ -1,28 +1,26 @@
-"""Inference tasks: pure Python over Arrow/torch, one class per task kind."""
+"""Inference tasks: pure Python over Arrow/torch, one module per task kind.
+
+Each module defines its config model and task class and registers them with
+:func:`pipeline.registry.register_task`; :func:`build_task` finds them there.
+"""
 
 from __future__ import annotations
 
-from pipeline.config import BatchingConfig, JobConfig, ModelConfig
+from typing import Any
+
+from pipeline.config import BatchingConfig, ModelConfig, TaskConfig
 from pipeline.tasks.base import STATUS_FIELDS, Task, TextTask
-from pipeline.tasks.classify import ClassifyTask
-from pipeline.tasks.embed import EmbedTask
-from pipeline.tasks.generate import GenerateTask
 
-__all__ = [
-    "STATUS_FIELDS", "ClassifyTask", "EmbedTask", "GenerateTask", "Task", "TextTask", "build_task",
-]
-
-_TASKS = {"embed": EmbedTask, "classify": ClassifyTask, "generate": GenerateTask}
+__all__ = ["STATUS_FIELDS", "Task", "TextTask", "build_task"]
 
 
-def build_task(task_config, *, model: ModelConfig, batching: BatchingConfig) -> Task:
-    """The task object for ``task_config.kind``."""
+def build_task(task_config: TaskConfig, *, model: ModelConfig, batching: BatchingConfig) -> Any:
+    """The task object for ``task_config.kind`` (a registered kind)."""
+    from pipeline.registry import get_task_kind
+
     try:
-        cls = _TASKS[task_config.kind]
-    except KeyError:
-        raise ValueError(f"unknown task kind {task_config.kind!r}; known: {', '.join(sorted(_TASKS))}") from None
-    return cls(task_config, model=model, batching=batching)
+        kind = get_task_kind(task_config.kind)
+    except KeyError as exc:
+        raise ValueError(exc.args[0]) from None
+    return kind.task(task_config, model=model, batching=batching)
 
-
-def task_for_job(config: JobConfig) -> Task:
-    return build_task(config.task, model=config.model, batching=config.batching)

@@ -119,9 +119,9 @@ def scatter(out: dict[str, np.ndarray], values: dict[str, np.ndarray], indices: 
 
 def is_out_of_memory(exc: BaseException) -> bool:
     """A CUDA (or simulated) out-of-memory error: worth retrying with a smaller batch."""
-    from pipeline.faults import SimulatedOutOfMemory
+    from pipeline.faults import SimulatedOutOfMemoryError
 
-    if isinstance(exc, SimulatedOutOfMemory):
+    if isinstance(exc, SimulatedOutOfMemoryError):
         return True
     name = type(exc).__name__
     return name == "OutOfMemoryError" or (isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
@@ -356,7 +356,8 @@ class TextTask:
         batch = Batch(indices, length)
         started = time.perf_counter()
         try:
-            faults.check_batch([tok.texts[i] for i in indices], padded_tokens=batch.padded_tokens)
+            if faults.enabled:  # drills only: nothing to build or check per batch in production
+                faults.check_batch([tok.texts[i] for i in indices], padded_tokens=batch.padded_tokens)
             ids, mask = collate(tok.token_ids, batch, pad_id=pad_id)
             values = self.forward(loaded, ids, mask)
         except Exception as exc:  # noqa: BLE001 - classified below

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
+from pydantic import Field
 
+from pipeline.config import TaskConfig
+from pipeline.registry import register_task
 from pipeline.tasks._torch import forward, label_columns
 from pipeline.tasks.base import LoadedText, TextTask
 
-__all__ = ["ClassifyTask"]
+__all__ = ["ClassifyTask", "ClassifyTaskConfig"]
+
+
+class ClassifyTaskConfig(TaskConfig):
+    """Sequence classification: a probability per label from the model's id2label."""
+
+    kind: Literal["classify"] = "classify"
+    multi_label: bool = Field(False, description="sigmoid per label instead of softmax")
 
 
 class ClassifyTask(TextTask):
@@ -43,3 +53,6 @@ class ClassifyTask(TextTask):
 
     def build_columns(self, loaded: LoadedText, results: dict[str, np.ndarray | None], valid: np.ndarray) -> list[pa.Array]:
         return label_columns(self.label_names(loaded.model), results.get("probs"), valid)
+
+
+register_task(ClassifyTaskConfig, ClassifyTask)

@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
+from pydantic import Field
 
+from pipeline.config import TaskConfig
+from pipeline.registry import register_task
 from pipeline.tasks._torch import forward, label_columns, list_array
 from pipeline.tasks.base import LoadedText, TextTask
 
-__all__ = ["EmbedTask"]
+__all__ = ["EmbedTask", "EmbedTaskConfig"]
+
+
+class EmbedTaskConfig(TaskConfig):
+    """Sentence embeddings (AutoModel + pooling), optionally zero-shot scored against labels."""
+
+    kind: Literal["embed"] = "embed"
+    pooling: Literal["mean", "cls"] = Field("mean", description="`mean` or `cls` pooling")
+    normalize: bool = Field(True, description="L2-normalise the embedding")
+    store_embedding: bool = Field(True, description="keep the vector in the output")
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="`{label: description}`, embedded once per worker; rows get a cosine "
+        "per label, the best `label` and its `score`")
 
 
 class EmbedTask(TextTask):
@@ -74,3 +89,6 @@ class EmbedTask(TextTask):
             scores = None if emb is None else emb @ loaded.labels.T
             columns += label_columns(list(self.config.labels), scores, valid)
         return columns
+
+
+register_task(EmbedTaskConfig, EmbedTask)

@@ -14,21 +14,79 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Hashable, Sequence
+from typing import Any, ClassVar, Hashable, Literal, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
+from pydantic import Field, model_validator
 
 from pipeline import faults
-from pipeline.config import BatchingConfig, GenerateTaskConfig, ModelConfig
+from pipeline.config import BatchingConfig, ModelConfig, TaskConfig
+from pipeline.generation.config import VllmConfig
 from pipeline.generation.engine import BatchGenerator, GenerationRequest, GenerationResult
 from pipeline.generation.prompts import PromptBuilder, template_fields
 from pipeline.generation.sampling import SamplingParams, row_seed
-from pipeline.generation.vllm_backend import EngineFailed
+from pipeline.generation.vllm_backend import EngineError
 from pipeline.metrics import WorkerCounts
+from pipeline.registry import register_task
 from pipeline.tasks.base import STATUS_FIELDS
 
-__all__ = ["GenerateTask", "LoadedGenerator"]
+__all__ = ["GenerateTask", "GenerateTaskConfig", "LoadedGenerator"]
+
+
+class GenerateTaskConfig(TaskConfig):
+    """Text generation with a causal LM: one completion per row from a prompt template.
+
+    Memory is bounded here, not by the machine: the KV cache holds at most
+    ``slots`` rows of ``max_input_tokens + max_new_tokens_limit`` tokens
+    (checked against ``max_kv_cache_mb`` when set).
+    """
+
+    kind: Literal["generate"] = "generate"
+    backend: Literal["auto", "transformers", "vllm"] = Field(
+        "auto", description="`transformers`, `vllm`, or `auto` (vllm where the worker imports it)")
+    # vLLM always batches continuously
+    mode: Literal["static", "continuous"] = Field(
+        "continuous", description="transformers backend: `continuous` (finished rows leave, queued prompts join "
+        "at the next step) or `static` (fixed length-sorted batches)")
+    template: str = Field(
+        "{text}", description="prompt: `str.format` over column names; the columns it names are the task's inputs")
+    use_chat_template: Union[bool, Literal["auto"]] = Field(
+        "auto", description="wrap the prompt in the model's chat template (`auto`: when it has one)")
+    system_prompt: str | None = Field(None, description="system message inside the chat template")
+    max_input_tokens: int = Field(512, gt=0, description="prompt tokens per row; longer inputs are cut and flagged")
+    truncation: Literal["keep_start", "keep_end"] = Field(
+        "keep_start", description="which end of an over-long column value survives (the template is never cut)")
+    max_new_tokens: int = Field(64, gt=0, description="tokens generated per row")
+    max_new_tokens_column: str | None = Field(
+        None, description="an integer column with a per-row budget (nulls fall back to `max_new_tokens`)")
+    max_new_tokens_limit: int = Field(256, gt=0, description="the largest per-row budget (sizes the KV cache)")
+    temperature: float = Field(0.0, ge=0, description="0 is greedy")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass")
+    seed: int = Field(0, description="sampling seed, combined with each row's key")
+    seed_column: str | None = Field(None, description="column whose value seeds each row; none: the prompt text")
+    stop: list[str] = Field(default_factory=list, description="stop strings (cut from the completion)")
+    slots: int = Field(8, gt=0, description="transformers backend: rows decoded together")
+    max_kv_cache_mb: float | None = Field(None, gt=0, description="refuse configs whose KV cache needs more")
+    vllm: VllmConfig = Field(default_factory=VllmConfig)
+
+    @model_validator(mode="after")
+    def _limits(self) -> "GenerateTaskConfig":
+        if self.max_new_tokens > self.max_new_tokens_limit:
+            raise ValueError(
+                f"max_new_tokens {self.max_new_tokens} exceeds max_new_tokens_limit {self.max_new_tokens_limit}; "
+                "raise the limit (it sizes the KV cache) or lower max_new_tokens"
+            )
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+        return self
+
+    def check_job(self, job: Any) -> None:
+        if job.model.precision == "int8":
+            raise ValueError(
+                "model.precision int8 is for encoder tasks (embed, classify); "
+                "generate runs in fp32, or bf16/fp16 on CUDA"
+            )
 
 RESULT_FIELDS = [
     pa.field("completion", pa.string()),
@@ -225,10 +283,11 @@ class GenerateTask:
 
         started = time.perf_counter()
         try:
-            faults.check_batch(texts)  # drills: run.faults poison_marker / oom_above_rows
+            if faults.enabled:  # drills: run.faults poison_marker / oom_above_rows
+                faults.check_batch(texts)
             results = gen.generate(requests, on_finish=finished)
             stats = gen.stats
-        except EngineFailed:
+        except EngineError:
             self._drop_engine(loaded)
             raise
         except Exception:  # noqa: BLE001 - out of memory, or a row the engine rejects: find it row by row
@@ -260,9 +319,10 @@ class GenerateTask:
         """One row on its own: its result (an error result if it fails alone too) and the generator's counters."""
         single = gen.one_at_a_time()
         try:
-            faults.check_batch([text])
+            if faults.enabled:
+                faults.check_batch([text])
             return single.generate([request])[0], dict(single.stats)
-        except EngineFailed:
+        except EngineError:
             raise  # the engine, not the row: _generate drops it and the task is retried
         except Exception as exc:  # noqa: BLE001 - the row is flagged with the error, never dropped
             return GenerationResult("", [], len(request.prompt_ids), "error", 0.0,
@@ -296,3 +356,6 @@ class GenerateTask:
             pa.array(error.tolist(), pa.string()),
         ]
         return pa.RecordBatch.from_arrays(columns, schema=self.output_schema())
+
+
+register_task(GenerateTaskConfig, GenerateTask)

