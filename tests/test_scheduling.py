@@ -136,12 +136,11 @@ def test_bundle_fields_and_references() -> None:
         assert args[args.index("--ds") + 1] == "{{job.start_time.iso_date}}"
         conf = args[args.index("--conf") + 1]
         assert conf == f"${{workspace.file_path}}/conf/{name}.yaml" and (REPO / f"conf/{name}.yaml").is_file()
-        if name != "refresh_recommendations":  # the same config, overlay and overrides load here
-            overlays = [args[i + 1].replace("${workspace.file_path}", str(REPO))
-                        for i, a in enumerate(args) if a == "--overlay"]
-            sets = [args[i + 1].replace("${var.warehouse}", "s3://lake/sbi") for i, a in enumerate(args) if a == "--set"]
-            config = load_config(REPO / f"conf/{name}.yaml", overlays=overlays, overrides=sets + ["run.ds=2026-11-30"])
-            assert config.sink.writer == "delta" and config.sink.path.startswith("s3://lake/sbi/")
+        # the same config, overlay and overrides load here
+        overlays = [args[i + 1].replace("${workspace.file_path}", str(REPO)) for i, a in enumerate(args) if a == "--overlay"]
+        sets = [args[i + 1].replace("${var.warehouse}", "s3://lake/sbi") for i, a in enumerate(args) if a == "--set"]
+        config = load_config(REPO / f"conf/{name}.yaml", overlays=overlays, overrides=sets + ["run.ds=2026-11-30"])
+        assert config.sink.writer == "delta" and config.sink.path.startswith("s3://lake/sbi/")
 
 
 def test_bundle_report_task_runs_the_report_cli() -> None:
@@ -232,9 +231,8 @@ def test_dag_submits_each_job_with_its_config_and_the_logical_date(monkeypatch: 
         assert Path(args[args.index("--conf") + 1]) == REPO / "conf" / f"{job}.yaml"
         assert args[args.index("--ds") + 1] == "{{ ds }}"
         assert kwargs["env_vars"]["PYSPARK_PYTHON"] == f"{REPO}/.venv/bin/python"
-        if job != "refresh_recommendations":
-            sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
-            load_config(args[args.index("--conf") + 1], overrides=sets + ["run.ds=2026-11-30"])
+        sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+        load_config(args[args.index("--conf") + 1], overrides=sets + ["run.ds=2026-11-30"])
     [report] = [op for op in _Operator.created if isinstance(op, _Bash)]
     command = re.sub(r"\{\{\s*ds\s*\}\}", "2026-11-30", report.kwargs["bash_command"]).split()  # as Jinja renders it
     assert command[:3] == [f"{REPO}/.venv/bin/python", "-m", "pipeline"]
