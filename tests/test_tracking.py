@@ -56,7 +56,7 @@ def register(uri: str, name: str, folder: Path, *, alias: str | None = None) -> 
 
 def test_parse_registry_uri_rejects_other_forms() -> None:
     assert parse_registry_uri("models:/a.b-c/12") == ("a.b-c", "12", None)
-    with pytest.raises(ValueError, match="models:/<name>/<version> or models:/<name>@<alias>"):
+    with pytest.raises(ModelError, match="models:/<name>/<version> or models:/<name>@<alias>"):
         parse_registry_uri("models:/minilm")
 
 
