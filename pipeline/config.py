@@ -59,6 +59,12 @@ class SparkConfig(_Model):
     shuffle_partitions: int = Field(8, gt=0, description="`spark.sql.shuffle.partitions` of the session")
     conf: dict[str, str] = Field(
         default_factory=dict, description="extra Spark settings, e.g. `--set spark.conf.spark.x.y=v`")
+    rows_per_task: int = Field(
+        10_000, gt=0, description="target rows per inference task (`generate`: 512 unless set): the runner plans "
+        "ceil(rows / rows_per_task) tasks, at least one per core and a multiple of the cores")
+    remote: str | None = Field(
+        None, description="Spark Connect address (`sc://host:port/;token=...`); none: `$SPARK_REMOTE`, "
+        "else a classic session")
 
 
 SourceFormat = Literal["delta", "table", "parquet", "json", "text"]
@@ -78,7 +84,8 @@ class SourceConfig(_Model):
     where: str | None = Field(None, description="SQL filter applied to the source")
     limit: int | None = Field(None, gt=0, description="row cap")
     repartition: int | None = Field(
-        None, gt=0, description="inference tasks; none: at least one per core, hashed by id")
+        None, gt=0, description="inference tasks, hashed by id; none: planned from the row count "
+        "(see `spark.rows_per_task`)")
     unique_ids: bool = Field(False, description="fail before work on null or duplicate ids")
 
     @model_validator(mode="after")

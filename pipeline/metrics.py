@@ -1,16 +1,17 @@
 """Counters collected on the executors and the end-of-run summary built from them.
 
 Executors count into a plain nested dict of numbers (rows, tokens, padded
-tokens, batches, seconds, model loads per worker, batch-size histogram); Spark
-merges those dicts with :func:`merge_counts` through an accumulator. Pure
-Python: no pyspark import.
+tokens, batches, seconds, model loads and rows per worker, batch-size
+histogram); each task hands its dict to the driver inside the data it emits,
+and the driver merges them with :func:`merge_counts`
+(``pipeline.spark.run_metrics``). Pure Python: no pyspark import.
 
 Per-batch metrics stay small at any row count: each batch adds to a histogram
 by padded length, to its worker's timeline (1-second buckets, doubled while a
-task's timeline grows past ``TIMELINE_TASK_POINTS``), and competes for one of the task's ``SLOWEST_PER_TASK`` slowest-batch
-slots. Every leaf is a number, so the counts stay a plain JSON-able dict that
-:func:`merge_counts` adds up; :func:`batch_metrics` turns them into what the
-runs table and the report keep.
+task's timeline grows past ``TIMELINE_TASK_POINTS``), and competes for one of
+the task's ``SLOWEST_PER_TASK`` slowest-batch slots. Every leaf is a number, so
+the counts stay a plain JSON-able dict that :func:`merge_counts` adds up;
+:func:`batch_metrics` turns them into what the runs table and the report keep.
 """
 
 from __future__ import annotations
@@ -153,6 +154,9 @@ class RunSummary:
     incomplete: str | None = None
     # task-specific summary lines, {label: value} (e.g. the recommend kind's latest table and model quality)
     details: dict[str, str] = field(default_factory=dict)
+    # inference tasks the runner planned, and rows scored per Python worker
+    tasks: int = 0
+    rows_per_worker: dict[str, int] = field(default_factory=dict)
     # per-batch metrics (see batch_metrics): length histogram, worker timelines, slowest batches,
     # and for generation finish reasons and token counts
     batch_metrics: dict[str, Any] = field(default_factory=dict)
@@ -214,6 +218,8 @@ class RunSummary:
             f"model                   : {self.model_name} @ {self.model_revision}",
             f"model loads             : {load_line}",
         ]
+        if self.rows_per_worker:
+            lines.append(f"rows per worker         : {_spread(self.rows_per_worker)} in {self.tasks:,} task(s)")
         if self.load_seconds or self.infer_seconds:
             lines.append(f"worker time             : model load {self.load_seconds:,.1f} s, inference "
                          f"{self.infer_seconds:,.1f} s (summed over workers)")
@@ -293,6 +299,18 @@ def _timeline(counts: Mapping[str, Any]) -> tuple[dict[str, list[list[Any]]], in
     return out, width
 
 
+def _spread(per_worker: Mapping[str, int]) -> str:
+    """``'20,100 / 19,900 (2 workers, min/max 0.99)'``: how evenly the workers shared the rows.
+
+    >>> _spread({"h:1": 19_900, "h:2": 20_100})
+    '20,100 / 19,900 (2 workers, min/max 0.99)'
+    """
+    counts = sorted(per_worker.values(), reverse=True)
+    shown = " / ".join(f"{n:,}" for n in counts[:8]) + (" / ..." if len(counts) > 8 else "")
+    ratio = counts[-1] / counts[0] if counts[0] else 1.0
+    return f"{shown} ({len(counts)} worker{'s' if len(counts) != 1 else ''}, min/max {ratio:.2f})"
+
+
 def _short(row: Mapping[str, Any], width: int = 160) -> str:
     parts = []
     for key, value in row.items():
@@ -311,7 +329,7 @@ def _short(row: Mapping[str, Any], width: int = 160) -> str:
 class WorkerProgress:
     """Prints a worker's progress to stderr at most every ``interval`` seconds.
 
-    Spark's accumulators only reach the driver when a task ends, so a long task
+    A task's counts only reach the driver when the task ends, so a long task
     would look stuck; the worker's own line shows it moving (in the console
     under ``local[*]``, in the executor's stderr log on a cluster).
     """

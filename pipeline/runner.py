@@ -12,50 +12,22 @@ from __future__ import annotations
 
 import datetime as dt
 import sys
-import threading
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from pipeline.config import JobConfig
 from pipeline.errors import JobError
 from pipeline.metrics import RunSummary, batch_metrics
-from pipeline.registry import ModelInfo
+from pipeline.registry import ModelInfo, TaskKind, get_task_kind
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["JobError", "prepare_scores", "run_job"]
+__all__ = ["JobError", "plan_inference_tasks", "prepare_inputs", "prepare_scores", "run_job", "score_inputs"]
 
 LINEAGE_COLUMNS = ("model_name", "model_revision", "run_id", "scored_at")
-
-
-class _Progress(threading.Thread):
-    """Prints task progress and rows scored every few seconds while the Spark job runs."""
-
-    def __init__(self, spark: "SparkSession", acc: Any, job: str, interval: float, rows_in: int, out: TextIO) -> None:
-        super().__init__(daemon=True)
-        self.spark, self.acc, self.job, self.interval, self.rows_in, self.out = spark, acc, job, interval, rows_in, out
-        self.stop = threading.Event()
-        self.started = time.perf_counter()
-
-    def run(self) -> None:
-        tracker = self.spark.sparkContext.statusTracker()
-        while not self.stop.wait(self.interval):
-            done = total = 0
-            for stage_id in tracker.getActiveStageIds():
-                info = tracker.getStageInfo(stage_id)
-                if info:
-                    done += info.numCompletedTasks
-                    total += info.numTasks
-            rows = int(self.acc.value.get("rows", 0))
-            elapsed = time.perf_counter() - self.started
-            pct = f" ({100 * rows / self.rows_in:.0f}%)" if self.rows_in else ""
-            print(
-                f"[{self.job}] {elapsed:6.0f}s  tasks {done}/{total} done  rows in finished tasks "
-                f"{rows:,}/{self.rows_in:,}{pct}",
-                file=self.out, flush=True,
-            )
 
 
 def content_hash(input_columns: tuple[str, ...]) -> Any:
@@ -98,53 +70,91 @@ def _incremental_filter(spark: "SparkSession", inputs: "DataFrame", config: JobC
     return inputs.join(done, on=["id", "content_hash"], how="left_anti")
 
 
-def prepare_scores(
-    spark: "SparkSession", config: JobConfig, *, run_id: str, ds: dt.date, scored_at: dt.datetime,
-    model: ModelInfo, counts_acc: Any, faults: dict[str, Any] | None = None,
-) -> tuple["DataFrame", "DataFrame"]:
-    """``(inputs, scored)``: the validated rows to score and the lazily scored output with lineage.
-
-    ``inputs`` has ``id``, the task's input columns, ``content_hash`` and the
-    kept columns; with ``run.incremental`` it holds only new or changed rows.
-    """
-    from pyspark.sql import functions as F
-
-    from pipeline.registry import get_task_kind
-    from pipeline.spark.udf import InferencePlan, apply_inference
-
+def _kind_and_task(config: JobConfig) -> tuple[TaskKind, Any]:
     kind = get_task_kind(config.task.kind)
-    task = kind.task(config.task, model=config.model, batching=config.batching)
-    revision = model.revision
+    return kind, kind.task(config.task, model=config.model, batching=config.batching)
+
+
+def prepare_inputs(spark: "SparkSession", config: JobConfig, *, revision: str, task: Any = None) -> "DataFrame":
+    """The validated rows to score: ``id``, the task's input columns, ``content_hash`` and the kept columns.
+
+    The task kind reads them (:meth:`pipeline.registry.TaskJob.read_inputs`). With ``run.incremental``
+    only new or changed rows (for ``revision``) remain.
+    """
+    kind, built = _kind_and_task(config)
+    task = task or built
     inputs = kind.job.read_inputs(spark, config, task)
     if config.source.unique_ids:
         _check_ids(inputs, config.source.id_column)
     inputs = inputs.withColumn("content_hash", content_hash(tuple(task.input_columns)))
     if config.run.incremental:
         inputs = _incremental_filter(spark, inputs, config, revision)
-    df = inputs
+    return inputs
+
+
+def plan_inference_tasks(spark: "SparkSession", config: JobConfig, rows: int, task: Any = None) -> int:
+    """Inference tasks for ``rows`` rows: ``source.repartition`` if set, else planned from rows and cores.
+
+    Rows per task: ``spark.rows_per_task`` when set, else the task's own preference (``rows_per_task``
+    on the task class: generation prefers small tasks), else the default.
+    """
+    from pipeline.spark.planning import count_cores, plan_tasks
+
     if config.source.repartition is not None:
-        df = df.repartition(config.source.repartition, "id")
-    else:
-        parallelism = spark.sparkContext.defaultParallelism
-        if df.rdd.getNumPartitions() < parallelism:
-            # hash by id: deterministic across task retries, every core busy
-            df = df.repartition(parallelism, "id")
+        return config.source.repartition
+    rows_per_task = config.spark.rows_per_task
+    if "rows_per_task" not in config.spark.model_fields_set:
+        rows_per_task = getattr(task, "rows_per_task", None) or rows_per_task
+    return plan_tasks(rows, cores=count_cores(spark), rows_per_task=rows_per_task)
+
+
+def score_inputs(
+    inputs: "DataFrame", config: JobConfig, *, tasks: int, run_id: str, ds: dt.date, scored_at: dt.datetime,
+    model: ModelInfo, faults: dict[str, Any] | None = None, task: Any = None,
+) -> "DataFrame":
+    """The lazily scored rows with lineage, in ``tasks`` inference tasks hashed by id.
+
+    Hashing by id is deterministic across task retries, and the source's own
+    split count never decides the parallelism. Each task's counts ride in
+    ``METRICS_COLUMN`` (see ``pipeline.spark.run_metrics``); drop it before writing.
+    """
+    from pyspark.sql import functions as F
+
+    from pipeline.spark.udf import METRICS_COLUMN, InferencePlan, apply_inference
+
+    kind, built = _kind_and_task(config)
+    task = task or built
     plan = InferencePlan(
         task=config.task, model=config.model.model_copy(update={"path": model.path}), batching=config.batching,
         keep_columns=("content_hash", *config.source.keep_columns), input_columns=tuple(task.input_columns),
         job=config.job, progress_interval_s=config.run.progress_interval_s if config.run.progress else None,
-        faults=tuple((faults or {}).items()), task_class=kind.task,
+        faults=tuple((faults or {}).items()), metrics_column=METRICS_COLUMN, task_class=kind.task,
     )
-    scored = apply_inference(df, plan, counts_acc).withColumnRenamed("id", config.source.id_column)
+    scored = apply_inference(inputs.repartition(tasks, "id"), plan).withColumnRenamed("id", config.source.id_column)
     scored = scored.select(
         "*",
         F.lit(model.name).alias("model_name"),
-        F.lit(revision).alias("model_revision"),
+        F.lit(model.revision).alias("model_revision"),
         F.lit(run_id).alias("run_id"),
         F.lit(scored_at).cast("timestamp").alias("scored_at"),
     )
     if "ds" in config.sink.partition_by:
         scored = scored.withColumn("ds", F.lit(ds).cast("date"))
+    return scored
+
+
+def prepare_scores(
+    spark: "SparkSession", config: JobConfig, *, run_id: str, ds: dt.date, scored_at: dt.datetime,
+    model: ModelInfo, faults: dict[str, Any] | None = None, task: Any = None, tasks: int | None = None,
+) -> tuple["DataFrame", "DataFrame"]:
+    """``(inputs, scored)``: :func:`prepare_inputs` and :func:`score_inputs` in one call.
+
+    Without ``tasks`` the inputs are counted to plan them.
+    """
+    inputs = prepare_inputs(spark, config, revision=model.revision, task=task)
+    tasks = tasks or plan_inference_tasks(spark, config, inputs.count(), task)
+    scored = score_inputs(inputs, config, tasks=tasks, run_id=run_id, ds=ds, scored_at=scored_at,
+                          model=model, faults=faults, task=task)
     return inputs, scored
 
 
@@ -202,9 +212,10 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     from pipeline.io.paths import check_locations
     from pipeline.io.sinks import write_sink
     from pipeline.io.sources import SourceError, is_delta_table
+    from pipeline.spark.progress import JobProgress, stage_source
+    from pipeline.spark.run_metrics import observe_counts
     from pipeline.spark.session import get_session
-    from pipeline.registry import get_task_kind
-    from pipeline.spark.udf import CountsParam
+    from pipeline.spark.udf import METRICS_COLUMN
 
     other_parts = [c for c in config.sink.partition_by if c != "ds" and c not in config.source.keep_columns]
     if other_parts:
@@ -215,8 +226,7 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     if config.sink.mode == "overwrite_partition" and config.sink.partition_by != ["ds"]:
         raise JobError("sink.mode overwrite_partition replaces one run date: use sink.partition_by: [ds]")
 
-    kind = get_task_kind(config.task.kind)
-    task = kind.task(config.task, model=config.model, batching=config.batching)
+    kind, task = _kind_and_task(config)
     if config.model.path.startswith("models:/"):  # issue 13: an alias is pinned to one version for every worker
         from pipeline.tracking import pin_registry_model
 
@@ -230,44 +240,46 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     run_id = config.run.resolved_run_id()
     ds = config.run.resolved_ds()
     scored_at = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
-    acc = spark.sparkContext.accumulator({}, CountsParam())
     faults = fault_hooks.from_env(config.run.faults)
 
-    inputs, scored = prepare_scores(
-        spark, config, run_id=run_id, ds=ds, scored_at=scored_at, model=model, counts_acc=acc, faults=faults,
-    )
+    inputs = prepare_inputs(spark, config, revision=revision, task=task)
+    rows_in = inputs.count()
+    tasks = plan_inference_tasks(spark, config, rows_in, task)
+    scored = score_inputs(inputs, config, tasks=tasks, run_id=run_id, ds=ds, scored_at=scored_at,
+                          model=model, faults=faults, task=task)
     sink = config.sink
     if config.run.incremental and sink.mode != "append":
         # new rows join the run's partition; replacing it would drop the rows scored earlier today
         sink = sink.model_copy(update={"mode": "append"})
-    rows_in = inputs.count()
     mode_note = " incremental" if config.run.incremental else ""
-    print(f"[{config.job}] run {run_id}: scoring {rows_in:,}{mode_note} rows with {model_name} @ {revision} "
-          f"-> {sink.path or sink.table} (ds {ds}, mode {sink.mode})", file=out, flush=True)
+    print(f"[{config.job}] run {run_id}: scoring {rows_in:,}{mode_note} rows in {tasks} tasks with {model_name} "
+          f"@ {revision} -> {sink.path or sink.table} (ds {ds}, mode {sink.mode})", file=out, flush=True)
 
     # Scored rows feed two writes (output, quarantine): keep them so inference runs once.
     scored = scored.persist(StorageLevel.MEMORY_AND_DISK)
-    progress = _Progress(spark, acc, config.job, config.run.progress_interval_s, rows_in, out)
-    if config.run.progress:
-        progress.start()
+    # the tasks' counts are observed while the output is written, and their column never written
+    to_write, observed = observe_counts(scored, METRICS_COLUMN)
+    progress = (JobProgress(stage_source(spark), job=config.job, planned_tasks=tasks, rows_total=rows_in,
+                            interval=config.run.progress_interval_s, out=out)
+                if config.run.progress and rows_in else nullcontext())
     started = time.perf_counter()
     metadata = {"sbi.job": config.job, "sbi.run_id": run_id, "sbi.model_revision": revision}
     try:
-        result = write_sink(
-            kind.job.shape_output(scored.where(F.col("status") != "error"), config), sink,
-            partition_values={"ds": ds}, commit_metadata=metadata, faults=faults,
-        )
-        errors = int(acc.value.get("status", {}).get("error", 0))
+        with progress:
+            result = write_sink(
+                kind.job.shape_output(to_write.where(F.col("status") != "error"), config), sink,
+                partition_values={"ds": ds}, commit_metadata=metadata, faults=faults,
+            )
+        counts = observed.counts() if rows_in else {}
+        errors = int(counts.get("status", {}).get("error", 0))
         quarantine_path = sink.resolved_quarantine_path()
         quarantine_version = None
         if errors or is_delta_table(spark, quarantine_path):
             # written even when empty once it exists, so a rerun replaces that day's failures too
             q = write_sink(_quarantine_rows(scored, inputs, config, tuple(task.input_columns)), sink,
-                           partition_values={"ds": ds},
-                           commit_metadata=metadata, path=quarantine_path)
+                           partition_values={"ds": ds}, commit_metadata=metadata, path=quarantine_path)
             quarantine_version = q.version
     finally:
-        progress.stop.set()
         scored.unpersist()
     seconds = time.perf_counter() - started
 
@@ -285,7 +297,6 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
                    if c in written.columns]
     samples = [r.asDict() for r in written.select(*sample_cols).limit(config.run.sample_rows).collect()]
 
-    counts = acc.value
     incomplete = kind.job.check_complete(rows_in=rows_in, rows_out=rows_out, rows_quarantined=rows_quarantined,
                                          counts=counts)
     details = kind.job.after_commit(spark, config, output=result.output, run_id=run_id, ds=ds) if not incomplete else {}
@@ -301,11 +312,12 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
         delta_version=result.version, writer=result.writer,
         batch_sizes={k: int(v) for k, v in counts.get("batch_sizes", {}).items()}, samples=samples,
         incremental=config.run.incremental,
-        retries={k: int(counts.get(k, 0)) for k in ("oom_splits", "adaptive_splits", "poison_bisections")
-                 if counts.get(k)},
+        retries={k: int(counts.get(k, 0)) for k in ("oom_splits", "adaptive_splits", "poison_bisections",
+                                                     "task_retries") if counts.get(k)},
         precision_used=counts.get("precision_used", {}), precision_fallbacks=counts.get("precision_fallbacks", {}),
         generation_backend=counts.get("generation_backend", {}),
         load_seconds=float(counts.get("load_seconds", 0.0)), infer_seconds=float(counts.get("infer_seconds", 0.0)),
+        tasks=tasks, rows_per_worker={w: int(n) for w, n in counts.get("rows_per_worker", {}).items()},
         incomplete=incomplete, details=details,
         batch_metrics=batch_metrics(counts),
     )
@@ -317,4 +329,3 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     if not summary.complete:
         raise JobError(f"{incomplete}; see the summary above")
     return summary
-

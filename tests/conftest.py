@@ -73,11 +73,16 @@ def drill():
     faults.activate(None)
 
 
+REPO = Path(__file__).resolve().parents[1]
+CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"  # set: pyspark.sql.functions build Connect columns
+
+
 @pytest.fixture(scope="session")
 def spark():
     from pipeline.config import SparkConfig
     from pipeline.spark.session import get_session
 
+    os.environ.pop(CONNECT_MODE, None)
     session = get_session(SparkConfig(
         # local[N,F]: up to F attempts per task, so retry tests see real retries
         master="local[2,3]", app_name="pipeline-tests", arrow_max_records_per_batch=1000, shuffle_partitions=4,
@@ -85,6 +90,102 @@ def spark():
     ))
     yield session
     session.stop()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _port_open(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory: pytest.TempPathFactory):
+    """A Spark Connect server (``local[2,3]``, like the classic fixture) in its own process; yields its URL.
+
+    Not ``SparkSession.builder.remote("local[2]")``: that starts the server inside
+    this process through the classic SparkContext (so it cannot sit beside the
+    ``spark`` fixture) on the fixed port 15002 (which other test runs on the
+    machine would share). Its Python workers import this checkout's ``pipeline``.
+    """
+    import subprocess
+    import time
+
+    port = _free_port()
+    log = tmp_path_factory.mktemp("connect") / "server.log"
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+           "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env.pop(CONNECT_MODE, None)
+    env.pop("SPARK_REMOTE", None)
+    confs = {
+        "spark.connect.grpc.binding.port": str(port), "spark.connect.grpc.binding.address": "127.0.0.1",
+        "spark.ui.enabled": "false", "spark.log.level": "WARN", "spark.sql.session.timeZone": "UTC",
+        "spark.python.worker.reuse": "true", "spark.default.parallelism": "2", "spark.task.maxFailures": "2",
+        "spark.python.worker.faulthandler.enabled": "true",
+        "spark.sql.execution.pyspark.udf.faulthandler.enabled": "true",
+    }
+    cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2,3]", "--driver-memory", "2g",
+           "--class", "org.apache.spark.sql.connect.service.SparkConnectServer", "--name", "pipeline-tests-connect"]
+    for key, value in confs.items():
+        cmd += ["--conf", f"{key}={value}"]
+    with open(log, "wb") as sink:
+        server = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT, cwd=str(REPO))
+    try:
+        deadline = time.monotonic() + 300
+        while not _port_open(port):
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the Spark Connect server did not start (exit {server.poll()}); "
+                                   f"its log ends:\n{log.read_text()[-3000:]}")
+            time.sleep(1)
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+@pytest.fixture(scope="session")
+def spark_connect(connect_server: str):
+    """A Spark Connect session on :func:`connect_server`, with the classic fixture's runtime settings."""
+    from pipeline.config import SparkConfig
+    from pipeline.spark.session import get_session
+
+    try:
+        session = get_session(SparkConfig(remote=connect_server, arrow_max_records_per_batch=1000,
+                                          shuffle_partitions=4))
+    finally:
+        os.environ.pop(CONNECT_MODE, None)  # the classic fixture's tests need classic columns
+    yield session
+    try:
+        session.stop()
+    except Exception:  # noqa: BLE001 - the server goes away with the fixture anyway
+        pass
+
+
+@pytest.fixture(params=["classic", "connect"])
+def any_spark(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """The test runs twice: on the classic ``spark`` session and on the ``spark_connect`` session.
+
+    pyspark builds Connect or classic columns depending on ``SPARK_CONNECT_MODE_ENABLED``,
+    so it is set for exactly the Connect runs.
+    """
+    if request.param == "classic":
+        monkeypatch.delenv(CONNECT_MODE, raising=False)
+        return request.getfixturevalue("spark")
+    session = request.getfixturevalue("spark_connect")
+    monkeypatch.setenv(CONNECT_MODE, "1")
+    return session
 
 
 SENTENCES = [

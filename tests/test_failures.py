@@ -36,32 +36,50 @@ def _assert_exactly_once(tmp_path: Path, n: int) -> pa.Table:
     return table
 
 
-@pytest.mark.parametrize("faults", [
-    {"fail_infer_partitions": [0, 1]},
-    {"fail_write_partitions": [0, 1]},
-    {"kill_worker_partitions": [1]},
-], ids=["inference-fails", "write-fails", "worker-dies"])
-def test_failed_attempts_are_retried_and_never_committed(spark, tmp_path, tiny_embed_model, faults):
+INFER_FAILS = {"fail_infer_partitions": [0, 1]}
+
+
+@pytest.mark.parametrize("kind,faults", [
+    ("classic", INFER_FAILS),
+    ("classic", {"fail_write_partitions": [0, 1]}),
+    ("classic", {"kill_worker_partitions": [1]}),
+    ("connect", INFER_FAILS),
+], ids=["inference-fails", "write-fails", "worker-dies", "connect-inference-fails"])
+def test_failed_attempts_are_retried_and_never_committed(request, monkeypatch, tmp_path, tiny_embed_model,
+                                                         kind, faults):
+    if kind == "connect":
+        spark = request.getfixturevalue("spark_connect")
+        monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
+    else:
+        spark = request.getfixturevalue("spark")
     write_delta(tmp_path / "docs", make_documents(300))
     config = job_config(tmp_path, tiny_embed_model, source={"repartition": 3}, run={"faults": faults})
-    group = f"faults-{tmp_path.name}"
-    spark.sparkContext.setJobGroup(group, "fault injection test")
-    try:
-        summary = run_job(config, spark=spark, out=io.StringIO())
-    finally:
-        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
     failing = set(faults.get("fail_infer_partitions") or faults.get("fail_write_partitions")
                   or faults.get("kill_worker_partitions"))
-    tracker = spark.sparkContext.statusTracker()
-    failed_tasks = sum(
-        tracker.getStageInfo(stage).numFailedTasks
-        for job in tracker.getJobIdsForGroup(group)
-        for stage in tracker.getJobInfo(job).stageIds
-        if tracker.getStageInfo(stage)
-    )
-    assert failed_tasks == len(failing), "each injected fault failed exactly one task attempt"
+    if kind == "classic":
+        group = f"faults-{tmp_path.name}"
+        spark.sparkContext.setJobGroup(group, "fault injection test")
+        try:
+            summary = run_job(config, spark=spark, out=io.StringIO())
+        finally:
+            spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+        tracker = spark.sparkContext.statusTracker()
+        failed_tasks = sum(
+            tracker.getStageInfo(stage).numFailedTasks
+            for job in tracker.getJobIdsForGroup(group)
+            for stage in tracker.getJobInfo(job).stageIds
+            if tracker.getStageInfo(stage)
+        )
+        assert failed_tasks == len(failing), "each injected fault failed exactly one task attempt"
+    else:
+        summary = run_job(config, spark=spark, out=io.StringIO())
     assert summary.complete and summary.rows_out == 300
-    _assert_exactly_once(tmp_path, 300)
+    table = _assert_exactly_once(tmp_path, 300)
+    # counts come from the successful attempts only: a retried task is never counted twice
+    assert sum(summary.status.values()) == 300 and sum(summary.rows_per_worker.values()) == 300
+    assert summary.tokens == sum(table["n_tokens"].to_pylist())
+    if "fail_write_partitions" not in faults:  # write faults retry after inference (the rows are cached)
+        assert summary.retries.get("task_retries") == len(failing), summary.retries
     dt_ = DeltaTable(str(tmp_path / "scores"))
     assert dt_.version() == 0, "one job, one commit"
     live = _live_files(tmp_path / "scores")
@@ -73,7 +91,8 @@ def test_failed_attempts_are_retried_and_never_committed(spark, tmp_path, tiny_e
     assert sorted(_all_parquet(tmp_path / "scores")) == sorted(live), "files of failed attempts are deleted"
 
 
-def test_poison_rows_go_to_quarantine_and_a_clean_rerun_clears_it(spark, tmp_path, tiny_embed_model):
+def test_poison_rows_go_to_quarantine_and_a_clean_rerun_clears_it(any_spark, tmp_path, tiny_embed_model):
+    spark = any_spark
     docs = make_documents(60)
     texts = docs["text"].to_pylist()
     texts[10], texts[42] = "a POISON review", "more POISON here"
@@ -143,7 +162,8 @@ def test_corrupt_weights_fail_before_any_work(spark, tmp_path, tiny_embed_model)
     assert not (tmp_path / "scores").exists()
 
 
-def test_incremental_scores_only_new_and_changed_rows(spark, tmp_path, tiny_embed_model):
+def test_incremental_scores_only_new_and_changed_rows(any_spark, tmp_path, tiny_embed_model):
+    spark = any_spark
     write_delta(tmp_path / "docs", make_documents(40))
     base = dict(sink={"mode": "overwrite_partition"})
     assert run_job(job_config(tmp_path, tiny_embed_model, **base), spark=spark, out=io.StringIO()).rows_out == 40

@@ -173,8 +173,9 @@ def test_kv_cache_budget_is_enforced(model_dir):
         task.load(model_dir, "cpu")
 
 
-def test_generate_job_on_spark_writes_completions_to_delta(spark, tmp_path, model_dir):
-    """The generate task through the real Spark glue and Delta sink, like conf/generate_text.yaml."""
+def test_generate_job_on_spark_writes_completions_to_delta(any_spark, tmp_path, model_dir):
+    """The generate task through the real Spark glue and Delta sink, like conf/generate_text.yaml (both kinds)."""
+    spark = any_spark
     import io
 
     from deltalake import DeltaTable

@@ -46,7 +46,9 @@ def read_scores(tmp_path: Path) -> pa.Table:
     return pa.table(DeltaTable(str(tmp_path / "scores")).to_pyarrow_table())
 
 
-def test_end_to_end_append_then_partition_overwrite(spark, tmp_path, tiny_embed_model):
+def test_end_to_end_append_then_partition_overwrite(any_spark, tmp_path, tiny_embed_model):
+    """Classic and Spark Connect sessions alike: counts come from the data, not accumulators."""
+    spark = any_spark
     write_delta(tmp_path / "docs", make_documents(200))
     out = io.StringIO()
     summary = run_job(job_config(tmp_path, tiny_embed_model, run={"run_id": "run-1"}), spark=spark, out=out)
@@ -55,8 +57,14 @@ def test_end_to_end_append_then_partition_overwrite(spark, tmp_path, tiny_embed_
     assert summary.delta_version == 0 and summary.writer == "deltalake"
     assert "every input row written once" in out.getvalue()
     assert summary.infer_seconds > 0 and "worker time             : model load" in out.getvalue()
+    # 200 rows on 2 cores: one task per core, every row counted once, per worker too
+    assert summary.tasks == 2 and sum(summary.rows_per_worker.values()) == 200
+    assert sum(summary.batch_sizes[k] * int(k) for k in summary.batch_sizes) == 198  # null/blank: no batch
+    assert "rows per worker" in out.getvalue()
 
     table = read_scores(tmp_path)
+    assert summary.tokens == sum(table["n_tokens"].to_pylist()) > 0  # the counts match the rows written
+    assert "_sbi_metrics" not in table.schema.names
     ids = table["doc_id"].to_pylist()
     assert len(ids) == 200 and len(set(ids)) == 200
     assert set(ids) == {f"d{i:05d}" for i in range(200)}

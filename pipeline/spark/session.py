@@ -1,17 +1,24 @@
-"""Get the SparkSession a job runs in: the active one (spark-submit, Databricks), else a local one."""
+"""Get the SparkSession a job runs in: a Spark Connect one, the active one, else a local one.
+
+Both session kinds run every job (``pipeline.runner`` uses only the DataFrame
+API): a classic session (spark-submit, a local ``local[*]`` one) and a Spark
+Connect session (Databricks serverless and standard access, or any
+``sc://host:port`` server), chosen with ``spark.remote`` or ``SPARK_REMOTE``.
+"""
 
 from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeline.config import SparkConfig
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["activate_for_this_thread", "get_session", "session_key", "session_settings"]
+__all__ = ["activate_for_this_thread", "apply_session_settings", "get_session", "is_connect", "remote_url",
+           "session_key", "session_settings"]
 
 
 def session_settings(config: SparkConfig) -> dict[str, str]:
@@ -23,18 +30,49 @@ def session_settings(config: SparkConfig) -> dict[str, str]:
     }
 
 
-def get_session(config: SparkConfig) -> "SparkSession":
-    """The active session with our runtime settings, or a new local one built from ``config``.
+def is_connect(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect session (no ``sparkContext``, JVM or RDD API on the driver)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
 
-    Under spark-submit the master and resources come from spark-submit; here
-    ``spark.master`` is only set when Python started Spark itself.
+
+def remote_url(config: SparkConfig) -> str | None:
+    """The Spark Connect address to use: ``spark.remote``, else ``$SPARK_REMOTE``, else None (classic)."""
+    return config.remote or os.environ.get("SPARK_REMOTE") or None
+
+
+def apply_session_settings(spark: "SparkSession", config: SparkConfig, *, out: Any = None) -> None:
+    """Set :func:`session_settings` on ``spark`` (either kind).
+
+    A managed Connect session may refuse a key (serverless allows only some
+    settings): the job still runs with the server's value, and a line on
+    stderr names the key.
     """
+    for key, value in session_settings(config).items():
+        try:
+            if spark.conf.get(key, None) != value:
+                spark.conf.set(key, value)
+        except Exception as exc:  # noqa: BLE001 - a refused setting must not stop the job
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            print(f"warning: could not set {key}={value} on this session ({first}); using the server's value",
+                  file=out or sys.stderr, flush=True)
+
+
+def get_session(config: SparkConfig) -> "SparkSession":
+    """A Spark Connect session (``spark.remote`` / ``SPARK_REMOTE``), the active session, or a new local one.
+
+    Our runtime SQL settings are applied in every case. Under spark-submit the
+    master and resources come from spark-submit; here ``spark.master`` is only
+    set when Python started Spark itself.
+    """
+    url = remote_url(config)
+    if url:
+        return _connect_session(url, config)
+
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
     if active is not None:
-        for key, value in session_settings(config).items():
-            active.conf.set(key, value)
+        apply_session_settings(active, config)
         return active
 
     # Workers must run this interpreter (the venv), not whatever python3 is first on PATH.
@@ -59,10 +97,31 @@ def get_session(config: SparkConfig) -> "SparkSession":
     return spark
 
 
-def session_key(spark: "SparkSession") -> int:
-    """One key per underlying session (several Python wrappers may share one JVM session)."""
-    jsession = getattr(spark, "_jsparkSession", None)  # classic only; Spark Connect has no JVM handle
-    return id(jsession) if jsession is not None else id(spark)
+def _connect_session(url: str, config: SparkConfig) -> "SparkSession":
+    """A Spark Connect session to ``url`` (``sc://host:port/;token=...``), with our runtime settings.
+
+    The server owns the master, executors and Python workers, so only runtime
+    settings (``spark.conf``) apply; ``spark.master`` and static confs are the
+    server's business.
+    """
+    # Like pyspark's own builder: from here on pyspark.sql.functions build Connect columns.
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    spark = ConnectSession.builder.remote(url).getOrCreate()
+    apply_session_settings(spark, config)
+    runtime = {k: v for k, v in config.conf.items() if k.startswith("spark.sql.")}
+    for key, value in runtime.items():
+        spark.conf.set(key, value)
+    return spark
+
+
+def session_key(spark: "SparkSession") -> Any:
+    """One key per underlying session: the server-side session id on Spark Connect, the JVM session on classic
+    (several Python wrappers may share one)."""
+    if is_connect(spark):
+        return ("connect", spark.session_id)
+    return id(spark._jsparkSession)
 
 
 def activate_for_this_thread(spark: "SparkSession") -> None:

@@ -2,17 +2,30 @@
 
 Everything here is importable (never defined in ``__main__``), so the
 per-worker model cache survives from task to task in a reused Python worker.
+
+Run metrics travel with the data, so they work on Spark Connect too (no
+accumulators there): with ``InferencePlan.metrics_column`` set, each task
+holds back its last chunk until it has scored everything, then writes its
+final :class:`~pipeline.metrics.WorkerCounts` as JSON into that column of its
+last row (null on every other row). The driver aggregates them
+(``pipeline.spark.run_metrics``). A failed or retried attempt's rows never
+reach the output, so neither do its counts.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Iterator
 
 import pyarrow as pa
-from pyspark.accumulators import AccumulatorParam
+
+try:
+    from pyspark.accumulators import AccumulatorParam
+except ImportError:  # pragma: no cover - pyspark-client (Spark Connect only) has no accumulators
+    AccumulatorParam = object  # type: ignore[assignment,misc]
 
 from pipeline.config import BatchingConfig, ModelConfig
 from pipeline.metrics import WorkerCounts, WorkerProgress, merge_counts
@@ -21,11 +34,18 @@ if TYPE_CHECKING:
     from pyspark import Accumulator
     from pyspark.sql import DataFrame
 
-__all__ = ["CountsParam", "InferencePlan", "apply_inference", "output_schema", "score_partition"]
+__all__ = ["CountsParam", "InferencePlan", "METRICS_COLUMN", "apply_inference", "output_schema", "score_partition"]
+
+# The column that carries each task's counts (JSON, on its last row); dropped before any write.
+METRICS_COLUMN = "_sbi_metrics"
 
 
 class CountsParam(AccumulatorParam):
-    """Merges the executors' nested count dicts on the driver."""
+    """Merges the executors' nested count dicts on the driver (classic sessions only).
+
+    Legacy: the runner reads counts from ``METRICS_COLUMN`` instead; kept for
+    callers that still pass an accumulator to :func:`apply_inference`.
+    """
 
     def zero(self, value: dict) -> dict:
         return {}
@@ -50,6 +70,8 @@ class InferencePlan:
     faults: tuple[tuple[str, Any], ...] = ()
     # the registered task class; pickled by reference, so a worker imports (and registers) its module
     task_class: Any = None
+    # the task's counts as JSON on its last row, in this column (None: no such column)
+    metrics_column: str | None = None
 
     def build_task(self) -> Any:
         if self.task_class is not None:
@@ -63,7 +85,8 @@ def output_schema(plan: InferencePlan, input_schema: pa.Schema) -> pa.Schema:
     """``id``, the kept source columns, then the task's result and status columns."""
     task_schema = plan.build_task().output_schema()
     kept = [input_schema.field(c) for c in ("id", *plan.keep_columns)]
-    return pa.schema(kept + list(task_schema))
+    metrics = [pa.field(plan.metrics_column, pa.string())] if plan.metrics_column else []
+    return pa.schema(kept + list(task_schema) + metrics)
 
 
 def _load(task: Any, model: ModelConfig, device: str) -> Any:
@@ -84,12 +107,14 @@ def _load(task: Any, model: ModelConfig, device: str) -> Any:
 def score_partition(
     plan: InferencePlan, counts_acc: "Accumulator[dict] | None", batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
-    """Score one Spark task's Arrow chunks: model from the per-worker cache, results in input order."""
+    """Score one Spark task's Arrow chunks: model from the per-worker cache, results in input order.
+
+    The model loads on the first chunk, so an empty task loads nothing.
+    """
     from pyspark import TaskContext
 
     from pipeline import faults
     from pipeline.models import cache
-    from pipeline.models.device import pick_device, task_threads
 
     ctx = TaskContext.get()
     faults.activate(dict(plan.faults))
@@ -100,41 +125,77 @@ def score_partition(
         progress = WorkerProgress(f"{plan.job} worker {worker}{part}", plan.progress_interval_s)
     counts = WorkerCounts(on_batch=progress, worker=worker, task=ctx.partitionId() if ctx else None)
     counts.merge({"tasks_per_worker": {worker: 1}})
+    if ctx is not None and ctx.attemptNumber() > 0:
+        counts.add("task_retries")  # this attempt succeeds only if its rows reach the output
     task = plan.build_task()
-    device = pick_device(ctx.resources() if ctx else None, prefer=plan.model.device)
-
-    import torch
-
-    # checked on every task: a reused worker keeps whatever the previous task set. Only called on a
-    # change: vLLM's CPU worker replaces torch.set_num_threads with a warning once its engine is up.
-    threads = task_threads(ctx.cpus() if ctx else None, override=plan.model.torch_threads)
-    if torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)
-    key = (task.cache_key(), device)
-    started = time.perf_counter()
-    loaded, fresh = cache.get_or_load(key, lambda: _load(task, plan.model, device))
-    if fresh:
-        counts.merge({"model_loads": {worker: 1}, "load_seconds": time.perf_counter() - started})
-        counts.merge(getattr(loaded, "load_counts", {}))  # e.g. the precision the accuracy gate chose
-    if progress is not None:
-        progress.restart()  # rates from the first batch on, not from the model load
+    loaded = None
     keep = ("id", *plan.keep_columns)
+    held: pa.RecordBatch | None = None
     for n, batch in enumerate(batches):
+        if loaded is None:
+            loaded = _load_for_task(task, plan, ctx, worker, counts)
+            if progress is not None:
+                progress.restart()  # rates from the first batch on, not from the model load
         t0 = time.perf_counter()
         inputs = pa.RecordBatch.from_arrays([batch.column(c) for c in plan.input_columns], names=list(plan.input_columns))
         result = task.process(loaded, inputs, counts)
         arrays = [batch.column(c) for c in keep] + list(result.columns)
         names = list(keep) + result.schema.names
         counts.add("infer_seconds", time.perf_counter() - t0)
-        yield pa.RecordBatch.from_arrays(arrays, names=names)
+        counts.merge({"rows_per_worker": {worker: batch.num_rows}})
+        out = pa.RecordBatch.from_arrays(arrays, names=names)
+        if plan.metrics_column is None:
+            yield out
+        elif out.num_rows == 0:
+            yield _with_metrics(out, plan.metrics_column, None)
+        else:
+            # hold the last chunk back: its last row carries this task's final counts
+            if held is not None:
+                yield _with_metrics(held, plan.metrics_column, None)
+            held = out
         if n == 0 and plan.faults and ctx is not None:
             faults.on_task_start(ctx.partitionId(), ctx.attemptNumber())
     if counts_acc is not None:
         counts_acc.add(counts.counts)
+    if held is not None:
+        yield _with_metrics(held, plan.metrics_column, json.dumps(counts.counts))
 
 
-def apply_inference(df: "DataFrame", plan: InferencePlan, counts_acc: "Accumulator[dict] | None") -> "DataFrame":
-    """``df`` (``id``, task inputs, kept columns) -> ``id``, kept columns, results, status."""
+def _load_for_task(task: Any, plan: InferencePlan, ctx: Any, worker: str, counts: WorkerCounts) -> Any:
+    """The task's model from the per-worker cache (loading it on this task's device if new)."""
+    from pipeline.models import cache
+    from pipeline.models.device import pick_device, task_threads
+
+    import torch
+
+    device = pick_device(ctx.resources() if ctx else None, prefer=plan.model.device)
+    # checked on every task: a reused worker keeps whatever the previous task set. Only called on a
+    # change: vLLM's CPU worker replaces torch.set_num_threads with a warning once its engine is up.
+    threads = task_threads(ctx.cpus() if ctx else None, override=plan.model.torch_threads)
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    started = time.perf_counter()
+    loaded, fresh = cache.get_or_load((task.cache_key(), device), lambda: _load(task, plan.model, device))
+    if fresh:
+        counts.merge({"model_loads": {worker: 1}, "load_seconds": time.perf_counter() - started})
+        counts.merge(getattr(loaded, "load_counts", {}))  # e.g. the precision the accuracy gate chose
+    return loaded
+
+
+def _with_metrics(batch: pa.RecordBatch, column: str | None, counts_json: str | None) -> pa.RecordBatch:
+    """``batch`` plus the metrics column: null everywhere, ``counts_json`` on the last row."""
+    values = [None] * batch.num_rows
+    if counts_json is not None and values:
+        values[-1] = counts_json
+    return pa.RecordBatch.from_arrays([*batch.columns, pa.array(values, pa.string())],
+                                      names=[*batch.schema.names, str(column)])
+
+
+def apply_inference(df: "DataFrame", plan: InferencePlan, counts_acc: "Accumulator[dict] | None" = None) -> "DataFrame":
+    """``df`` (``id``, task inputs, kept columns) -> ``id``, kept columns, results, status.
+
+    Plus ``plan.metrics_column`` when set (the runner's way: works on classic and Connect sessions).
+    """
     from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
     schema = output_schema(plan, to_arrow_schema(df.schema, timezone="UTC"))

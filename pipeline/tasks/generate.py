@@ -125,6 +125,9 @@ class GenerateTask:
     """The ``generate`` task (see the module docstring); ``input_columns`` come from the template."""
 
     kind: ClassVar[str] = "generate"
+    # Rows per inference task unless spark.rows_per_task is set: decoding is slow and continuous batching
+    # needs no big chunks, so smaller tasks let the progress line move (pipeline.spark.planning).
+    rows_per_task: ClassVar[int] = 512
 
     def __init__(self, config: GenerateTaskConfig, *, model: ModelConfig, batching: BatchingConfig) -> None:
         self.config = config
