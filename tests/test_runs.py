@@ -168,3 +168,11 @@ def test_run_job_failing_before_spark_leaves_a_failed_row(tmp_path: Path) -> Non
     assert (row["run_id"], row["outcome"], row["ds"]) == ("nomodel", "failed", dt.date(2026, 11, 30))
     assert row["error_class"] == "pipeline.errors.ModelError" and "does not exist" in row["error_message"]
     assert row["ended_at"] >= row["started_at"] and row["spark_app_id"] is None
+
+
+def test_spark_identity_on_both_session_kinds(any_spark) -> None:
+    """The runs table's application id and master, from a classic and a Spark Connect session alike."""
+    from pipeline.runs import spark_identity
+
+    app_id, master = spark_identity(any_spark)
+    assert app_id and master and master.startswith("local")
