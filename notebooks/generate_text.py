@@ -14,10 +14,9 @@
 
 # COMMAND ----------
 
-dbutils.widgets.text("config", "conf/generate_text.yaml", "Config YAML")  # noqa: F821
-dbutils.widgets.text("overlay", "", "Overlay YAML (optional)")  # noqa: F821
-dbutils.widgets.text("overrides", "", "Overrides: key.path=value, one per line or ';'-separated")  # noqa: F821
-dbutils.widgets.text("ds", "", "Run date YYYY-MM-DD (empty: today)")  # noqa: F821
+from pipeline.notebook import declare_widgets
+
+declare_widgets(dbutils, config="conf/generate_text.yaml")  # noqa: F821
 
 # COMMAND ----------
 
@@ -28,7 +27,6 @@ print(args)
 
 # COMMAND ----------
 
-from pipeline import load_config, run_job
+from pipeline.notebook import run_notebook
 
-config = load_config(args.config_path, overlays=args.overlays, overrides=args.overrides_with_run())
-summary = run_job(config, spark=spark)  # noqa: F821
+summary = run_notebook(args, spark=spark)  # noqa: F821

@@ -9,10 +9,9 @@
 
 # COMMAND ----------
 
-dbutils.widgets.text("config", "conf/score_documents.yaml", "Config YAML")  # noqa: F821
-dbutils.widgets.text("overlay", "", "Overlay YAML (optional)")  # noqa: F821
-dbutils.widgets.text("overrides", "", "Overrides: key.path=value, one per line or ';'-separated")  # noqa: F821
-dbutils.widgets.text("ds", "", "Run date YYYY-MM-DD (empty: today)")  # noqa: F821
+from pipeline.notebook import declare_widgets
+
+declare_widgets(dbutils, config="conf/score_documents.yaml")  # noqa: F821
 
 # COMMAND ----------
 
@@ -23,7 +22,6 @@ print(args)
 
 # COMMAND ----------
 
-from pipeline import load_config, run_job
+from pipeline.notebook import run_notebook
 
-config = load_config(args.config_path, overlays=args.overlays, overrides=args.overrides_with_run())
-summary = run_job(config, spark=spark)  # noqa: F821
+summary = run_notebook(args, spark=spark)  # noqa: F821

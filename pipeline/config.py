@@ -67,18 +67,21 @@ class SparkConfig(_Model):
         "else a classic session")
 
 
-SourceFormat = Literal["delta", "table", "parquet", "json", "text"]
+SourceFormat = Literal["delta", "table", "parquet", "json", "text", "binary_file"]
 
 
 class SourceConfig(_Model):
     """Where the rows to score come from."""
 
-    format: SourceFormat = Field("delta", description="`delta`, `table`, `parquet`, `json`, `text`")
+    format: SourceFormat = Field(
+        "delta", description="`delta`, `table`, `parquet`, `json`, `text`, `binary_file` (files as rows: "
+        "`path`, `modificationTime`, `length`, `content`; id: `path`)")
     path: str | None = Field(
         None, description="a local path or any URI (`s3://...`, `abfss://...`, `file:/...`), passed to Spark "
-        "untouched; a remote `delta` path needs the Delta connector; `text` ids are `<file URI>:<line>`")
+        "untouched; a remote `delta` path needs the Delta connector; `text` ids are `<file URI>:<line>`; "
+        "`binary_file`: a folder (read recursively) or a glob")
     table: str | None = Field(None, description="`catalog.schema.name` of a `table` source")
-    id_column: str = Field("id", description="the row id column (checked before any work)")
+    id_column: str = Field("id", description="the row id column (checked before any work); `binary_file`: `path`")
     text_column: str = Field("text", description="text tasks: the column scored (checked before any work)")
     keep_columns: list[str] = Field(default_factory=list, description="source columns copied unchanged to the output")
     where: str | None = Field(None, description="SQL filter applied to the source")
@@ -87,6 +90,14 @@ class SourceConfig(_Model):
         None, gt=0, description="inference tasks, hashed by id; none: planned from the row count "
         "(see `spark.rows_per_task`)")
     unique_ids: bool = Field(False, description="fail before work on null or duplicate ids")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _binary_file_id(cls, data: Any) -> Any:
+        # a folder of files has no id column of its own: each file's path is its id
+        if isinstance(data, dict) and data.get("format") == "binary_file" and "id_column" not in data:
+            data = {**data, "id_column": "path"}
+        return data
 
     @model_validator(mode="after")
     def _location(self) -> "SourceConfig":

@@ -1,8 +1,14 @@
-"""Databricks notebook helpers: read and validate the standard job widgets.
+"""Databricks notebook helpers: declare, read and validate the standard job widgets, then run the job.
 
 Every job notebook declares the same widgets (``config``, ``overlay``,
-``overrides``, ``ds``, optionally ``run_id``) in its first cell; this reads them
-into checked values so a typo fails in the second cell, not an hour into a run.
+``overrides``, ``ds``, ``run_id``) in its first cell (:func:`declare_widgets`),
+reads them into checked values in the second (:func:`read_widgets`, so a typo
+fails there, not an hour into a run) and runs the job in the last
+(:func:`run_notebook`)::
+
+    declare_widgets(dbutils, config="conf/score_documents.yaml")
+    args = read_widgets(dbutils)
+    summary = run_notebook(args, spark=spark)
 """
 
 from __future__ import annotations
@@ -13,7 +19,15 @@ from typing import Any
 
 from pipeline.config import ConfigError, parse_overrides
 
-__all__ = ["NotebookArgs", "read_widgets"]
+__all__ = ["NotebookArgs", "declare_widgets", "read_widgets", "run_notebook"]
+
+WIDGETS = {
+    "config": "Config YAML",
+    "overlay": "Overlay YAML (optional)",
+    "overrides": "Overrides: key.path=value, one per line or ';'-separated",
+    "ds": "Run date YYYY-MM-DD (empty: today)",
+    "run_id": "Run id (empty: a new one)",
+}
 
 
 @dataclass(frozen=True)
@@ -29,6 +43,21 @@ class NotebookArgs:
         extra = [f"run.ds={self.ds}"] if self.ds else []
         extra += [f"run.run_id={self.run_id}"] if self.run_id else []
         return [*self.overrides, *extra]
+
+
+def declare_widgets(dbutils: Any, *, config: str) -> None:
+    """Declare the standard widgets; ``config`` is the job's YAML, the others start empty."""
+    for name, label in WIDGETS.items():
+        dbutils.widgets.text(name, config if name == "config" else "", label)
+
+
+def run_notebook(args: NotebookArgs, *, spark: Any) -> Any:
+    """Load the config the widgets name and run it on the notebook's session; returns the run summary."""
+    from pipeline.config import load_config
+    from pipeline.runner import run_job
+
+    config = load_config(args.config_path, overlays=args.overlays, overrides=args.overrides_with_run())
+    return run_job(config, spark=spark)
 
 
 def _get(dbutils: Any, name: str) -> str:

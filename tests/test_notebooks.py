@@ -21,7 +21,7 @@ def test_notebook_is_databricks_source_and_calls_the_library(path):
     assert text.startswith("# Databricks notebook source\n")
     cells = text.split("# COMMAND ----------")
     assert len(cells) >= 3
-    assert "dbutils.widgets" in cells[1], "widgets are declared in the first code cell"
+    assert "declare_widgets(dbutils" in cells[1], "widgets are declared in the first code cell"
     ast.parse(text)  # valid Python
     last = cells[-1]
     assert "from pipeline" in last and "(" in last, "the last cell calls one library function"
@@ -31,6 +31,9 @@ def test_notebook_is_databricks_source_and_calls_the_library(path):
 class _Widgets:
     def __init__(self, values):
         self.values = values
+
+    def text(self, name, default, label):
+        self.values.setdefault(name, default)
 
     def get(self, name):
         if name not in self.values:
@@ -57,3 +60,13 @@ def test_read_widgets_validates_and_builds_overrides():
         read_widgets(_DbUtils(config="c.yaml", ds="29/11/2026"))
     with pytest.raises(ConfigError, match="key.path=value"):
         read_widgets(_DbUtils(config="c.yaml", overrides="batch_size 8"))
+
+
+def test_declared_widgets_are_the_ones_read():
+    from pipeline.notebook import declare_widgets, read_widgets
+
+    dbutils = _DbUtils()
+    declare_widgets(dbutils, config="conf/generate_text.yaml")
+    assert set(dbutils.widgets.values) == {"config", "overlay", "overrides", "ds", "run_id"}
+    args = read_widgets(dbutils)
+    assert args.config_path == "conf/generate_text.yaml" and args.overrides_with_run() == []

@@ -63,10 +63,11 @@ def _expected(data, folder) -> dict[int, list[int]]:
 
 
 @pytest.mark.slow  # a Spark job: ~20 s on an idle 2-core machine, more when shared
-def test_refresh_writes_ranked_unseen_items_with_lineage(spark, world):
+def test_refresh_writes_ranked_unseen_items_with_lineage(any_spark, world):
+    """On a classic and a Spark Connect session alike."""
     root, data, folder, revision = world
     out = io.StringIO()
-    summary = run_job(_config(root, ds="2026-11-30", run_id="r1"), spark=spark, out=out)
+    summary = run_job(_config(root, ds="2026-11-30", run_id="r1"), spark=any_spark, out=out)
     assert summary.rows_in == 24 and summary.rows_out == 24 * K and summary.complete
     assert summary.model_revision == revision and summary.model_name == "two_tower"
     assert summary.details["catalog items unknown"].startswith("0 ")
@@ -129,4 +130,4 @@ def test_committed_config_and_notebook():
     # The shared tests/test_notebooks.py checks the notebook format; here: it runs this job's entry point.
     text = open("notebooks/refresh_recommendations.py").read()
     last_cell = text.split("# COMMAND ----------")[-1]
-    assert "from pipeline import load_config, run_job" in last_cell and "run_job(config, spark=spark)" in last_cell
+    assert "run_notebook(args, spark=spark)" in last_cell and 'config="conf/refresh_recommendations.yaml"' in text

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = [
-    "SourceError", "check_source", "has_delta_connector", "is_delta_table", "read_delta", "read_source",
-    "select_input",
+    "SourceError", "check_source", "has_delta_connector", "is_delta_table", "read_binary_files", "read_delta",
+    "read_source", "select_input",
 ]
 
 # Reader features whose semantics a plain Parquet read would get wrong.
@@ -187,6 +187,8 @@ def read_source(spark: "SparkSession", config: SourceConfig) -> "DataFrame":
             df = spark.read.json(location)
         elif fmt == "text":
             df = _read_text(spark, location)
+        elif fmt == "binary_file":
+            df = read_binary_files(spark, location)
         else:  # pragma: no cover - config validation forbids it
             raise SourceError(f"unknown source.format {fmt!r}")
     except SourceError:
@@ -201,6 +203,49 @@ def read_source(spark: "SparkSession", config: SourceConfig) -> "DataFrame":
     if config.repartition:
         df = df.repartition(config.repartition)
     return df
+
+
+def read_binary_files(spark: "SparkSession", path: str) -> "DataFrame":
+    """Files as rows ``path``, ``modificationTime``, ``length``, ``content`` (Spark's ``binaryFile`` format).
+
+    ``path`` is a folder (read recursively) or a glob such as ``/data/scans/*.png``.
+    The executors read the bytes; nothing about the files is collected to the driver.
+
+    Spark's file sources silently skip 0-byte files, which would lose them; the
+    file listing Spark already holds on the driver (``inputFiles``: names only)
+    is anti-joined with the rows read, and each missing file comes back as a row
+    with empty ``content`` (``length`` 0, ``modificationTime`` null), so the task
+    can flag it instead of it vanishing.
+    """
+    from pyspark.sql import functions as F
+
+    reader = spark.read.format("binaryFile")
+    if not any(c in path for c in "*?[{"):
+        reader = reader.option("recursiveFileLookup", "true")
+    df = reader.load(path)
+    # inputFiles() gives URIs (file:///a%20b); the path column has Hadoop's decoded form (file:/a b)
+    listed = [(_hadoop_path(f),) for f in df.inputFiles()]
+    if not listed:
+        return df
+    empty = (
+        spark.createDataFrame(listed, "path string")
+        .join(df.select("path"), on="path", how="left_anti")
+        .select("path", F.lit(None).cast("timestamp").alias("modificationTime"),
+                F.lit(0).cast("long").alias("length"), F.lit("").cast("binary").alias("content"))
+    )
+    return df.unionByName(empty)
+
+
+def _hadoop_path(uri: str) -> str:
+    """A file URI as Hadoop's ``Path.toString`` writes it (what binaryFile's ``path`` column holds).
+
+    >>> _hadoop_path("file:///data/a%20b.png"), _hadoop_path("s3a://bucket/x%23y.jpg")
+    ('file:/data/a b.png', 's3a://bucket/x#y.jpg')
+    """
+    from urllib.parse import unquote
+
+    text = unquote(uri)
+    return "file:/" + text[len("file:///"):] if text.startswith("file:///") else text
 
 
 def _read_text(spark: "SparkSession", path: str) -> "DataFrame":

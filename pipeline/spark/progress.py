@@ -133,6 +133,10 @@ class _ConnectHandlerSource:
         with self.lock:
             for s in stages or ():
                 self.latest[s.stage_id] = StageProgress(s.stage_id, s.num_tasks, s.num_completed_tasks)
+            if done:
+                # The server samples progress (spark.connect.progress.reportInterval), so the last report
+                # may predate the last tasks; the query has ended, and a failed one raises in the caller.
+                self.latest = {k: StageProgress(k, s.tasks, s.tasks) for k, s in self.latest.items()}
 
     def stages(self) -> list[StageProgress]:
         with self.lock:

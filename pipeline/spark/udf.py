@@ -22,36 +22,16 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import pyarrow as pa
 
-try:
-    from pyspark.accumulators import AccumulatorParam
-except ImportError:  # pragma: no cover - pyspark-client (Spark Connect only) has no accumulators
-    AccumulatorParam = object  # type: ignore[assignment,misc]
-
 from pipeline.config import BatchingConfig, ModelConfig
-from pipeline.metrics import WorkerCounts, WorkerProgress, merge_counts
+from pipeline.metrics import WorkerCounts, WorkerProgress
 
 if TYPE_CHECKING:
-    from pyspark import Accumulator
     from pyspark.sql import DataFrame
 
-__all__ = ["CountsParam", "InferencePlan", "METRICS_COLUMN", "apply_inference", "output_schema", "score_partition"]
+__all__ = ["InferencePlan", "METRICS_COLUMN", "apply_inference", "output_schema", "score_partition"]
 
 # The column that carries each task's counts (JSON, on its last row); dropped before any write.
 METRICS_COLUMN = "_sbi_metrics"
-
-
-class CountsParam(AccumulatorParam):
-    """Merges the executors' nested count dicts on the driver (classic sessions only).
-
-    Legacy: the runner reads counts from ``METRICS_COLUMN`` instead; kept for
-    callers that still pass an accumulator to :func:`apply_inference`.
-    """
-
-    def zero(self, value: dict) -> dict:
-        return {}
-
-    def addInPlace(self, value1: dict, value2: dict) -> dict:
-        return merge_counts(value1, value2)
 
 
 @dataclass(frozen=True)
@@ -105,7 +85,7 @@ def _load(task: Any, model: ModelConfig, device: str) -> Any:
 
 
 def score_partition(
-    plan: InferencePlan, counts_acc: "Accumulator[dict] | None", batches: Iterator[pa.RecordBatch]
+    plan: InferencePlan, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[pa.RecordBatch]:
     """Score one Spark task's Arrow chunks: model from the per-worker cache, results in input order.
 
@@ -155,8 +135,6 @@ def score_partition(
             held = out
         if n == 0 and plan.faults and ctx is not None:
             faults.on_task_start(ctx.partitionId(), ctx.attemptNumber())
-    if counts_acc is not None:
-        counts_acc.add(counts.counts)
     if held is not None:
         yield _with_metrics(held, plan.metrics_column, json.dumps(counts.counts))
 
@@ -191,7 +169,7 @@ def _with_metrics(batch: pa.RecordBatch, column: str | None, counts_json: str | 
                                       names=[*batch.schema.names, str(column)])
 
 
-def apply_inference(df: "DataFrame", plan: InferencePlan, counts_acc: "Accumulator[dict] | None" = None) -> "DataFrame":
+def apply_inference(df: "DataFrame", plan: InferencePlan) -> "DataFrame":
     """``df`` (``id``, task inputs, kept columns) -> ``id``, kept columns, results, status.
 
     Plus ``plan.metrics_column`` when set (the runner's way: works on classic and Connect sessions).
@@ -199,4 +177,4 @@ def apply_inference(df: "DataFrame", plan: InferencePlan, counts_acc: "Accumulat
     from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
     schema = output_schema(plan, to_arrow_schema(df.schema, timezone="UTC"))
-    return df.mapInArrow(partial(score_partition, plan, counts_acc), from_arrow_schema(schema))
+    return df.mapInArrow(partial(score_partition, plan), from_arrow_schema(schema))

@@ -88,6 +88,7 @@ class GenerateTaskConfig(TaskConfig):
                 "generate runs in fp32, or bf16/fp16 on CUDA"
             )
 
+
 RESULT_FIELDS = [
     pa.field("completion", pa.string()),
     pa.field("prompt_tokens", pa.int32()),
