@@ -18,7 +18,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: venv venv-vllm demo demo-data demo-generate demo-generate-vllm demo-recs demo-images demo-images-data test \
+.PHONY: venv venv-vllm demo demo-data report demo-generate demo-generate-vllm demo-recs demo-images demo-images-data test \
 	test-vllm bench bench-gpu bench-generate bench-images lock lock-vllm clean
 
 $(STAMP): requirements.lock requirements-data.lock pyproject.toml
@@ -69,6 +69,11 @@ demo: demo-data
 	$(VENV)/bin/spark-submit --master 'local[*]' --driver-memory 2g \
 	  --conf spark.ui.enabled=false --conf spark.ui.showConsoleProgress=false --conf spark.log.level=WARN \
 	  jobs/score_documents.py --conf conf/score_documents.yaml --set source.limit=$(DEMO_ROWS) $(ARGS)
+
+# HTML report of the demo's latest run and its history, from the runs table document_scores_runs
+# (make demo ARGS="--ds 2026-11-28" records another night).
+report: | $(STAMP)
+	$(PY) -m pipeline report warehouse/demo/document_scores --history 14 --out warehouse/demo/report.html
 
 # Text generation demo: SmolLM2-135M-Instruct (GGUF from PyPI, converted once) summarises reviews.
 GEN_ROWS ?= 48

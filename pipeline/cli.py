@@ -22,7 +22,35 @@ def build_parser(prog: str = "python -m pipeline") -> argparse.ArgumentParser:
     sub.add_parser("tasks", help="list the registered task kinds and their config keys")
     docs = sub.add_parser("config-reference", help="print the config reference table (README's, generated)")
     docs.add_argument("--write", metavar="README", help="replace the generated table inside this file")
+    add_report_arguments(sub.add_parser(
+        "report", help="write an HTML report of a run (or the last N runs) from the runs table"))
     return parser
+
+
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", help="an output table path, its runs table (<output>_runs), or a run id with --runs")
+    parser.add_argument("--runs", metavar="PATH", help="the runs table (needed when target is a run id)")
+    parser.add_argument("--history", type=int, metavar="N", help="also cover the job's last N runs, flagging deviations")
+    parser.add_argument("--out", metavar="FILE", help="HTML file to write (default: <runs table>_report_<run id>.html)")
+    parser.add_argument("--max-rows-drop", type=float, default=20.0, metavar="PCT",
+                        help="flag a night whose rows in are more than PCT%% below the median before it (20)")
+    parser.add_argument("--max-throughput-drop", type=float, default=30.0, metavar="PCT",
+                        help="flag a night whose docs/s are more than PCT%% below the median before it (30)")
+    parser.add_argument("--fail-on-deviation", action="store_true",
+                        help="exit 3 when the reported run itself is flagged (for a scheduler's alert)")
+
+
+def report_command(args: argparse.Namespace) -> int:
+    """``pipeline report``: write the HTML file, print where, and list flagged nights."""
+    from pipeline.report import Thresholds, report_main
+
+    thresholds = Thresholds(rows_drop=args.max_rows_drop / 100, throughput_drop=args.max_throughput_drop / 100)
+    path, run_id, deviations = report_main(args.target, out=args.out, history=args.history, runs_path=args.runs,
+                                   thresholds=thresholds)
+    print(f"report: {path}")
+    for run_id, reasons in deviations.items():
+        print(f"flagged run {run_id}: " + "; ".join(reasons))
+    return 3 if args.fail_on_deviation and run_id in deviations else 0
 
 
 def add_job_arguments(parser: argparse.ArgumentParser, *, positional: bool = True) -> None:
@@ -60,6 +88,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m pipeline")
 
     args = build_parser(prog).parse_args(argv)
     try:
+        if args.command == "report":
+            return report_command(args)
         if args.command == "tasks":
             from pipeline.docs import task_kinds_text
 

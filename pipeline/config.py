@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Annotated, Any, Iterable, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SerializeAsAny, ValidationError, field_validator, model_validator
 
 from pipeline.errors import ConfigError
 
@@ -30,6 +30,7 @@ __all__ = [
     "ConfigError",
     "Int8Config",
     "JobConfig",
+    "MlflowConfig",
     "ModelConfig",
     "RunConfig",
     "SinkConfig",
@@ -158,6 +159,9 @@ class ModelConfig(_Model):
     # Setting it oversubscribes the machine; the bench uses it to measure that.
     torch_threads: int | None = Field(
         None, gt=0, description="torch threads per task; leave unset (= `spark.task.cpus`), see \"Threads\"")
+    registry_uri: str | None = Field(
+        None, description="MLflow registry for `model.path: models:/<name>/<version>` or `models:/<name>@<alias>`; "
+        "none: MLflow's default ($MLFLOW_REGISTRY_URI, $MLFLOW_TRACKING_URI, or the Databricks workspace)")
 
 
 class TaskConfig(_Model):
@@ -224,6 +228,14 @@ class SinkConfig(_Model):
         return self
 
 
+class MlflowConfig(_Model):
+    """Where a run logs its params, metrics and report (see ``pipeline.tracking``)."""
+
+    tracking_uri: str = Field(..., description="MLflow tracking URI, e.g. sqlite:///mlflow.db, file:/path, databricks")
+    experiment: str | None = Field(None, description="experiment name; none: the job name")
+    registry_uri: str | None = Field(None, description="model registry URI; none: the tracking URI")
+
+
 class RunConfig(_Model):
     """Per-run values: the logical date, the run id, reporting."""
 
@@ -237,6 +249,12 @@ class RunConfig(_Model):
         False, description="score only rows whose (id, content hash) the output lacks for this model revision")
     faults: dict[str, Any] = Field(
         default_factory=dict, description="fault injection for drills and tests (see `pipeline/faults.py`)")
+    runs_path: str | None = Field(
+        None, description="Delta table with one row per run (see `pipeline/runs.py`); none: `<sink.path>_runs`")
+    report_path: str | None = Field(
+        None, description="write this run's HTML report there at the end (see `pipeline/report.py`)")
+    mlflow: MlflowConfig | None = Field(
+        None, description="log params, metrics and the report to MLflow (needs `mlflow-skinny`); none: no logging")
 
     def resolved_ds(self) -> dt.date:
         return self.ds or dt.datetime.now(dt.timezone.utc).date()
@@ -255,6 +273,14 @@ class JobConfig(_Model):
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
     sink: SinkConfig
     run: RunConfig = Field(default_factory=RunConfig)
+    # key paths (e.g. "sink.path") whose values came from ${VAR}: the runs table redacts them
+    _env_paths: frozenset[str] = PrivateAttr(default_factory=frozenset)
+
+    def resolved_runs_path(self) -> str | None:
+        """The runs table: ``run.runs_path``, else the output path + ``_runs`` (none for a catalog sink)."""
+        if self.run.runs_path:
+            return self.run.runs_path
+        return self.sink.path.rstrip("/") + "_runs" if self.sink.path else None
 
     @field_validator("task", mode="before")
     @classmethod
@@ -288,13 +314,16 @@ def _known_kinds() -> list[str]:
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
-def _expand_env(value: Any, where: str) -> Any:
+def _expand_env(value: Any, where: str, found: set[str] | None = None) -> Any:
+    """``value`` with ``${VAR}`` expanded; the key paths that held one are added to ``found``."""
     if isinstance(value, dict):
-        return {k: _expand_env(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+        return {k: _expand_env(v, f"{where}.{k}" if where else str(k), found) for k, v in value.items()}
     if isinstance(value, list):
-        return [_expand_env(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [_expand_env(v, f"{where}[{i}]", found) for i, v in enumerate(value)]
     if not isinstance(value, str):
         return value
+    if found is not None and _ENV.search(value):
+        found.add(where)
 
     def sub(match: re.Match[str]) -> str:
         name, default = match.group(1), match.group(2)
@@ -394,11 +423,14 @@ def _format_errors(exc: ValidationError, source: str, data: dict[str, Any]) -> s
 
 def build_config(data: dict[str, Any], *, source: str = "(dict)") -> JobConfig:
     """Validate a plain dict (already merged) into a :class:`JobConfig`."""
-    data = _expand_env(data, "")
+    found: set[str] = set()
+    data = _expand_env(data, "", found)
     try:
-        return JobConfig.model_validate(data)
+        config = JobConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format_errors(exc, source, data)) from None
+    config._env_paths = frozenset(found)
+    return config
 
 
 def merged_config_data(
@@ -411,10 +443,15 @@ def merged_config_data(
 
     Job families with their own config model (e.g. ``pipeline.recs``) validate this dict themselves.
     """
+    return _expand_env(_merged_raw(path, overrides=overrides, overlays=overlays), "")
+
+
+def _merged_raw(path: str | os.PathLike[str], *, overrides: Iterable[str],
+                overlays: Iterable[str | os.PathLike[str]]) -> dict[str, Any]:
     data = _read_yaml(Path(path))
     for overlay in overlays:
         data = _deep_merge(data, _read_yaml(Path(overlay)))
-    return _expand_env(_deep_merge(data, parse_overrides(overrides)), "")
+    return _deep_merge(data, parse_overrides(overrides))
 
 
 def load_config(
@@ -430,4 +467,5 @@ def load_config(
         load_config("conf/score_documents.yaml", overlays=["conf/env/databricks.yaml"],
                     overrides=["run.ds=2026-11-29"])
     """
-    return build_config(merged_config_data(path, overrides=overrides, overlays=overlays), source=str(path))
+    # build_config expands ${VAR} itself, remembering which keys held one (redacted in the runs table)
+    return build_config(_merged_raw(path, overrides=overrides, overlays=overlays), source=str(path))

@@ -26,6 +26,8 @@ __all__ = [
     "PipelineError",
     "PrecisionGateError",
     "PromptError",
+    "RegistryError",
+    "ReportError",
     "SimulatedOutOfMemoryError",
     "SinkError",
     "SourceError",
@@ -62,6 +64,14 @@ class PrecisionGateError(ModelError):
 
 class EngineError(PipelineError, RuntimeError):
     """A generation engine (vLLM) failed; the task is retried with a fresh engine."""
+
+
+class RegistryError(ModelError):
+    """A ``models:/`` model path cannot be resolved through the MLflow model registry."""
+
+
+class ReportError(PipelineError, ValueError):
+    """A run report cannot be made: no runs table there, or no such run id."""
 
 
 class JobError(PipelineError, RuntimeError):

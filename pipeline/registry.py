@@ -65,7 +65,7 @@ class TaskJob:
         """Check the model before any work (folder, weights, kind) and fingerprint it for lineage."""
         from pipeline.models.loading import check_model_kind, model_revision, resolve_model_path
 
-        path = resolve_model_path(config.model.path)
+        path = resolve_model_path(config.model.path, registry_uri=config.model.registry_uri)
         check_model_kind(path, getattr(task, "model_kind", task.kind))
         return ModelInfo(config.model.path, config.model.name or path.name, model_revision(path))
 

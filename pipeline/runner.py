@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from pipeline.config import JobConfig
 from pipeline.errors import JobError
-from pipeline.metrics import RunSummary
+from pipeline.metrics import RunSummary, batch_metrics
 from pipeline.registry import ModelInfo, TaskKind, get_task_kind
 
 if TYPE_CHECKING:
@@ -187,7 +187,24 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
 
     Rows whose scoring failed go to the quarantine table (``sink.quarantine_path``),
     the rest to the output; the summary checks rows in = rows out + rows quarantined.
+    Every run, failed or not, leaves a row in the runs table (``pipeline.runs``).
     """
+    # --- issue 13: every run on the record (runs table, report, MLflow); recording never fails the run ---
+    from pipeline.runs import RunRecorder
+
+    run = config.run.model_copy(update={"run_id": config.run.resolved_run_id(), "ds": config.run.resolved_ds()})
+    config = config.model_copy(update={"run": run})  # one run id and ds for the record and the run
+    recorder = RunRecorder.begin(config, run_id=run.run_id, ds=run.ds, out=out)
+    try:
+        summary = _run_job(config, spark=spark, out=out, recorder=recorder)
+    except BaseException as exc:
+        recorder.end(error=exc)
+        raise
+    recorder.end(summary=summary)
+    return summary
+
+
+def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, recorder: Any) -> RunSummary:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -210,9 +227,15 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
         raise JobError("sink.mode overwrite_partition replaces one run date: use sink.partition_by: [ds]")
 
     kind, task = _kind_and_task(config)
+    if config.model.path.startswith("models:/"):  # issue 13: an alias is pinned to one version for every worker
+        from pipeline.tracking import pin_registry_model
+
+        config = pin_registry_model(config)
     model = kind.job.model_info(config, task)  # before any Spark work: a bad model fails in seconds
     model_name, revision = model.name, model.revision
+    recorder.note(model_name=model_name, model_revision=revision)  # issue 13
     spark = spark or get_session(config.spark)
+    recorder.note(spark=spark)  # issue 13
     check_locations(spark, config)  # a remote path the session cannot reach fails here, before any work
     run_id = config.run.resolved_run_id()
     ds = config.run.resolved_ds()
@@ -296,7 +319,9 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
         load_seconds=float(counts.get("load_seconds", 0.0)), infer_seconds=float(counts.get("infer_seconds", 0.0)),
         tasks=tasks, rows_per_worker={w: int(n) for w, n in counts.get("rows_per_worker", {}).items()},
         incomplete=incomplete, details=details,
+        batch_metrics=batch_metrics(counts),
     )
+    recorder.summary = summary  # issue 13: a run failing its row check below is recorded with its counts
     print(summary.render(), file=out, flush=True)
     if config.run.summary_path:
         Path(config.run.summary_path).parent.mkdir(parents=True, exist_ok=True)

@@ -26,9 +26,17 @@ _FINGERPRINT_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", 
 ModelKind = Literal["embed", "classify"]
 
 
-def resolve_model_path(spec: str) -> Path:
-    """The model folder for ``spec`` (a path or ``package:<module>``), checked to exist."""
-    if spec.startswith(PACKAGE_PREFIX):
+def resolve_model_path(spec: str, *, registry_uri: str | None = None) -> Path:
+    """The model folder for ``spec`` (a path, ``package:<module>`` or ``models:/...``), checked to exist.
+
+    ``models:/<name>/<version>`` and ``models:/<name>@<alias>`` come from the MLflow
+    model registry at ``registry_uri`` (see ``pipeline.tracking``).
+    """
+    if spec.startswith("models:/"):
+        from pipeline.tracking import resolve_registry_model
+
+        path = resolve_registry_model(spec, registry_uri=registry_uri)  # RegistryError is a ModelError
+    elif spec.startswith(PACKAGE_PREFIX):
         module_name = spec[len(PACKAGE_PREFIX):]
         try:
             module = importlib.import_module(module_name)

@@ -79,8 +79,9 @@ def _load(task: Any, model: ModelConfig, device: str) -> Any:
         transformers.utils.logging.disable_progress_bar()
     except ImportError:  # pragma: no cover
         pass
-    resolve = getattr(task, "resolve_model_dir", None) or resolve_model_path
-    return task.load(resolve(model.path), device)
+    resolve = getattr(task, "resolve_model_dir", None)
+    path = resolve(model.path) if resolve else resolve_model_path(model.path, registry_uri=model.registry_uri)
+    return task.load(path, device)
 
 
 def score_partition(
@@ -102,7 +103,7 @@ def score_partition(
     if plan.progress_interval_s:
         part = f" task {ctx.partitionId()}" if ctx else ""
         progress = WorkerProgress(f"{plan.job} worker {worker}{part}", plan.progress_interval_s)
-    counts = WorkerCounts(on_batch=progress)
+    counts = WorkerCounts(on_batch=progress, worker=worker, task=ctx.partitionId() if ctx else None)
     counts.merge({"tasks_per_worker": {worker: 1}})
     if ctx is not None and ctx.attemptNumber() > 0:
         counts.add("task_retries")  # this attempt succeeds only if its rows reach the output

@@ -12,6 +12,7 @@ is ever dropped.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -353,6 +354,7 @@ class TextTask:
                 self._run_guarded(loaded, tok, indices[start : start + limit], pad_id, out, errors, counts)
             return
         batch = Batch(indices, length)
+        started = time.perf_counter()
         try:
             if faults.enabled:  # drills only: nothing to build or check per batch in production
                 faults.check_batch([tok.texts[i] for i in indices], padded_tokens=batch.padded_tokens)
@@ -374,7 +376,8 @@ class TextTask:
             self._run_guarded(loaded, tok, indices[half:], pad_id, out, errors, counts)
             return
         scatter(out, values, indices, lengths.size)
-        counts.add_batch(rows=batch.size, tokens=int(lengths[indices].sum()), padded_tokens=batch.padded_tokens)
+        counts.add_batch(rows=batch.size, tokens=int(lengths[indices].sum()), padded_tokens=batch.padded_tokens,
+                         padded_length=length, seconds=time.perf_counter() - started)
 
 
 def _free_accelerator_memory() -> None:

@@ -11,6 +11,7 @@ flagged, never dropped.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Hashable, Literal, Sequence, Union
@@ -243,6 +244,11 @@ class GenerateTask:
         counts.add("rows", n)
         counts.add("chunks")
         counts.add_status({str(s): int(c) for s, c in zip(*np.unique(status.astype(str), return_counts=True))})
+        reasons: dict[str, int] = {}
+        for result in results:
+            if result is not None:
+                reasons[result.finish_reason] = reasons.get(result.finish_reason, 0) + 1
+        counts.merge({"finish_reasons": reasons})
         return self._to_batch(results, truncated, status, error)
 
     # -- helpers ------------------------------------------------------------------------------
@@ -279,6 +285,7 @@ class GenerateTask:
             if counts.on_batch is not None:
                 counts.on_batch(counts)
 
+        started = time.perf_counter()
         try:
             if faults.enabled:  # drills: run.faults poison_marker / oom_above_rows
                 faults.check_batch(texts)
@@ -305,6 +312,11 @@ class GenerateTask:
         counts.add("padded_tokens", int(prefill_padded + stats.get("decode_row_steps", 0)))
         counts.add("batches", int(stats.get("prefills", stats.get("steps", 0))))
         counts.add("generate_seconds", stats.get("prefill_s", 0.0) + stats.get("decode_s", 0.0) + stats.get("step_s", 0.0))
+        # per-batch metrics: one generate call (a chunk's rows) is the batch here
+        counts.record_batch(rows=len(requests), tokens=prompt_tokens + completion_tokens,
+                            padded_tokens=int(prefill_padded + stats.get("decode_row_steps", 0)),
+                            padded_length=max(len(r.prompt_ids) for r in requests),
+                            seconds=time.perf_counter() - started)
         return results
 
     def _generate_alone(self, gen: Any, request: GenerationRequest, text: str) -> tuple[GenerationResult, dict]:
