@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, TextIO
 
 import pyarrow as pa
 
+from pipeline.io.paths import is_local
+
 if TYPE_CHECKING:
     from pipeline.config import JobConfig
     from pipeline.metrics import RunSummary
@@ -233,6 +235,11 @@ class RunRecorder:
         self.config, self.run_id, self.ds, self.out = config, run_id, ds, out
         self.started_at = started_at or dt.datetime.now(dt.timezone.utc)
         self.path = config.resolved_runs_path()
+        # Written with deltalake from the driver, so, like the deltalake-backed sink, local or mounted paths
+        # only: a remote URI is never tried (no credentials lookups, no traffic to cloud metadata endpoints).
+        self.remote_skipped = self.path if self.path is not None and not is_local(self.path) else None
+        if self.remote_skipped:
+            self.path = None
         self.summary: "RunSummary | None" = None
         self.fields: dict[str, Any] = {}
         self.row: dict[str, Any] | None = None
@@ -261,6 +268,10 @@ class RunRecorder:
             return
         if self.version is not None and summary is not None:
             print(f"runs table              : {self.path} (version {self.version})", file=self.out, flush=True)
+        elif self.remote_skipped and error is None:
+            print(f"runs table              : not recorded: {self.remote_skipped} is remote; the runs table is "
+                  "written with deltalake from the driver, so set run.runs_path to a local or mounted path",
+                  file=self.out, flush=True)
         report_path = self.config.run.report_path
         if report_path:
             try:
