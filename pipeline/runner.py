@@ -70,9 +70,10 @@ def _incremental_filter(spark: "SparkSession", inputs: "DataFrame", config: JobC
     return inputs.join(done, on=["id", "content_hash"], how="left_anti")
 
 
-def _kind_and_task(config: JobConfig) -> tuple[TaskKind, Any]:
+def _kind_and_task(config: JobConfig, task: Any = None) -> tuple[TaskKind, Any]:
+    """The registered kind of ``config.task``, and ``task`` (built from the config only when not given)."""
     kind = get_task_kind(config.task.kind)
-    return kind, kind.task(config.task, model=config.model, batching=config.batching)
+    return kind, task if task is not None else kind.task(config.task, model=config.model, batching=config.batching)
 
 
 def prepare_inputs(spark: "SparkSession", config: JobConfig, *, revision: str, task: Any = None) -> "DataFrame":
@@ -81,8 +82,7 @@ def prepare_inputs(spark: "SparkSession", config: JobConfig, *, revision: str, t
     The task kind reads them (:meth:`pipeline.registry.TaskJob.read_inputs`). With ``run.incremental``
     only new or changed rows (for ``revision``) remain.
     """
-    kind, built = _kind_and_task(config)
-    task = task or built
+    kind, task = _kind_and_task(config, task)
     inputs = kind.job.read_inputs(spark, config, task)
     if config.source.unique_ids:
         _check_ids(inputs, config.source.id_column)
@@ -122,8 +122,7 @@ def score_inputs(
 
     from pipeline.spark.udf import METRICS_COLUMN, InferencePlan, apply_inference
 
-    kind, built = _kind_and_task(config)
-    task = task or built
+    kind, task = _kind_and_task(config, task)
     plan = InferencePlan(
         task=config.task, model=config.model.model_copy(update={"path": model.path}), batching=config.batching,
         keep_columns=("content_hash", *config.source.keep_columns), input_columns=tuple(task.input_columns),
