@@ -247,6 +247,13 @@ class RunConfig(_Model):
     summary_path: str | None = Field(None, description="also write the summary as JSON")
     incremental: bool = Field(
         False, description="score only rows whose (id, content hash) the output lacks for this model revision")
+    max_error_fraction: float | None = Field(
+        0.05, ge=0, le=1,
+        description="error budget: more than this fraction of the scored rows failing fails the run before "
+                    "anything is committed (at the limit passes); none: no fraction limit")
+    max_errors: int | None = Field(
+        None, ge=0, description="error budget: more than this many failed rows fails the run before anything is "
+                                "committed; none: no count limit")
     faults: dict[str, Any] = Field(
         default_factory=dict, description="fault injection for drills and tests (see `pipeline/faults.py`)")
     runs_path: str | None = Field(

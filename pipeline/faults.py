@@ -11,6 +11,10 @@ executor's environment after Spark started would not). Keys:
 ``fail_infer_partitions``  these partitions fail their first attempt during inference
 ``kill_worker_partitions`` these partitions' Python worker dies (``os._exit``) mid-task, first attempt
 ``fail_write_partitions``  these partitions fail their first attempt after writing a Parquet file
+``lose_and_duplicate_partitions`` these partitions drop their first row and emit their second twice
+                           (every attempt): a lost row and a duplicated one that a row count cannot see
+``fail_after_quarantine_commit`` the driver fails right after committing the quarantine table,
+                           before the output (a crash between the two commits)
 
 Example: ``SBI_FAULTS='{"fail_infer_partitions": [0], "fail_write_partitions": [1]}'``.
 
@@ -27,8 +31,8 @@ from typing import Any, Mapping, Sequence
 
 from pipeline.errors import InjectedFaultError, SimulatedOutOfMemoryError
 
-__all__ = ["InjectedFaultError", "SimulatedOutOfMemoryError", "activate", "check_batch", "from_env", "on_task_start",
-           "on_write"]
+__all__ = ["InjectedFaultError", "SimulatedOutOfMemoryError", "activate", "after_quarantine_commit", "check_batch",
+           "from_env", "on_output", "on_task_start", "on_write"]
 
 ENV = "SBI_FAULTS"
 _active: dict[str, Any] = {}
@@ -96,3 +100,19 @@ def on_write(partition: int, attempt: int, faults: Mapping[str, Any]) -> None:
     """Write-side fault: called after a task attempt has written a Parquet file."""
     if _first_attempt_of("fail_write_partitions", partition, attempt, faults):
         raise InjectedFaultError(f"injected write failure in partition {partition}, attempt {attempt}")
+
+
+def on_output(batch: Any, partition: int, chunk: int) -> Any:
+    """Inference-output fault: the first chunk of a listed partition loses its row 0 and repeats its row 1."""
+    if chunk != 0 or batch.num_rows < 2 or partition not in set(_active.get("lose_and_duplicate_partitions") or ()):
+        return batch
+    import pyarrow as pa
+
+    return batch.take(pa.array([1, 1, *range(2, batch.num_rows)]))
+
+
+def after_quarantine_commit(faults: Mapping[str, Any], *, version: int | None) -> None:
+    """Driver-side fault: the job dies between the quarantine commit and the output commit."""
+    if faults.get("fail_after_quarantine_commit"):
+        raise InjectedFaultError(f"injected driver failure after the quarantine commit (version {version}), "
+                                 "before the output commit")

@@ -152,6 +152,8 @@ class RunSummary:
     infer_seconds: float = 0.0
     # what does not add up (the task kind's completeness check), None when every input row is accounted for
     incomplete: str | None = None
+    # set when this run's committed rows are no longer in the latest snapshot, e.g. "replaced by run b (version 3)"
+    replaced: str | None = None
     # task-specific summary lines, {label: value} (e.g. the recommend kind's latest table and model quality)
     details: dict[str, str] = field(default_factory=dict)
     # inference tasks the runner planned, and rows scored per Python worker
@@ -233,6 +235,9 @@ class RunSummary:
             lines.append(f"generation backend      : {used} (model loads)")
         lines += [f"{label:<24}: {value}" for label, value in self.details.items()]
         lines.append(f"output                  : {self.output} (Delta version {self.delta_version}, {self.writer} writer)")
+        if self.replaced:
+            lines.append(f"{'since then':<24}: {self.replaced} (this run's commit landed and was checked "
+                         f"at version {self.delta_version})")
         if self.quarantine:
             lines.append(f"quarantine              : {self.quarantine} ({self.rows_quarantined:,} rows of this run)")
         if self.retries:

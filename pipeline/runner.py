@@ -159,7 +159,13 @@ def prepare_scores(
 
 def _quarantine_rows(scored: "DataFrame", inputs: "DataFrame", config: JobConfig,
                      input_columns: tuple[str, ...]) -> "DataFrame":
-    """Failed rows with their error, lineage and original inputs (joined back by id and content hash)."""
+    """Failed rows with their error, lineage and original inputs, one row per failed row.
+
+    The inputs are joined back by id (null-safe) and content hash. Rows sharing
+    both (``source.unique_ids: false``) have the same inputs, the content hash
+    being theirs, so the inputs are deduplicated first: a key read twice and
+    failed twice gives two quarantine rows, not four.
+    """
     from pyspark.sql import functions as F
 
     id_col = config.source.id_column
@@ -167,18 +173,68 @@ def _quarantine_rows(scored: "DataFrame", inputs: "DataFrame", config: JobConfig
         id_col, "content_hash", "status", "error", *LINEAGE_COLUMNS,
         *(["ds"] if "ds" in scored.columns else []),
     )
-    originals = inputs.select(F.col("id").alias(id_col), "content_hash",
-                              *[F.col(c).alias(f"input_{c}") for c in input_columns])
-    return failed.join(originals, on=[id_col, "content_hash"], how="left")
+    keys = failed.select(F.col(id_col).alias("_k_id"), F.col("content_hash").alias("_k_hash")).distinct()
+    originals = (inputs.select(F.col("id").alias("_q_id"), F.col("content_hash").alias("_q_hash"),
+                               *[F.col(c).alias(f"input_{c}") for c in input_columns])
+                 .join(keys, on=(F.col("_q_id").eqNullSafe(F.col("_k_id"))) & (F.col("_q_hash") == F.col("_k_hash")),
+                       how="left_semi")
+                 .dropDuplicates(["_q_id", "_q_hash"]))
+    joined = failed.join(originals, on=(failed[id_col].eqNullSafe(originals["_q_id"]))
+                         & (failed["content_hash"] == originals["_q_hash"]), how="left")
+    return joined.drop("_q_id", "_q_hash")
 
 
-def _rows_written(spark: "SparkSession", path: str, run_id: str, ds: dt.date | None) -> "DataFrame":
+def _rows_written(spark: "SparkSession", path: str, run_id: str, ds: dt.date | None,
+                  version: int | None = None) -> "DataFrame":
+    """This run's rows in the table at ``path``, as of ``version`` (the commit this run made; None: latest)."""
+    from pyspark.sql import functions as F
+
     from pipeline.io.sources import read_delta
 
-    written = read_delta(spark, path).where(f"run_id = '{run_id}'")
+    written = read_delta(spark, path, version=version).where(F.col("run_id") == F.lit(run_id))
     if ds is not None:
-        written = written.where(f"ds = DATE'{ds.isoformat()}'")
+        written = written.where(F.col("ds") == F.lit(ds).cast("date"))
     return written
+
+
+def _check_before_commit(check: Any, scored: "DataFrame", config: JobConfig) -> None:
+    """Refuse to commit scored rows that lost or duplicated input rows, or that failed beyond the error budget."""
+    from pipeline.spark.checks import error_budget, top_errors
+
+    if not check.ok:
+        raise JobError(
+            f"scoring did not return every input row exactly once, so nothing was committed: {check.describe()}. "
+            "This is a bug or a broken executor, not bad input: rerun the job, and report it if it repeats"
+        )
+    budget = error_budget(check.errors, check.rows_out, max_fraction=config.run.max_error_fraction,
+                          max_errors=config.run.max_errors)
+    if budget.exceeded:
+        raise JobError(
+            f"{budget.describe(top_errors(scored))}. Nothing was committed (neither the output nor the quarantine "
+            "table). Fix the cause (a bad model or deploy, batching.max_length beyond the model, broken input), "
+            "or raise run.max_error_fraction / run.max_errors if these failures are expected"
+        )
+
+
+def _check_written(in_keys: "DataFrame", written: "DataFrame", quarantined: "DataFrame | None",
+                   id_column: str) -> Any:
+    """The input keys against what the output and quarantine tables hold for this run (None: not keyed by row).
+
+    Output tables of one row per input row carry the id and ``content_hash``;
+    quarantine rows all have status ``error``, so ``errors`` of the result
+    counts them. One Spark action over both tables.
+    """
+    from pyspark.sql import functions as F
+
+    from pipeline.spark.checks import identity_check, key_counts
+
+    columns = [id_column, "content_hash", "status"]
+    if not set(columns) <= set(written.columns):
+        return None
+    held = written.select(*columns)
+    if quarantined is not None:
+        held = held.unionByName(quarantined.select(id_column, "content_hash", F.lit("error").alias("status")))
+    return identity_check(in_keys, key_counts(held, id_column=id_column, status_column="status"))
 
 
 def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: TextIO = sys.stdout) -> RunSummary:
@@ -210,8 +266,9 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     from pipeline import faults as fault_hooks
     from pipeline.io.paths import check_locations
     from pipeline.io.sinks import write_sink
-    from pipeline.io.sources import SourceError, is_delta_table
+    from pipeline.io.sources import is_delta_table
     from pipeline.spark.progress import JobProgress, stage_source
+    from pipeline.spark.checks import identity_check, key_counts, replaced_by
     from pipeline.spark.run_metrics import observe_counts
     from pipeline.spark.session import get_session
     from pipeline.spark.udf import METRICS_COLUMN
@@ -254,50 +311,71 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     print(f"[{config.job}] run {run_id}: scoring {rows_in:,}{mode_note} rows in {tasks} tasks with {model_name} "
           f"@ {revision} -> {sink.path or sink.table} (ds {ds}, mode {sink.mode})", file=out, flush=True)
 
-    # Scored rows feed two writes (output, quarantine): keep them so inference runs once.
+    # Scored rows feed the checks and two writes (quarantine, output): keep them so inference runs once.
     scored = scored.persist(StorageLevel.MEMORY_AND_DISK)
-    # the tasks' counts are observed while the output is written, and their column never written
-    to_write, observed = observe_counts(scored, METRICS_COLUMN)
+    # the input keys feed the check before the commits and the one after them
+    in_keys = key_counts(inputs, id_column="id").persist(StorageLevel.MEMORY_AND_DISK)
+    # the tasks' counts are observed on the first action over the scored rows (the check, which runs
+    # inference and fills the cache); their column is never written
+    observed_scored, observed = observe_counts(scored, METRICS_COLUMN)
     progress = (JobProgress(stage_source(spark), job=config.job, planned_tasks=tasks, rows_total=rows_in,
                             interval=config.run.progress_interval_s, out=out)
                 if config.run.progress and rows_in else nullcontext())
     started = time.perf_counter()
     metadata = {"sbi.job": config.job, "sbi.run_id": run_id, "sbi.model_revision": revision}
+    id_col = config.source.id_column
+    quarantine_path = sink.resolved_quarantine_path()
+    quarantine_version = None
     try:
-        with progress:
+        try:
+            with progress:
+                scored_check = identity_check(
+                    in_keys, key_counts(observed_scored, id_column=id_col, status_column="status"))
+            counts = observed.counts() if rows_in else {}
+            _check_before_commit(scored_check, scored, config)
+            errors = scored_check.errors
+            # quarantine first: a crash before the output commit leaves a partition a rerun replaces
+            if errors or is_delta_table(spark, quarantine_path):
+                # written even when empty once it exists, so a rerun replaces that day's failures too
+                q = write_sink(_quarantine_rows(scored, inputs, config, tuple(task.input_columns)), sink,
+                               partition_values={"ds": ds}, commit_metadata=metadata, path=quarantine_path)
+                quarantine_version = q.version
+                fault_hooks.after_quarantine_commit(faults, version=q.version)
             result = write_sink(
-                kind.job.shape_output(to_write.where(F.col("status") != "error"), config), sink,
+                kind.job.shape_output(scored.drop(METRICS_COLUMN).where(F.col("status") != "error"), config), sink,
                 partition_values={"ds": ds}, commit_metadata=metadata, faults=faults,
             )
-        counts = observed.counts() if rows_in else {}
-        errors = int(counts.get("status", {}).get("error", 0))
-        quarantine_path = sink.resolved_quarantine_path()
-        quarantine_version = None
-        if errors or is_delta_table(spark, quarantine_path):
-            # written even when empty once it exists, so a rerun replaces that day's failures too
-            q = write_sink(_quarantine_rows(scored, inputs, config, tuple(task.input_columns)), sink,
-                           partition_values={"ds": ds}, commit_metadata=metadata, path=quarantine_path)
-            quarantine_version = q.version
-    finally:
-        scored.unpersist()
-    seconds = time.perf_counter() - started
+        finally:
+            scored.unpersist()
+        seconds = time.perf_counter() - started
 
-    partition_ds = ds if "ds" in sink.partition_by else None
-    written = _rows_written(spark, result.output, run_id, partition_ds)
-    rows_out = written.count()
-    rows_quarantined = 0
-    if quarantine_version is not None:
-        try:
-            rows_quarantined = _rows_written(spark, quarantine_path, run_id, partition_ds).count()
-        except SourceError:
-            rows_quarantined = 0
+        partition_ds = ds if "ds" in sink.partition_by else None
+        written = _rows_written(spark, result.output, run_id, partition_ds, version=result.version)
+        quarantined = None
+        if quarantine_version is not None:
+            quarantined = _rows_written(spark, quarantine_path, run_id, partition_ds, version=quarantine_version)
+        written_check = _check_written(in_keys, written, quarantined, id_col)
+    finally:
+        in_keys.unpersist()
+    if written_check is not None:
+        rows_out, rows_quarantined = written_check.rows_out - written_check.errors, written_check.errors
+    else:  # output rows are not one per input row (e.g. recommendations): counted, and checked by the kind
+        rows_out = written.count()
+        rows_quarantined = quarantined.count() if quarantined is not None else 0
     sample_cols = [c for c in (config.source.id_column, "label", "score", "completion", "finish_reason",
                                "n_tokens", "status")
                    if c in written.columns]
     samples = [r.asDict() for r in written.select(*sample_cols).limit(config.run.sample_rows).collect()]
 
-    incomplete = kind.job.check_complete(rows_in=rows_in, rows_out=rows_out, rows_quarantined=rows_quarantined,
-                                         counts=counts)
+    incomplete = None
+    if written_check is not None and not written_check.ok:
+        incomplete = "read back after the commit: " + written_check.describe(what="written")
+    incomplete = incomplete or kind.job.check_complete(rows_in=rows_in, rows_out=rows_out,
+                                                       rows_quarantined=rows_quarantined, counts=counts)
+    replaced = None
+    if not incomplete and result.version is not None and rows_out:
+        replaced = replaced_by(spark, result.output, run_id=run_id, version=result.version,
+                               partition={"ds": ds} if partition_ds is not None else {})
     details = kind.job.after_commit(spark, config, output=result.output, run_id=run_id, ds=ds) if not incomplete else {}
     details = {**kind.job.summary_lines(spark, config, counts, model), **details}
     summary = RunSummary(
@@ -317,7 +395,7 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
         generation_backend=counts.get("generation_backend", {}),
         load_seconds=float(counts.get("load_seconds", 0.0)), infer_seconds=float(counts.get("infer_seconds", 0.0)),
         tasks=tasks, rows_per_worker={w: int(n) for w, n in counts.get("rows_per_worker", {}).items()},
-        incomplete=incomplete, details=details,
+        incomplete=incomplete, details=details, replaced=replaced,
         batch_metrics=batch_metrics(counts),
     )
     recorder.summary = summary  # issue 13: a run failing its row check below is recorded with its counts

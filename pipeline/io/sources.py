@@ -79,17 +79,20 @@ def check_source(config: SourceConfig, *, connector: bool) -> None:
         raise SourceError(remote_refusal(config.path, what="Delta reader", key="source.path"))
 
 
-def read_delta(spark: "SparkSession", path: str) -> "DataFrame":
-    """A Delta table's current snapshot as a DataFrame, with or without the Delta connector.
+def read_delta(spark: "SparkSession", path: str, *, version: int | None = None) -> "DataFrame":
+    """A Delta table's current snapshot (or the snapshot at ``version``) as a DataFrame.
 
     ``path`` is a local path or any URI: the connector gets it untouched; the
     deltalake fallback takes local paths and ``file:`` URIs and refuses the rest.
     """
     if has_delta_connector(spark):
-        return spark.read.format("delta").load(resolve_location(path))
+        reader = spark.read.format("delta")
+        if version is not None:
+            reader = reader.option("versionAsOf", int(version))
+        return reader.load(resolve_location(path))
     if not is_local(path):
         raise SourceError(remote_refusal(path, what="Delta reader", key="path"))
-    return _read_delta_with_deltalake(spark, local_path(path))
+    return _read_delta_with_deltalake(spark, local_path(path), version=version)
 
 
 def is_delta_table(spark: "SparkSession", path: str) -> bool:
@@ -111,7 +114,7 @@ def is_delta_table(spark: "SparkSession", path: str) -> bool:
     return DeltaTable.is_deltatable(local_path(path))
 
 
-def _read_delta_with_deltalake(spark: "SparkSession", path: str) -> "DataFrame":
+def _read_delta_with_deltalake(spark: "SparkSession", path: str, *, version: int | None = None) -> "DataFrame":
     import pyarrow as pa
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
@@ -119,7 +122,7 @@ def _read_delta_with_deltalake(spark: "SparkSession", path: str) -> "DataFrame":
     from pyspark.sql.pandas.types import from_arrow_schema
 
     try:
-        table = DeltaTable(path)
+        table = DeltaTable(path, version=version)
     except TableNotFoundError:
         raise SourceError(
             f"no Delta table at {path} (no _delta_log folder); for the demo run `make demo`, "

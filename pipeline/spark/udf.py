@@ -124,6 +124,8 @@ def score_partition(
         counts.add("infer_seconds", time.perf_counter() - t0)
         counts.merge({"rows_per_worker": {worker: batch.num_rows}})
         out = pa.RecordBatch.from_arrays(arrays, names=names)
+        if plan.faults and ctx is not None:
+            out = faults.on_output(out, ctx.partitionId(), n)
         if plan.metrics_column is None:
             yield out
         elif out.num_rows == 0:
