@@ -241,7 +241,10 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
     """Run ``config`` end to end and return (and print) its summary.
 
     Rows whose scoring failed go to the quarantine table (``sink.quarantine_path``),
-    the rest to the output; the summary checks rows in = rows out + rows quarantined.
+    the rest to the output. Before any commit the scored ``(id, content_hash)``
+    keys must match the input's and the failed rows stay within the error budget
+    (``pipeline.spark.checks``); the quarantine commits first, then the output, and
+    both are read back at the versions committed and checked again by key.
     Every run, failed or not, leaves a row in the runs table (``pipeline.runs``).
     """
     # --- issue 13: every run on the record (runs table, report, MLflow); recording never fails the run ---
