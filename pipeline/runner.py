@@ -204,7 +204,8 @@ def _check_before_commit(check: Any, scored: "DataFrame", config: JobConfig) -> 
     if not check.ok:
         raise JobError(
             f"scoring did not return every input row exactly once, so nothing was committed: {check.describe()}. "
-            "This is a bug or a broken executor, not bad input: rerun the job, and report it if it repeats"
+            "A source that changed while the job ran (files added to a folder) does this; otherwise it is a bug "
+            "or a broken executor, not bad input: rerun the job, and report it if it repeats"
         )
     budget = error_budget(check.errors, check.rows_out, max_fraction=config.run.max_error_fraction,
                           max_errors=config.run.max_errors)

@@ -81,9 +81,11 @@ class IdentityCheck:
     def describe(self, *, what: str = "scored") -> str:
         """One line naming what differs and a sample of the keys, e.g. for a :class:`JobError`.
 
-        >>> IdentityCheck(3, 3, 3, 2, missing=1, extra=1, duplicated_keys=1,
-        ...               sample=[{"id": "a", "content_hash": "h", "rows_in": 1, "rows_out": 0}]).describe()
-        "3 rows in (3 distinct (id, content_hash) keys) but 3 scored (2 distinct): 1 input row(s) missing, 1 extra row(s), 1 key(s) held more often than in the input; ids that differ: 'a' (in 1, scored 0)"
+        >>> check = IdentityCheck(3, 3, 3, 2, missing=1, extra=1, duplicated_keys=1,
+        ...                       sample=[{"id": "a", "content_hash": "h", "rows_in": 1, "rows_out": 0}])
+        >>> print(*check.describe().split("; "), sep="|")  # doctest: +NORMALIZE_WHITESPACE
+        3 rows in (3 distinct (id, content_hash) keys) but 3 scored (2 distinct): 1 input row(s) missing,
+        1 extra row(s), 1 key(s) held more often than in the input|ids that differ: 'a' (in 1, scored 0)
         """
         parts = []
         if self.missing:
@@ -167,8 +169,10 @@ class ErrorBudget:
     def describe(self, top: list[tuple[str, int]] = ()) -> str:  # type: ignore[assignment]
         """What was over budget and the most common error messages.
 
-        >>> ErrorBudget(20, 20, 0.05, None).describe([("ValueError: bad", 20)])
-        "20 of 20 rows failed (100.0%), over the error budget (run.max_error_fraction 0.05); most common errors: 20 x 'ValueError: bad'"
+        >>> print(*ErrorBudget(20, 20, 0.05, None).describe([("ValueError: bad", 20)]).split("; "), sep="|")
+        ... # doctest: +NORMALIZE_WHITESPACE
+        20 of 20 rows failed (100.0%), over the error budget (run.max_error_fraction 0.05)|most common
+        errors: 20 x 'ValueError: bad'
         """
         limits = []
         if self.max_fraction is not None:
