@@ -15,7 +15,7 @@ from deltalake import DeltaTable, write_deltalake
 from pipeline.config import build_config
 from pipeline.fingerprint import (check_declarations, fingerprint_settings, fingerprint_task_keys,
                                   task_fingerprint)
-from pipeline.registry import task_kinds
+from pipeline.registry import register_task, task_kinds
 from pipeline.runner import JobError, prepare_inputs, run_job
 
 from .conftest import REPO
@@ -117,8 +117,11 @@ def test_every_kind_declares_keys_its_config_has():
         check_declarations(entry.config)  # raises on a key the config does not have
     generate = kinds["generate"].config
     assert set(fingerprint_task_keys(generate)[1]) == {f"task.{k}" for k in generate.fingerprint_ignore}
-    with pytest.raises(ValueError, match="unknown keys"):
-        check_declarations(type("Broken", (kinds["embed"].config,), {"fingerprint_ignore": frozenset({"nope"})}))
+    # a kind that names a key its config lacks is refused when it registers
+    broken = type("Broken", (kinds["embed"].config,), {"fingerprint_ignore": frozenset({"pooling", "nope"})})
+    with pytest.raises(ValueError, match=r"unknown keys \['nope'\]"):
+        register_task(broken, kinds["embed"].task)
+    assert task_kinds()["embed"].config is kinds["embed"].config
 
 
 def test_readme_lists_what_is_in_the_fingerprint():
