@@ -17,7 +17,7 @@ import os
 import re
 import uuid
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Literal, Union
+from typing import Annotated, Any, ClassVar, Iterable, Literal, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SerializeAsAny, ValidationError, field_validator, model_validator
@@ -172,6 +172,14 @@ class TaskConfig(_Model):
 
     kind: str = Field(description="the task kind; see the registered kinds below")
 
+    # The task fingerprint (pipeline.fingerprint) that incremental runs compare: this config's fields
+    # (dotted paths) that provably never change a row's output, and the ``batching`` keys that do
+    # (None: every batching key, the safe default for a kind that does not say).
+    fingerprint_ignore: ClassVar[frozenset[str]] = frozenset()
+    fingerprint_batching: ClassVar[tuple[str, ...] | None] = None
+    # False for a kind whose check_job refuses run.incremental (the docs leave it out of the fingerprint table)
+    supports_incremental: ClassVar[bool] = True
+
     def check_job(self, job: "JobConfig") -> None:
         """Cross-checks against the rest of the job config (raise ``ValueError`` with what to change)."""
 
@@ -246,7 +254,8 @@ class RunConfig(_Model):
     sample_rows: int = Field(3, ge=0, description="output rows shown in the summary")
     summary_path: str | None = Field(None, description="also write the summary as JSON")
     incremental: bool = Field(
-        False, description="score only rows whose (id, content hash) the output lacks for this model revision")
+        False, description="score only rows whose (id, content hash) the output lacks for this task fingerprint "
+        "(model revision and the settings that change results: see \"Incremental runs\")")
     max_error_fraction: float | None = Field(
         0.05, ge=0, le=1,
         description="error budget: more than this fraction of the scored rows failing fails the run before "

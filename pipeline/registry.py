@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pipeline.config import JobConfig, TaskConfig
+from pipeline.fingerprint import check_declarations
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -129,6 +130,7 @@ def register_task(config: type[TaskConfig], task: type, *, job: TaskJob | None =
     kind = config.model_fields["kind"].default
     if not isinstance(kind, str) or not kind:
         raise TypeError(f"{config.__name__}.kind needs a default naming the kind, e.g. kind: Literal['x'] = 'x'")
+    check_declarations(config)  # a fingerprint declaration naming a key the config lacks fails at import
     entry = TaskKind(kind, config, task, job or TaskJob())
     with _lock:
         old = _kinds.get(kind)

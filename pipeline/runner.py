@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from pipeline.config import JobConfig
 from pipeline.errors import JobError
+from pipeline.fingerprint import task_fingerprint
 from pipeline.metrics import RunSummary, batch_metrics
 from pipeline.registry import ModelInfo, TaskKind, get_task_kind
 
@@ -27,7 +28,8 @@ if TYPE_CHECKING:
 
 __all__ = ["JobError", "plan_inference_tasks", "prepare_inputs", "prepare_scores", "run_job", "score_inputs"]
 
-LINEAGE_COLUMNS = ("model_name", "model_revision", "run_id", "scored_at")
+# task_fingerprint: what incremental runs compare besides the input (pipeline.fingerprint)
+LINEAGE_COLUMNS = ("model_name", "model_revision", "task_fingerprint", "run_id", "scored_at")
 
 
 def content_hash(input_columns: tuple[str, ...]) -> Any:
@@ -52,8 +54,13 @@ def _check_ids(inputs: "DataFrame", id_column: str) -> None:
         )
 
 
-def _incremental_filter(spark: "SparkSession", inputs: "DataFrame", config: JobConfig, revision: str) -> "DataFrame":
-    """Rows whose (id, content hash) the output lacks for ``revision`` (an anti-join in Spark)."""
+def _incremental_filter(spark: "SparkSession", inputs: "DataFrame", config: JobConfig,
+                        fingerprint: str) -> "DataFrame":
+    """Rows whose (id, content hash, task fingerprint) the output lacks (an anti-join in Spark).
+
+    ``fingerprint`` is this run's :func:`pipeline.fingerprint.task_fingerprint`: a row scored
+    with another model revision or other result-changing settings is scored again.
+    """
     from pipeline.io.sources import SourceError, read_delta
 
     if not config.sink.path:
@@ -62,10 +69,11 @@ def _incremental_filter(spark: "SparkSession", inputs: "DataFrame", config: JobC
         done = read_delta(spark, config.sink.path)
     except SourceError:
         return inputs  # no output yet: everything is new
-    if "content_hash" not in done.columns:
-        raise JobError(f"output {config.sink.path} has no content_hash column (written by an older version); "
-                       "run once without run.incremental to rebuild it")
-    done = (done.where(done["model_revision"] == revision)
+    missing = [c for c in ("content_hash", "task_fingerprint") if c not in done.columns]
+    if missing:
+        raise JobError(f"output {config.sink.path} has no {' or '.join(missing)} column (written by an older "
+                       "version); run once without run.incremental to rebuild it")
+    done = (done.where(done["task_fingerprint"] == fingerprint)
             .select(done[config.source.id_column].alias("id"), "content_hash").distinct())
     return inputs.join(done, on=["id", "content_hash"], how="left_anti")
 
@@ -80,7 +88,8 @@ def prepare_inputs(spark: "SparkSession", config: JobConfig, *, revision: str, t
     """The validated rows to score: ``id``, the task's input columns, ``content_hash`` and the kept columns.
 
     The task kind reads them (:meth:`pipeline.registry.TaskJob.read_inputs`). With ``run.incremental``
-    only new or changed rows (for ``revision``) remain.
+    only rows that are new, changed, or were scored with another task fingerprint (another model
+    ``revision`` or result-changing settings, see :mod:`pipeline.fingerprint`) remain.
     """
     kind, task = _kind_and_task(config, task)
     inputs = kind.job.read_inputs(spark, config, task)
@@ -88,7 +97,7 @@ def prepare_inputs(spark: "SparkSession", config: JobConfig, *, revision: str, t
         _check_ids(inputs, config.source.id_column)
     inputs = inputs.withColumn("content_hash", content_hash(tuple(task.input_columns)))
     if config.run.incremental:
-        inputs = _incremental_filter(spark, inputs, config, revision)
+        inputs = _incremental_filter(spark, inputs, config, task_fingerprint(config, revision=revision))
     return inputs
 
 
@@ -134,6 +143,7 @@ def score_inputs(
         "*",
         F.lit(model.name).alias("model_name"),
         F.lit(model.revision).alias("model_revision"),
+        F.lit(task_fingerprint(config, revision=model.revision)).alias("task_fingerprint"),
         F.lit(run_id).alias("run_id"),
         F.lit(scored_at).cast("timestamp").alias("scored_at"),
     )

@@ -70,7 +70,7 @@ def test_end_to_end_append_then_partition_overwrite(any_spark, tmp_path, tiny_em
     assert set(ids) == {f"d{i:05d}" for i in range(200)}
     assert table.schema.names == [
         "doc_id", "content_hash", "source", "embedding", "label", "score", "scores", "n_tokens", "truncated", "status", "error",
-        "model_name", "model_revision", "run_id", "scored_at", "ds",
+        "model_name", "model_revision", "task_fingerprint", "run_id", "scored_at", "ds",
     ]
     assert set(table["model_name"].to_pylist()) == {"tiny-bert"}
     assert set(table["model_revision"].to_pylist()) == {model_revision(tiny_embed_model)}

@@ -20,6 +20,8 @@ class ClassifyTaskConfig(TaskConfig):
     """Sequence classification: a probability per label from the model's id2label."""
 
     kind: Literal["classify"] = "classify"
+    # padding is masked, so batch sizes and padded shapes never change a row's probabilities
+    fingerprint_batching: ClassVar[tuple[str, ...]] = ("max_length",)
     multi_label: bool = Field(False, description="sigmoid per label instead of softmax")
 
 

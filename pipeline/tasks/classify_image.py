@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -48,6 +48,8 @@ class ImageClassifyConfig(TaskConfig):
     """Image classification (EfficientNet-Lite, torch): top-k labels per image, optionally the embedding."""
 
     kind: Literal["classify_image"] = "classify_image"
+    # every image of a batch has the same input shape: the batch size never changes a row's labels
+    fingerprint_batching: ClassVar[tuple[str, ...]] = ()
     image_column: str = Field("content", description="the source column holding the image "
                               "(bytes; `content` of a `binary_file` source) or its path/URI")
     image_input: Literal["bytes", "path"] = Field(

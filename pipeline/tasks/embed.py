@@ -20,6 +20,8 @@ class EmbedTaskConfig(TaskConfig):
     """Sentence embeddings (AutoModel + pooling), optionally zero-shot scored against labels."""
 
     kind: Literal["embed"] = "embed"
+    # padding is masked, so batch sizes and padded shapes never change a row's embedding
+    fingerprint_batching: ClassVar[tuple[str, ...]] = ("max_length",)
     pooling: Literal["mean", "cls"] = Field("mean", description="`mean` or `cls` pooling")
     normalize: bool = Field(True, description="L2-normalise the embedding")
     store_embedding: bool = Field(True, description="keep the vector in the output")

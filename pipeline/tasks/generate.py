@@ -43,6 +43,14 @@ class GenerateTaskConfig(TaskConfig):
     """
 
     kind: Literal["generate"] = "generate"
+    # Same tokens whatever the batching (tests/test_generation.py: static and continuous batching equal
+    # unbatched generate at any slot count); the others only size or place the KV cache and engine.
+    # No batching key is read by this kind.
+    fingerprint_ignore: ClassVar[frozenset[str]] = frozenset({
+        "mode", "slots", "max_kv_cache_mb", "vllm.max_num_seqs", "vllm.gpu_memory_utilization",
+        "vllm.kv_cache_mb", "vllm.in_process",
+    })
+    fingerprint_batching: ClassVar[tuple[str, ...]] = ()
     backend: Literal["auto", "transformers", "vllm"] = Field(
         "auto", description="`transformers`, `vllm`, or `auto` (vllm where the worker imports it)")
     # vLLM always batches continuously

@@ -41,6 +41,8 @@ class OcrConfig(TaskConfig):
     """OCR (PP-OCRv4 detection + recognition, onnxruntime): page text and per-line text, box and confidence."""
 
     kind: Literal["ocr"] = "ocr"
+    # Nothing is left out of the task fingerprint, every batching key included (the default): padding a line
+    # wider moves its confidence (tests/test_ocr.py), and min_confidence may then drop it.
     image_column: str = Field("content", description="the source column holding the image bytes, or its path/URI")
     image_input: Literal["bytes", "path"] = Field("bytes", description="`bytes` or `path` (read on the workers)")
     max_pixels: int = Field(DEFAULT_MAX_PIXELS, gt=0, description="larger images are refused before decoding")

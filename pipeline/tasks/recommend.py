@@ -61,6 +61,7 @@ class RecommendTaskConfig(TaskConfig):
     """
 
     kind: Literal["recommend"] = "recommend"
+    supports_incremental: ClassVar[bool] = False  # see check_job
     interactions: str = Field(
         description="Delta table of `user_id, item_id, timestamp` (the users' seen items)")
     items: str | None = Field(
