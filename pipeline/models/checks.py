@@ -86,7 +86,7 @@ def checkpoint_keys(path: Path, *, allow_pickle: bool = False) -> tuple[dict[str
         index = path / "model.safetensors.index.json"
         if index.is_file():
             listed = set(_read_json(index).get("weight_map", {}))
-            absent = sorted(listed - keys)
+            absent = sorted(listed - set(keys))
             if absent:
                 raise ModelError(
                     f"model folder {path}: {index.name} lists {len(absent)} tensor(s) no shard holds "
