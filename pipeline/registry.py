@@ -63,11 +63,20 @@ class TaskJob:
     """
 
     def model_info(self, config: JobConfig, task: Any) -> ModelInfo:
-        """Check the model before any work (folder, weights, kind) and fingerprint it for lineage."""
-        from pipeline.models.loading import check_model_kind, model_revision, resolve_model_path
+        """Check the model before any work and fingerprint it for lineage.
+
+        The folder, its weights (every weight of the architecture present and
+        used, safetensors unless ``model.allow_pickle``), the architecture
+        against the task, and the task's token length against the model's
+        positions (``pipeline.models.checks``).
+        """
+        from pipeline.models.checks import check_model
+        from pipeline.models.loading import model_revision, resolve_model_path
 
         path = resolve_model_path(config.model.path, registry_uri=config.model.registry_uri)
-        check_model_kind(path, getattr(task, "model_kind", task.kind))
+        needed = task.positions_needed() if hasattr(task, "positions_needed") else (None, "")
+        check_model(path, kind=getattr(task, "model_kind", task.kind), allow_pickle=config.model.allow_pickle,
+                    max_tokens=needed[0], max_tokens_key=needed[1])
         return ModelInfo(config.model.path, config.model.name or path.name, model_revision(path))
 
     def read_inputs(self, spark: "SparkSession", config: JobConfig, task: Any) -> "DataFrame":

@@ -190,8 +190,8 @@ def test_generate_job_on_spark_writes_completions_to_delta(any_spark, tmp_path, 
     out = io.StringIO()
     summary = run_job(config, spark=spark, out=out)
     assert summary.complete and summary.rows_out == len(texts)
-    assert list(summary.generation_backend) == ["transformers (continuous)"]
-    assert "generation backend      : transformers (continuous) x" in out.getvalue()
+    assert list(summary.generation_backend) == ["transformers (continuous, fp32 weights)"]
+    assert "generation backend      : transformers (continuous, fp32 weights) x" in out.getvalue()
     rows = {r["doc_id"]: r for r in pa.table(DeltaTable(str(tmp_path / "out")).to_pyarrow_table()).to_pylist()}
     assert len(rows) == len(texts)
     assert rows["g01"]["status"] == "skipped_null" and rows["g01"]["completion"] is None

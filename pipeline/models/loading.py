@@ -128,7 +128,8 @@ def _dtype(precision: str):
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
 
-def load_model(path: Path, *, kind: ModelKind, device: str = "cpu", precision: str = "fp32") -> tuple[Any, Any]:
+def load_model(path: Path, *, kind: ModelKind, device: str = "cpu", precision: str = "fp32",
+               allow_pickle: bool = False) -> tuple[Any, Any]:
     """``(tokenizer, model)`` for ``kind`` from ``path``, in eval mode on ``device``.
 
     ``embed`` loads ``AutoModel``; ``classify`` loads
@@ -140,23 +141,40 @@ def load_model(path: Path, *, kind: ModelKind, device: str = "cpu", precision: s
 
     check_model_kind(path, kind)
     loader = AutoModelForSequenceClassification if kind == "classify" else AutoModel
-    return load_pretrained(path, loader, device=device, precision=precision, what=f"{kind} model")
+    return load_pretrained(path, loader, device=device, precision=precision, what=f"{kind} model",
+                           allow_pickle=allow_pickle)
 
 
-def load_pretrained(path: Path, loader: Any, *, device: str, precision: str, what: str) -> tuple[Any, Any]:
+def load_pretrained(path: Path, loader: Any, *, device: str, precision: str, what: str,
+                    allow_pickle: bool = False, cast_on_cpu: bool = False) -> tuple[Any, Any]:
     """``(fast tokenizer, loader.from_pretrained(path))`` in eval mode on ``device``, offline.
 
-    Weights are cast to ``precision`` on CUDA only; on a CPU they stay fp32
-    (reduced precision there runs under autocast, or not at all).
+    Weights are cast to ``precision`` on CUDA, and on a CPU too with
+    ``cast_on_cpu`` (generation); otherwise they stay fp32 on a CPU (encoder
+    tasks run reduced precision there under autocast). Only safetensors load
+    unless ``allow_pickle``, and a pickle is then read with
+    ``torch.load(weights_only=True)``. A weight of the architecture the
+    checkpoint lacks (it would stay randomly initialised) is an error.
     """
     from transformers import AutoTokenizer
 
+    half = precision in ("bf16", "fp16") and (cast_on_cpu or str(device).startswith("cuda"))
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        dtype = _dtype(precision if str(device).startswith("cuda") and precision in ("bf16", "fp16") else "fp32")
-        model = loader.from_pretrained(str(path), local_files_only=True, dtype=dtype)
+        model, info = loader.from_pretrained(
+            str(path), local_files_only=True, dtype=_dtype(precision if half else "fp32"),
+            use_safetensors=None if allow_pickle else True, weights_only=True, trust_remote_code=False,
+            output_loading_info=True,
+        )
     except (OSError, ValueError, KeyError) as exc:
         raise ModelError(f"could not load the {what} from {path}: {exc}") from exc
+    missing = sorted(info.get("missing_keys") or ()) + sorted(str(k) for k in info.get("mismatched_keys") or ())
+    if missing:
+        raise ModelError(
+            f"the {what} in {path} lacks {len(missing)} weight(s) of {type(model).__name__} or has them in "
+            f"another shape (e.g. {missing[:5]}); they would be random: put the config.json saved with these "
+            "weights back, or point model.path at the right folder"
+        )
     if not getattr(tokenizer, "is_fast", False):
         raise ModelError(f"model folder {path}: a fast (Rust) tokenizer is needed (tokenizer.json)")
     model.eval()

@@ -199,12 +199,17 @@ class TextTask:
     def result_fields(self) -> list[pa.Field]:
         raise NotImplementedError
 
+    def positions_needed(self) -> tuple[int, str]:
+        """The most tokens a row can reach the model with, and the setting that decides it (checked on the driver)."""
+        return self.batching.max_length, "batching.max_length"
+
     def load(self, model_dir: Path, device: str) -> LoadedText:
         """Load in fp32, derive :meth:`load_extras`, then move to the configured precision through the accuracy gate."""
         from pipeline.models.loading import load_model
         from pipeline.models.precision import select_precision
 
-        tokenizer, model = load_model(model_dir, kind=self.model_kind, device=device, precision="fp32")
+        tokenizer, model = load_model(model_dir, kind=self.model_kind, device=device, precision="fp32",
+                                      allow_pickle=self.model.allow_pickle)
         reference = LoadedText(tokenizer, model)
         reference.labels = self.load_extras(reference)
 

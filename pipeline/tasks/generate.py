@@ -93,7 +93,7 @@ class GenerateTaskConfig(TaskConfig):
         if job.model.precision == "int8":
             raise ValueError(
                 "model.precision int8 is for encoder tasks (embed, classify); "
-                "generate runs in fp32, or bf16/fp16 on CUDA"
+                "generate runs in fp32, bf16 or fp16 (weights loaded in that dtype)"
             )
 
 
@@ -126,7 +126,10 @@ class LoadedGenerator:
     @property
     def load_counts(self) -> dict[str, Any]:
         """Merged into the run's counts once per load: the summary shows which backend and precision ran."""
-        mode = f"continuous, {self.generator.placement}" if self.backend == "vllm" else self.generator.mode
+        if self.backend == "vllm":
+            mode = f"continuous, {self.generator.placement}"
+        else:  # the dtype the weights were loaded in, read from the model itself
+            mode = f"{self.generator.mode}, {self.precision} weights"
         return {"precision_used": {self.precision: 1}, "generation_backend": {f"{self.backend} ({mode})": 1}}
 
 
@@ -150,6 +153,10 @@ class GenerateTask:
     def max_seq_len(self) -> int:
         return self.config.max_input_tokens + self.config.max_new_tokens_limit
 
+    def positions_needed(self) -> tuple[int, str]:
+        """The longest sequence a row can reach (prompt + generated tokens), checked on the driver."""
+        return self.max_seq_len, "task.max_input_tokens + task.max_new_tokens_limit"
+
     # -- protocol ---------------------------------------------------------------------------
     def output_schema(self) -> pa.Schema:
         return pa.schema(RESULT_FIELDS + STATUS_FIELDS)
@@ -164,16 +171,20 @@ class GenerateTask:
         cfg = self.config
         backend = resolve_backend(cfg.backend)
         sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, stop=tuple(cfg.stop))
+        precision = self.model.precision
         if backend == "vllm":
             tokenizer, generator = self._load_vllm(model_dir, device, sampling)
         else:
+            from pipeline.generation.loading import weights_precision
+
             tokenizer, generator = self._load_transformers(model_dir, device, sampling)
+            precision = weights_precision(generator.model)
         prompts = PromptBuilder(
             tokenizer, template=cfg.template, use_chat_template=cfg.use_chat_template,
             system_prompt=cfg.system_prompt, max_input_tokens=cfg.max_input_tokens, truncation=cfg.truncation,
         )
         vocab = read_model_config(model_dir).get("vocab_size")
-        return LoadedGenerator(tokenizer, prompts, generator, backend=backend, precision=self.model.precision,
+        return LoadedGenerator(tokenizer, prompts, generator, backend=backend, precision=precision,
                                vocab_size=int(vocab) if vocab else None)
 
     def _load_transformers(self, model_dir: Path, device: str, sampling: SamplingParams) -> tuple[Any, BatchGenerator]:
@@ -181,7 +192,8 @@ class GenerateTask:
         from pipeline.generation.loading import load_causal_lm
 
         cfg = self.config
-        tokenizer, model = load_causal_lm(model_dir, device=device, precision=self.model.precision)
+        tokenizer, model = load_causal_lm(model_dir, device=device, precision=self.model.precision,
+                                          allow_pickle=self.model.allow_pickle)
         if cfg.max_kv_cache_mb is not None:
             width = next(model.parameters()).element_size()
             need = kv_cache_bytes(model.config, rows=cfg.slots, max_seq_len=self.max_seq_len, bytes_per_value=width)
