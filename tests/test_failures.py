@@ -128,17 +128,25 @@ def test_bad_text_rows_are_flagged_never_dropped(spark, tmp_path, tiny_embed_mod
     texts = [
         None, "", "   \n\t ", "good " * 200_000, "control \x00\x01\x07\x1b chars good", "emoji 😀🎬👍 great",
         "mixed scripts: good Привет 日本語 مرحبا", "\u200b\u200b", "a" * 5000, "ok movie",
+        "x" * 200_000, "\x00" * 50, "\ufffd" * 40,  # one [UNK]; nothing; invalid bytes decoded leniently
     ]
     ids = [f"b{i}" for i in range(len(texts))]
     write_delta(tmp_path / "docs", pa.table({"doc_id": ids, "text": pa.array(texts, pa.string()),
                                              "source": ["bad"] * len(ids)}))
-    summary = run_job(job_config(tmp_path, tiny_embed_model), spark=spark, out=io.StringIO())
-    assert summary.complete and summary.rows_out == len(texts)
-    status = {r["doc_id"]: r["status"] for r in read_scores(tmp_path).to_pylist()}
+    out = io.StringIO()
+    summary = run_job(job_config(tmp_path, tiny_embed_model), spark=spark, out=out)
+    assert summary.complete and summary.rows_out == len(texts) and summary.rows_quarantined == 0
+    rows = {r["doc_id"]: r for r in read_scores(tmp_path).to_pylist()}
+    status = {i: r["status"] for i, r in rows.items()}
     assert status["b0"] == "skipped_null" and status["b1"] == "skipped_empty" and status["b2"] == "skipped_empty"
     assert status["b3"] == "truncated"
     assert {status[f"b{i}"] for i in (4, 5, 6, 9)} == {"ok"}
-    assert status["b7"] in ("ok", "skipped_empty")  # zero-width spaces: not whitespace to Python
+    # zero-width spaces (not whitespace to Python), a 5,000- and a 200,000-char "word" (one [UNK] each),
+    # NULs, U+FFFD only: not scored
+    assert {status[f"b{i}"] for i in (7, 8, 10, 11, 12)} == {"skipped_no_content"}
+    assert all(rows[f"b{i}"]["embedding"] is None for i in (7, 8, 10, 11, 12))
+    assert summary.status == {"ok": 4, "truncated": 1, "skipped_null": 1, "skipped_empty": 2, "skipped_no_content": 5}
+    assert "skipped_no_content=5" in out.getvalue()
 
 
 def test_duplicate_or_null_ids_fail_before_any_work(spark, tmp_path, tiny_embed_model):
