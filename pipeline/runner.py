@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 __all__ = ["JobError", "plan_inference_tasks", "prepare_inputs", "prepare_scores", "run_job", "score_inputs"]
 
 LINEAGE_COLUMNS = ("model_name", "model_revision", "run_id", "scored_at")
+# Row statuses that go to the quarantine table instead of the output: failed rows and unparsable source lines.
+QUARANTINED_STATUSES = ("error", "malformed")
 
 
 def content_hash(input_columns: tuple[str, ...]) -> Any:
@@ -85,8 +87,8 @@ def prepare_inputs(spark: "SparkSession", config: JobConfig, *, revision: str, t
     kind, task = _kind_and_task(config, task)
     inputs = kind.job.read_inputs(spark, config, task)
     if config.source.unique_ids:
-        _check_ids(inputs, config.source.id_column)
-    inputs = inputs.withColumn("content_hash", content_hash(tuple(task.input_columns)))
+        _check_ids(_parsed_rows(inputs), config.source.id_column)
+    inputs = _key_malformed_lines(inputs.withColumn("content_hash", content_hash(tuple(task.input_columns))))
     if config.run.incremental:
         inputs = _incremental_filter(spark, inputs, config, revision)
     return inputs
@@ -125,7 +127,8 @@ def score_inputs(
     kind, task = _kind_and_task(config, task)
     plan = InferencePlan(
         task=config.task, model=config.model.model_copy(update={"path": model.path}), batching=config.batching,
-        keep_columns=("content_hash", *config.source.keep_columns), input_columns=tuple(task.input_columns),
+        keep_columns=("content_hash", *config.source.keep_columns),
+        input_columns=(*task.input_columns, *_malformed_input(inputs)),
         job=config.job, progress_interval_s=config.run.progress_interval_s if config.run.progress else None,
         faults=tuple((faults or {}).items()), metrics_column=METRICS_COLUMN, task_class=kind.task,
     )
@@ -163,13 +166,53 @@ def _quarantine_rows(scored: "DataFrame", inputs: "DataFrame", config: JobConfig
     from pyspark.sql import functions as F
 
     id_col = config.source.id_column
-    failed = scored.where(F.col("status") == "error").select(
+    failed = scored.where(F.col("status").isin(*QUARANTINED_STATUSES)).select(
         id_col, "content_hash", "status", "error", *LINEAGE_COLUMNS,
         *(["ds"] if "ds" in scored.columns else []),
     )
-    originals = inputs.select(F.col("id").alias(id_col), "content_hash",
-                              *[F.col(c).alias(f"input_{c}") for c in input_columns])
-    return failed.join(originals, on=[id_col, "content_hash"], how="left")
+    originals = _malformed_originals(inputs, input_columns).select(
+        F.col("id").alias("_q_id"), F.col("content_hash").alias("_q_hash"),
+        *[F.col(c).alias(f"input_{c}") for c in input_columns])
+    # null-safe on id: a malformed line has no id, only the hash of its raw text
+    on = [failed[id_col].eqNullSafe(originals["_q_id"]), failed["content_hash"] == originals["_q_hash"]]
+    return failed.join(originals, on=on, how="left").drop("_q_id", "_q_hash")
+
+
+# --- malformed source lines (JSON lines Spark could not parse): flagged by the task, quarantined raw ---
+def _malformed_input(inputs: "DataFrame") -> tuple[str, ...]:
+    """The raw-line column for the task when the source has one (``pipeline.io.sources.MALFORMED_COLUMN``)."""
+    from pipeline.io.sources import MALFORMED_COLUMN
+
+    return (MALFORMED_COLUMN,) if MALFORMED_COLUMN in inputs.columns else ()
+
+
+def _parsed_rows(inputs: "DataFrame") -> "DataFrame":
+    """``inputs`` without the malformed lines (those have no id to check)."""
+    if not _malformed_input(inputs):
+        return inputs
+    return inputs.where(inputs[_malformed_input(inputs)[0]].isNull())
+
+
+def _key_malformed_lines(inputs: "DataFrame") -> "DataFrame":
+    """A malformed line has no id: its ``content_hash`` is its raw text's, so two bad lines stay apart."""
+    from pyspark.sql import functions as F
+
+    if not _malformed_input(inputs):
+        return inputs
+    raw = F.col(_malformed_input(inputs)[0])
+    return inputs.withColumn("content_hash", F.when(raw.isNotNull(), F.sha2(raw, 256))
+                             .otherwise(F.col("content_hash")))
+
+
+def _malformed_originals(inputs: "DataFrame", input_columns: tuple[str, ...]) -> "DataFrame":
+    """``inputs`` with a malformed line's raw text in the first input column (``input_text`` in quarantine)."""
+    from pyspark.sql import functions as F
+
+    if not _malformed_input(inputs) or not input_columns:
+        return inputs
+    raw, first = F.col(_malformed_input(inputs)[0]), input_columns[0]
+    return inputs.withColumn(first, F.when(raw.isNotNull(), raw.cast(inputs.schema[first].dataType))
+                             .otherwise(F.col(first)))
 
 
 def _rows_written(spark: "SparkSession", path: str, run_id: str, ds: dt.date | None) -> "DataFrame":
@@ -266,11 +309,11 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     try:
         with progress:
             result = write_sink(
-                kind.job.shape_output(to_write.where(F.col("status") != "error"), config), sink,
+                kind.job.shape_output(to_write.where(~F.col("status").isin(*QUARANTINED_STATUSES)), config), sink,
                 partition_values={"ds": ds}, commit_metadata=metadata, faults=faults,
             )
         counts = observed.counts() if rows_in else {}
-        errors = int(counts.get("status", {}).get("error", 0))
+        errors = sum(int(counts.get("status", {}).get(s, 0)) for s in QUARANTINED_STATUSES)
         quarantine_path = sink.resolved_quarantine_path()
         quarantine_version = None
         if errors or is_delta_table(spark, quarantine_path):
@@ -300,6 +343,10 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
                                          counts=counts)
     details = kind.job.after_commit(spark, config, output=result.output, run_id=run_id, ds=ds) if not incomplete else {}
     details = {**kind.job.summary_lines(spark, config, counts, model), **details}
+    malformed = int(counts.get("status", {}).get("malformed", 0))
+    if malformed:
+        details["malformed input"] = (f"{malformed:,} source line(s) could not be parsed; quarantined with their "
+                                      f"raw text in input_{task.input_columns[0]}")
     summary = RunSummary(
         job=config.job, run_id=run_id, ds=ds.isoformat(), rows_in=rows_in, rows_out=rows_out,
         rows_quarantined=rows_quarantined, quarantine=quarantine_path if quarantine_version is not None else None,

@@ -149,6 +149,35 @@ def test_bad_text_rows_are_flagged_never_dropped(spark, tmp_path, tiny_embed_mod
     assert "skipped_no_content=5" in out.getvalue()
 
 
+MALFORMED_LINES = ['{"doc_id": "j2", "text": "a truncated re', "not json at all", "[1, 2]"]
+
+
+def test_malformed_json_lines_are_quarantined_with_their_raw_text(spark, tmp_path, tiny_embed_model):
+    import hashlib
+
+    lines = ['{"doc_id": "j1", "text": "good movie", "source": "log"}', MALFORMED_LINES[0],
+             '{"doc_id": "j3", "text": "great story", "source": "log"}', MALFORMED_LINES[1], "",
+             '{"doc_id": "j5", "text": null, "source": "log"}', MALFORMED_LINES[2]]
+    (tmp_path / "logs.jsonl").write_text("\n".join(lines) + "\n")
+    # unique_ids: the malformed lines (no id) do not trip the id check
+    config = job_config(tmp_path, tiny_embed_model, sink={"mode": "overwrite_partition"},
+                        source={"format": "json", "path": str(tmp_path / "logs.jsonl"), "unique_ids": True})
+    out = io.StringIO()
+    summary = run_job(config, spark=spark, out=out)
+    # the blank line is no row (Spark skips it); every other line is in exactly one table
+    assert (summary.rows_in, summary.rows_out, summary.rows_quarantined) == (6, 3, 3) and summary.complete
+    assert summary.status == {"ok": 2, "skipped_null": 1, "malformed": 3}
+    output = {r["doc_id"]: r for r in read_scores(tmp_path).to_pylist()}
+    assert set(output) == {"j1", "j3", "j5"} and output["j5"]["status"] == "skipped_null"
+    quarantine = DeltaTable(str(tmp_path / "scores_quarantine")).to_pyarrow_table().to_pylist()
+    assert sorted(r["input_text"] for r in quarantine) == sorted(MALFORMED_LINES)
+    for row in quarantine:
+        assert row["status"] == "malformed" and row["doc_id"] is None and "could not parse it as JSON" in row["error"]
+        assert row["content_hash"] == hashlib.sha256(row["input_text"].encode()).hexdigest()
+    assert "malformed input         : 3 source line(s) could not be parsed" in out.getvalue()
+    assert "malformed=3" in out.getvalue()
+
+
 def test_duplicate_or_null_ids_fail_before_any_work(spark, tmp_path, tiny_embed_model):
     docs = make_documents(10)
     ids = docs["doc_id"].to_pylist()

@@ -34,12 +34,18 @@ from pipeline.config import BatchingConfig, ModelConfig
 from pipeline.metrics import WorkerCounts
 
 __all__ = [
-    "NO_CONTENT", "STATUS_FIELDS", "LoadedText", "Task", "TextTask", "TokenizedChunk", "carries_content",
-    "content_free", "special_token_ids",
+    "MALFORMED", "NO_CONTENT", "STATUS_FIELDS", "LoadedText", "Task", "TextTask", "TokenizedChunk", "carries_content",
+    "content_free", "malformed_rows", "special_token_ids",
 ]
 
 # The status of a row with text but nothing in it for the model (see the module docstring).
 NO_CONTENT = "skipped_no_content"
+# The status of a source line that did not parse (JSON lines): quarantined with its raw text, never scored.
+MALFORMED = "malformed"
+MALFORMED_ERROR = ("malformed source line: Spark could not parse it as JSON; its raw text is kept in the "
+                   "quarantine table's input column. Fix or drop the line at the source and rerun the day")
+# The column that carries a malformed line's raw text to the task (pipeline.io.sources.MALFORMED_COLUMN).
+_MALFORMED_COLUMN = "_malformed"
 
 STATUS_FIELDS = [
     pa.field("n_tokens", pa.int32()),
@@ -134,6 +140,16 @@ def carries_content(text: str) -> bool:
         if ch != "\ufffd" and unicodedata.category(ch)[0] not in "CZ":
             return True
     return False
+
+
+def malformed_rows(chunk: pa.RecordBatch) -> np.ndarray:
+    """Which rows of ``chunk`` are source lines that did not parse (a non-null ``_malformed`` column).
+
+    All False when the chunk has no such column (any source but JSON lines).
+    """
+    if _MALFORMED_COLUMN not in chunk.schema.names:
+        return np.zeros(chunk.num_rows, dtype=bool)
+    return np.asarray(chunk.column(chunk.schema.get_field_index(_MALFORMED_COLUMN)).is_valid(), dtype=bool)
 
 
 def special_token_ids(tokenizer: Any) -> frozenset[int]:
@@ -303,9 +319,12 @@ class TextTask:
         n_tokens = np.zeros(n, dtype=np.int32)
         truncated = np.zeros(n, dtype=bool)
 
+        malformed = malformed_rows(chunk)
         valid = []
         for i, text in enumerate(texts):
-            if text is None:
+            if malformed[i]:
+                status[i], error[i] = MALFORMED, MALFORMED_ERROR
+            elif text is None:
                 status[i] = "skipped_null"
             elif not text.strip():
                 status[i] = "skipped_empty"

@@ -32,7 +32,10 @@ from pipeline.generation.sampling import SamplingParams, row_seed
 from pipeline.generation.vllm_backend import EngineError
 from pipeline.metrics import WorkerCounts
 from pipeline.registry import register_task
-from pipeline.tasks.base import NO_CONTENT, STATUS_FIELDS, carries_content, content_free, special_token_ids
+from pipeline.tasks.base import (
+    MALFORMED, MALFORMED_ERROR, NO_CONTENT, STATUS_FIELDS, carries_content, content_free, malformed_rows,
+    special_token_ids,
+)
 
 __all__ = ["GenerateTask", "GenerateTaskConfig", "LoadedGenerator"]
 
@@ -216,7 +219,11 @@ class GenerateTask:
 
         rows, texts, requests = [], [], []
         special = special_token_ids(loaded.tokenizer)
+        malformed = malformed_rows(chunk)
         for i in range(n):
+            if malformed[i]:
+                status[i], error[i] = MALFORMED, MALFORMED_ERROR
+                continue
             values = {c: _as_text(cols[c][i]) for c in self.template_columns}
             if any(v is None for v in values.values()):
                 status[i] = "skipped_null"
