@@ -138,6 +138,16 @@ def test_rows_without_content_are_flagged_not_generated(model_dir):
     assert sum(counts.counts["finish_reasons"].values()) == 3
 
 
+def test_malformed_source_lines_are_flagged_not_generated(model_dir):
+    task = _task(model_dir)
+    chunk = pa.RecordBatch.from_pydict({"title": ["Heat", None], "text": ["the film is funny", None],
+                                        "_malformed": [None, '{"title": "Up", "te']})
+    counts = WorkerCounts()
+    out = task.process(task.load(model_dir, "cpu"), chunk, counts).to_pydict()
+    assert out["status"] == ["ok", "malformed"] and "could not parse it as JSON" in out["error"][1]
+    assert out["completion"][1] is None and counts.counts["status"] == {"ok": 1, "malformed": 1}
+
+
 def test_binary_columns_are_decoded_leniently(model_dir):
     task = _task(model_dir)
     chunk = pa.RecordBatch.from_pydict({"title": pa.array([b"Heat", b"Up"], pa.binary()),
