@@ -22,6 +22,7 @@ from pipeline.errors import JobError
 from pipeline.fingerprint import task_fingerprint
 from pipeline.metrics import RunSummary, batch_metrics
 from pipeline.registry import ModelInfo, TaskKind, get_task_kind
+from pipeline.spark.checks import QUARANTINED_STATUSES
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -94,8 +95,8 @@ def prepare_inputs(spark: "SparkSession", config: JobConfig, *, revision: str, t
     kind, task = _kind_and_task(config, task)
     inputs = kind.job.read_inputs(spark, config, task)
     if config.source.unique_ids:
-        _check_ids(inputs, config.source.id_column)
-    inputs = inputs.withColumn("content_hash", content_hash(tuple(task.input_columns)))
+        _check_ids(_parsed_rows(inputs), config.source.id_column)
+    inputs = _key_malformed_lines(inputs.withColumn("content_hash", content_hash(tuple(task.input_columns))))
     if config.run.incremental:
         inputs = _incremental_filter(spark, inputs, config, task_fingerprint(config, revision=revision))
     return inputs
@@ -134,7 +135,8 @@ def score_inputs(
     kind, task = _kind_and_task(config, task)
     plan = InferencePlan(
         task=config.task, model=config.model.model_copy(update={"path": model.path}), batching=config.batching,
-        keep_columns=("content_hash", *config.source.keep_columns), input_columns=tuple(task.input_columns),
+        keep_columns=("content_hash", *config.source.keep_columns),
+        input_columns=(*task.input_columns, *_malformed_input(inputs)),
         job=config.job, progress_interval_s=config.run.progress_interval_s if config.run.progress else None,
         faults=tuple((faults or {}).items()), metrics_column=METRICS_COLUMN, task_class=kind.task,
     )
@@ -179,19 +181,57 @@ def _quarantine_rows(scored: "DataFrame", inputs: "DataFrame", config: JobConfig
     from pyspark.sql import functions as F
 
     id_col = config.source.id_column
-    failed = scored.where(F.col("status") == "error").select(
+    failed = scored.where(F.col("status").isin(*QUARANTINED_STATUSES)).select(
         id_col, "content_hash", "status", "error", *LINEAGE_COLUMNS,
         *(["ds"] if "ds" in scored.columns else []),
     )
     keys = failed.select(F.col(id_col).alias("_k_id"), F.col("content_hash").alias("_k_hash")).distinct()
-    originals = (inputs.select(F.col("id").alias("_q_id"), F.col("content_hash").alias("_q_hash"),
-                               *[F.col(c).alias(f"input_{c}") for c in input_columns])
+    originals = (_malformed_originals(inputs, input_columns)
+                 .select(F.col("id").alias("_q_id"), F.col("content_hash").alias("_q_hash"),
+                         *[F.col(c).alias(f"input_{c}") for c in input_columns])
                  .join(keys, on=(F.col("_q_id").eqNullSafe(F.col("_k_id"))) & (F.col("_q_hash") == F.col("_k_hash")),
                        how="left_semi")
                  .dropDuplicates(["_q_id", "_q_hash"]))
     joined = failed.join(originals, on=(failed[id_col].eqNullSafe(originals["_q_id"]))
                          & (failed["content_hash"] == originals["_q_hash"]), how="left")
     return joined.drop("_q_id", "_q_hash")
+
+
+# --- malformed source lines (JSON lines Spark could not parse): flagged by the task, quarantined raw ---
+def _malformed_input(inputs: "DataFrame") -> tuple[str, ...]:
+    """The raw-line column for the task when the source has one (``pipeline.io.sources.MALFORMED_COLUMN``)."""
+    from pipeline.io.sources import MALFORMED_COLUMN
+
+    return (MALFORMED_COLUMN,) if MALFORMED_COLUMN in inputs.columns else ()
+
+
+def _parsed_rows(inputs: "DataFrame") -> "DataFrame":
+    """``inputs`` without the malformed lines (those have no id to check)."""
+    if not _malformed_input(inputs):
+        return inputs
+    return inputs.where(inputs[_malformed_input(inputs)[0]].isNull())
+
+
+def _key_malformed_lines(inputs: "DataFrame") -> "DataFrame":
+    """A malformed line has no id: its ``content_hash`` is its raw text's, so two bad lines stay apart."""
+    from pyspark.sql import functions as F
+
+    if not _malformed_input(inputs):
+        return inputs
+    raw = F.col(_malformed_input(inputs)[0])
+    return inputs.withColumn("content_hash", F.when(raw.isNotNull(), F.sha2(raw, 256))
+                             .otherwise(F.col("content_hash")))
+
+
+def _malformed_originals(inputs: "DataFrame", input_columns: tuple[str, ...]) -> "DataFrame":
+    """``inputs`` with a malformed line's raw text in the first input column (``input_text`` in quarantine)."""
+    from pyspark.sql import functions as F
+
+    if not _malformed_input(inputs) or not input_columns:
+        return inputs
+    raw, first = F.col(_malformed_input(inputs)[0]), input_columns[0]
+    return inputs.withColumn(first, F.when(raw.isNotNull(), raw.cast(inputs.schema[first].dataType))
+                             .otherwise(F.col(first)))
 
 
 def _rows_written(spark: "SparkSession", path: str, run_id: str, ds: dt.date | None,
@@ -355,8 +395,9 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
                                partition_values={"ds": ds}, commit_metadata=metadata, path=quarantine_path)
                 quarantine_version = q.version
                 fault_hooks.after_quarantine_commit(faults, version=q.version)
+            to_write = scored.drop(METRICS_COLUMN).where(~F.col("status").isin(*QUARANTINED_STATUSES))
             result = write_sink(
-                kind.job.shape_output(scored.drop(METRICS_COLUMN).where(F.col("status") != "error"), config), sink,
+                kind.job.shape_output(to_write, config), sink,
                 partition_values={"ds": ds}, commit_metadata=metadata, faults=faults,
             )
         finally:
@@ -392,6 +433,10 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
                                partition={"ds": ds} if partition_ds is not None else {})
     details = kind.job.after_commit(spark, config, output=result.output, run_id=run_id, ds=ds) if not incomplete else {}
     details = {**kind.job.summary_lines(spark, config, counts, model), **details}
+    malformed = int(counts.get("status", {}).get("malformed", 0))
+    if malformed:
+        details["malformed input"] = (f"{malformed:,} source line(s) could not be parsed; quarantined with their "
+                                      f"raw text in input_{task.input_columns[0]}")
     summary = RunSummary(
         job=config.job, run_id=run_id, ds=ds.isoformat(), rows_in=rows_in, rows_out=rows_out,
         rows_quarantined=rows_quarantined, quarantine=quarantine_path if quarantine_version is not None else None,

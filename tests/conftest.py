@@ -35,7 +35,10 @@ def build_tiny_bert(folder: Path, *, kind: str = "embed", seed: int = 0, num_lab
     folder.mkdir(parents=True, exist_ok=True)
     vocab = _vocab()
     (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    tokenizer = BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=True, model_max_length=512)
+    # `vocab=`, not `vocab_file=`: transformers 5 drops an unknown `vocab_file` and builds a 5-token
+    # vocabulary, so every word became [UNK] (rows now flagged `skipped_no_content`, never scored)
+    tokenizer = BertTokenizerFast(vocab=str(folder / "vocab.txt"), do_lower_case=True, model_max_length=512)
+    assert tokenizer("good movie").input_ids[1:-1] != [tokenizer.unk_token_id] * 2, "the test vocabulary did not load"
     tokenizer.save_pretrained(str(folder))
     config = BertConfig(
         vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,

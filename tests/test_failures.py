@@ -128,17 +128,54 @@ def test_bad_text_rows_are_flagged_never_dropped(spark, tmp_path, tiny_embed_mod
     texts = [
         None, "", "   \n\t ", "good " * 200_000, "control \x00\x01\x07\x1b chars good", "emoji 😀🎬👍 great",
         "mixed scripts: good Привет 日本語 مرحبا", "\u200b\u200b", "a" * 5000, "ok movie",
+        "x" * 200_000, "\x00" * 50, "\ufffd" * 40,  # one [UNK]; nothing; invalid bytes decoded leniently
     ]
     ids = [f"b{i}" for i in range(len(texts))]
     write_delta(tmp_path / "docs", pa.table({"doc_id": ids, "text": pa.array(texts, pa.string()),
                                              "source": ["bad"] * len(ids)}))
-    summary = run_job(job_config(tmp_path, tiny_embed_model), spark=spark, out=io.StringIO())
-    assert summary.complete and summary.rows_out == len(texts)
-    status = {r["doc_id"]: r["status"] for r in read_scores(tmp_path).to_pylist()}
+    out = io.StringIO()
+    summary = run_job(job_config(tmp_path, tiny_embed_model), spark=spark, out=out)
+    assert summary.complete and summary.rows_out == len(texts) and summary.rows_quarantined == 0
+    rows = {r["doc_id"]: r for r in read_scores(tmp_path).to_pylist()}
+    status = {i: r["status"] for i, r in rows.items()}
     assert status["b0"] == "skipped_null" and status["b1"] == "skipped_empty" and status["b2"] == "skipped_empty"
     assert status["b3"] == "truncated"
     assert {status[f"b{i}"] for i in (4, 5, 6, 9)} == {"ok"}
-    assert status["b7"] in ("ok", "skipped_empty")  # zero-width spaces: not whitespace to Python
+    # zero-width spaces (not whitespace to Python), a 5,000- and a 200,000-char "word" (one [UNK] each),
+    # NULs, U+FFFD only: not scored
+    assert {status[f"b{i}"] for i in (7, 8, 10, 11, 12)} == {"skipped_no_content"}
+    assert all(rows[f"b{i}"]["embedding"] is None for i in (7, 8, 10, 11, 12))
+    assert summary.status == {"ok": 4, "truncated": 1, "skipped_null": 1, "skipped_empty": 2, "skipped_no_content": 5}
+    assert "skipped_no_content=5" in out.getvalue()
+
+
+MALFORMED_LINES = ['{"doc_id": "j2", "text": "a truncated re', "not json at all", "[1, 2]"]
+
+
+def test_malformed_json_lines_are_quarantined_with_their_raw_text(spark, tmp_path, tiny_embed_model):
+    import hashlib
+
+    lines = ['{"doc_id": "j1", "text": "good movie", "source": "log"}', MALFORMED_LINES[0],
+             '{"doc_id": "j3", "text": "great story", "source": "log"}', MALFORMED_LINES[1], "",
+             '{"doc_id": "j5", "text": null, "source": "log"}', MALFORMED_LINES[2]]
+    (tmp_path / "logs.jsonl").write_text("\n".join(lines) + "\n")
+    # unique_ids: the malformed lines (no id) do not trip the id check
+    config = job_config(tmp_path, tiny_embed_model, sink={"mode": "overwrite_partition"},
+                        source={"format": "json", "path": str(tmp_path / "logs.jsonl"), "unique_ids": True})
+    out = io.StringIO()
+    summary = run_job(config, spark=spark, out=out)
+    # the blank line is no row (Spark skips it); every other line is in exactly one table
+    assert (summary.rows_in, summary.rows_out, summary.rows_quarantined) == (6, 3, 3) and summary.complete
+    assert summary.status == {"ok": 2, "skipped_null": 1, "malformed": 3}
+    output = {r["doc_id"]: r for r in read_scores(tmp_path).to_pylist()}
+    assert set(output) == {"j1", "j3", "j5"} and output["j5"]["status"] == "skipped_null"
+    quarantine = DeltaTable(str(tmp_path / "scores_quarantine")).to_pyarrow_table().to_pylist()
+    assert sorted(r["input_text"] for r in quarantine) == sorted(MALFORMED_LINES)
+    for row in quarantine:
+        assert row["status"] == "malformed" and row["doc_id"] is None and "could not parse it as JSON" in row["error"]
+        assert row["content_hash"] == hashlib.sha256(row["input_text"].encode()).hexdigest()
+    assert "malformed input         : 3 source line(s) could not be parsed" in out.getvalue()
+    assert "malformed=3" in out.getvalue()
 
 
 def test_duplicate_or_null_ids_fail_before_any_work(spark, tmp_path, tiny_embed_model):

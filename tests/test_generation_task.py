@@ -121,6 +121,49 @@ def test_bad_rows_are_flagged_not_dropped(model_dir):
         task.process(loaded, pa.RecordBatch.from_pydict({"title": ["A"], "text": ["x"]}), WorkerCounts())
 
 
+def test_rows_without_content_are_flagged_not_generated(model_dir):
+    task = _task(model_dir)
+    loaded = task.load(model_dir, "cpu")
+    chunk = pa.RecordBatch.from_pydict({
+        # the byte-level tokenizer reads any byte, so NULs and U+FFFD are caught on the text; literal special
+        # tokens only on the tokens. A title with content keeps a content-free text's row (the prompt's user text)
+        "title": ["Heat", "\x00" * 50, "\ufffd\u200b", "<|eos|>", "Up", "Big"],
+        "text": ["the film is funny", "\x00" * 50, "\ufffd" * 40, "<|im_end|><|pad|>", "\x00" * 5, "a\x00"],
+    })
+    counts = WorkerCounts()
+    out = task.process(loaded, chunk, counts).to_pydict()
+    assert out["status"] == ["ok", "skipped_no_content", "skipped_no_content", "skipped_no_content", "ok", "ok"]
+    assert [out["completion"][i] for i in (1, 2, 3)] == [None] * 3 and out["error"][1:4] == [None] * 3
+    assert counts.counts["status"] == {"ok": 3, "skipped_no_content": 3}
+    assert sum(counts.counts["finish_reasons"].values()) == 3
+
+
+def test_malformed_source_lines_are_flagged_not_generated(model_dir):
+    task = _task(model_dir)
+    chunk = pa.RecordBatch.from_pydict({"title": ["Heat", None], "text": ["the film is funny", None],
+                                        "_malformed": [None, '{"title": "Up", "te']})
+    counts = WorkerCounts()
+    out = task.process(task.load(model_dir, "cpu"), chunk, counts).to_pydict()
+    assert out["status"] == ["ok", "malformed"] and "could not parse it as JSON" in out["error"][1]
+    assert out["completion"][1] is None and counts.counts["status"] == {"ok": 1, "malformed": 1}
+
+
+def test_binary_columns_are_decoded_leniently(model_dir):
+    task = _task(model_dir)
+    chunk = pa.RecordBatch.from_pydict({"title": pa.array([b"Heat", b"Up"], pa.binary()),
+                                        "text": pa.array([b"the film is funny", b"\xff\xfe" * 3], pa.binary())})
+    out = task.process(task.load(model_dir, "cpu"), chunk, WorkerCounts()).to_pydict()
+    # decoded as text (not "b'...'"); only invalid bytes is U+FFFD only: flagged with the title's row kept
+    assert out["status"] == ["ok", "ok"]
+    loaded = task.load(model_dir, "cpu")
+    decoded = task.process(loaded, pa.RecordBatch.from_pydict({"title": ["Heat"], "text": ["the film is funny"]}),
+                           WorkerCounts()).to_pydict()
+    assert out["completion"][0] == decoded["completion"][0] and out["prompt_tokens"][0] == decoded["prompt_tokens"][0]
+    blank = pa.RecordBatch.from_pydict({"title": pa.array([b"\xff"], pa.binary()),
+                                        "text": pa.array([b"\xff\xfe" * 20], pa.binary())})
+    assert task.process(loaded, blank, WorkerCounts()).column("status").to_pylist() == ["skipped_no_content"]
+
+
 def test_a_tokenizer_that_does_not_match_the_model_flags_its_rows(tmp_path):
     model_dir = save_mismatched_folder(tmp_path / "mismatched")
     task = _task(model_dir)

@@ -104,6 +104,25 @@ def _text_rows(spark, folder: Path) -> dict[str, str]:
     return {r["id"]: r["text"] for r in rows}
 
 
+def test_json_lines_keep_malformed_lines_raw(spark, tmp_path):
+    from pyspark.sql import functions as F
+
+    path = tmp_path / "events.jsonl"
+    path.write_text('{"event_id": 1, "message": "ok"}\n{"event_id": 2, "mess\nplain text\n{"event_id": 4, "message": null}\n')
+    df = read_source(spark, SourceConfig(format="json", path=str(path)))
+    assert "_corrupt_record" in df.columns
+    inputs = select_input(df, SourceConfig(format="json", path=str(path), id_column="event_id",
+                                           text_column="message"), ("text",))
+    assert inputs.columns == ["id", "text", "_malformed"]
+    rows = [tuple(r) for r in inputs.orderBy(F.col("id").asc_nulls_last(), "_malformed").collect()]
+    assert rows == [(1, "ok", None), (4, None, None), (None, None, "plain text"), (None, None, '{"event_id": 2, "mess')]
+    # a clean file reads with the column too (all null), so every run of a job has the same columns
+    clean = tmp_path / "clean.jsonl"
+    clean.write_text('{"event_id": 1, "message": "ok"}\n')
+    df = read_source(spark, SourceConfig(format="json", path=str(clean)))
+    assert df.columns == ["event_id", "message", "_corrupt_record"] and df.count() == 1
+
+
 def test_text_ids_are_file_and_line_and_stable_when_files_come_and_go(spark, tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()

