@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
 import subprocess
 import sys
-from contextlib import redirect_stderr
 from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
 
-from pipeline.config import ConfigError, SparkConfig, build_config, load_config
-from pipeline.spark.errors import error_line, is_spark_error, python_error_line
-from pipeline.spark.session import with_local_task_attempts
+from pipeline.config import ConfigError, SparkConfig, build_config
 
 from .conftest import make_documents, write_delta
 
@@ -53,6 +49,8 @@ def _job_yaml(tmp_path: Path, model: Path, *, faults: dict) -> Path:
 
 
 def test_local_masters_get_a_retry_budget():
+    from pipeline.spark.session import with_local_task_attempts
+
     assert SparkConfig().master == "local[*]" and SparkConfig().local_task_attempts == 4
     assert with_local_task_attempts("local[*]", 4) == "local[*,4]"
     assert with_local_task_attempts("local[16]", 4) == "local[16,4]"
@@ -67,6 +65,7 @@ def test_local_masters_get_a_retry_budget():
                       "sink": {"path": "y"}, "spark": {"local_task_attempts": 0}})
 
 
+@pytest.mark.slow  # a Spark of its own in a subprocess
 def test_a_killed_worker_is_retried_on_the_default_master(tmp_path, tiny_embed_model):
     """The CLI as shipped: ``local[*]`` from the default config, nothing hand-set; a Python worker dies mid-task."""
     write_delta(tmp_path / "docs", make_documents(120))
@@ -83,6 +82,7 @@ def test_a_killed_worker_is_retried_on_the_default_master(tmp_path, tiny_embed_m
 # ------------------------------------------------------------------ worker errors as one line
 
 
+@pytest.mark.slow  # a Spark of its own in a subprocess
 def test_a_worker_exception_reaches_the_cli_as_one_line(tmp_path, tiny_embed_model):
     """A Python exception raised on a worker (here: every attempt allowed fails) ends the CLI with one clear line."""
     write_delta(tmp_path / "docs", make_documents(60))
@@ -103,6 +103,7 @@ def test_spark_errors_become_one_line_on_either_session(any_spark, capsys):
     from pyspark.sql.functions import udf
 
     from pipeline.cli import _print_error
+    from pipeline.spark.errors import error_line, is_spark_error
 
     @udf("long")
     def explode_on_13(i):
@@ -123,6 +124,8 @@ def test_spark_errors_become_one_line_on_either_session(any_spark, capsys):
 
 
 def test_error_line_reads_the_last_python_exception():
+    from pipeline.spark.errors import error_line, python_error_line
+
     chained = (
         "An error occurred while calling o164.save.\n"
         ": org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 failed 4 times, most recent "
