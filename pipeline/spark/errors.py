@@ -6,7 +6,7 @@ stack trace, and often both twice ("Driver stacktrace:", "Caused by:"). Its
 first line says only "An exception was thrown from the Python worker:" or
 "An error occurred while calling o164.save.". The CLI prints
 :func:`error_line` instead (``--verbose`` prints the whole text). The text is
-the same on classic (Py4J) and Spark Connect sessions, so so is the parsing.
+the same on classic (Py4J) and Spark Connect sessions, and so is the parsing.
 Pure module: standard library only.
 """
 
