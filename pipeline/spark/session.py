@@ -9,6 +9,7 @@ Connect session (Databricks serverless and standard access, or any
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -17,8 +18,42 @@ from pipeline.config import SparkConfig
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["activate_for_this_thread", "apply_session_settings", "get_session", "is_connect", "remote_url",
-           "session_key", "session_settings"]
+__all__ = ["activate_for_this_thread", "apply_session_settings", "get_session", "is_connect", "quiet_task_failure_logs",
+           "remote_url", "session_key", "session_settings", "with_local_task_attempts"]
+
+# Spark's own patterns (SparkContext.createTaskScheduler): these local masters allow one attempt per task
+_LOCAL_ONE_ATTEMPT = re.compile(r"local(?:\[\s*([0-9]+|\*)\s*\])?")
+
+
+def with_local_task_attempts(master: str, attempts: int) -> str:
+    """``master`` with ``attempts`` tries per task when it is a local master that allows only one.
+
+    Local masters ignore ``spark.task.maxFailures``: ``local`` and ``local[N]``
+    give each task a single attempt, so one Python worker that dies (a segfault,
+    an OOM kill) fails the whole job. ``local[N,F]`` is Spark's way to allow F.
+    A master that already names F, and any cluster master, is returned as is.
+
+    >>> with_local_task_attempts("local[*]", 4), with_local_task_attempts("local[2]", 4)
+    ('local[*,4]', 'local[2,4]')
+    >>> with_local_task_attempts("local", 4), with_local_task_attempts("local[2,3]", 4)
+    ('local[1,4]', 'local[2,3]')
+    >>> with_local_task_attempts("spark://host:7077", 4), with_local_task_attempts("local[2]", 1)
+    ('spark://host:7077', 'local[2]')
+    """
+    match = _LOCAL_ONE_ATTEMPT.fullmatch(master.strip())
+    if match is None or attempts <= 1:
+        return master
+    return f"local[{match.group(1) or 1},{attempts}]"
+
+
+# Who prints a failed task's Java stack trace (each a copy of what the driver's error carries, which the
+# CLI prints as one line): the executor ("Exception in task"), Utils ("Aborting task", around a data source
+# write), the scheduler ("Lost task" at WARN, "failed N times; aborting job"), and the v2 write nodes
+# ("Aborting commit for partition", "... is aborting").
+_TASK_FAILURE_LOGGERS = (
+    "org.apache.spark.executor.Executor", "org.apache.spark.util.Utils", "org.apache.spark.scheduler.TaskSetManager",
+    "org.apache.spark.sql.execution.datasources.v2",
+)
 
 
 def session_settings(config: SparkConfig) -> dict[str, str]:
@@ -73,13 +108,14 @@ def get_session(config: SparkConfig) -> "SparkSession":
     active = SparkSession.getActiveSession()
     if active is not None:
         apply_session_settings(active, config)
+        _warn_single_attempt(active)
         return active
 
     # Workers must run this interpreter (the venv), not whatever python3 is first on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(config.app_name)
     if not os.environ.get("PYSPARK_GATEWAY_PORT"):  # not launched by spark-submit
-        builder = builder.master(config.master)
+        builder = builder.master(with_local_task_attempts(config.master, config.local_task_attempts))
     defaults = {
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
@@ -94,7 +130,37 @@ def get_session(config: SparkConfig) -> "SparkSession":
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    quiet_task_failure_logs(spark)
+    _warn_single_attempt(spark)
     return spark
+
+
+def quiet_task_failure_logs(spark: "SparkSession") -> None:
+    """Stop the console printing each failed task's Java stack trace (classic sessions built here).
+
+    The failure reaches the driver anyway: the CLI prints it as one line
+    (the Python exception class and message) and ``--verbose`` prints the
+    whole text. Our own progress lines are Python prints and stay.
+    """
+    try:
+        jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+        level = jvm.org.apache.logging.log4j.Level.toLevel("FATAL")
+        for name in _TASK_FAILURE_LOGGERS:
+            jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(name, level)
+    except Exception:  # noqa: BLE001 - cosmetic: another logging backend keeps its settings
+        pass
+
+
+def _warn_single_attempt(spark: "SparkSession", out: Any = None) -> None:
+    """Say so when a local master (e.g. from ``spark-submit --master local[*]``) allows one attempt per task."""
+    try:
+        master = str(spark.sparkContext.master)
+    except Exception:  # noqa: BLE001 - e.g. a shared Databricks cluster hides the SparkContext: not local
+        return
+    if _LOCAL_ONE_ATTEMPT.fullmatch(master.strip()):
+        print(f"warning: master {master} gives each task a single attempt, so one Python worker that dies "
+              f"fails the job; use {with_local_task_attempts(master, 4)} for up to 4 attempts",
+              file=out or sys.stderr, flush=True)
 
 
 def _connect_session(url: str, config: SparkConfig) -> "SparkSession":
