@@ -181,6 +181,19 @@ def _rows_written(spark: "SparkSession", path: str, run_id: str, ds: dt.date | N
     return written
 
 
+def _already_committed(config: JobConfig, *, run_id: str, ds: dt.date, model: ModelInfo, version: int | None,
+                       by: str | None, out: TextIO) -> RunSummary:
+    """The summary of a retry of a run whose commit already landed: nothing scored, nothing written."""
+    note = f"already committed at version {version} by run {by or '?'}; nothing to do"
+    print(f"[{config.job}] run {run_id}: {note}", file=out, flush=True)
+    return RunSummary(
+        job=config.job, run_id=run_id, ds=ds.isoformat(), rows_in=0, rows_out=0, status={}, seconds=0.0, tokens=0,
+        padded_tokens=0, batches=0, model_loads={}, model_name=model.name, model_revision=model.revision,
+        output=str(config.sink.path or config.sink.table), delta_version=version, writer="deltalake",
+        details={"already committed": note},
+    )
+
+
 def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: TextIO = sys.stdout) -> RunSummary:
     """Run ``config`` end to end and return (and print) its summary.
 
@@ -209,7 +222,8 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
 
     from pipeline import faults as fault_hooks
     from pipeline.io.paths import check_locations
-    from pipeline.io.sinks import write_sink
+    from pipeline.io.paths import is_local, local_path
+    from pipeline.io.sinks import committed_run, run_app_id, source_snapshot, write_sink
     from pipeline.io.sources import SourceError, is_delta_table
     from pipeline.spark.progress import JobProgress, stage_source
     from pipeline.spark.run_metrics import observe_counts
@@ -240,6 +254,13 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     ds = config.run.resolved_ds()
     scored_at = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
     faults = fault_hooks.from_env(config.run.faults)
+    # issue 11: one Delta transaction id per LOGICAL run; an append of a run that already committed is a no-op
+    app_id = run_app_id(config, model_revision=revision, source_snapshot=source_snapshot(config))
+    if config.run.incremental or config.sink.mode == "append":
+        done = committed_run(local_path(config.sink.path), app_id) if config.sink.path and is_local(
+            config.sink.path) else None
+        if done:
+            return _already_committed(config, run_id=run_id, ds=ds, model=model, version=done[0], by=done[1], out=out)
 
     inputs = prepare_inputs(spark, config, revision=revision, task=task)
     rows_in = inputs.count()
@@ -267,8 +288,11 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
         with progress:
             result = write_sink(
                 kind.job.shape_output(to_write.where(F.col("status") != "error"), config), sink,
-                partition_values={"ds": ds}, commit_metadata=metadata, faults=faults,
+                partition_values={"ds": ds}, commit_metadata=metadata, faults=faults, txn_app_id=app_id,
             )
+            if result.already_committed:  # a concurrent try of this very run committed first
+                return _already_committed(config, run_id=run_id, ds=ds, model=model, version=result.version,
+                                          by=None, out=out)
         counts = observed.counts() if rows_in else {}
         errors = int(counts.get("status", {}).get("error", 0))
         quarantine_path = sink.resolved_quarantine_path()
@@ -276,7 +300,8 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
         if errors or is_delta_table(spark, quarantine_path):
             # written even when empty once it exists, so a rerun replaces that day's failures too
             q = write_sink(_quarantine_rows(scored, inputs, config, tuple(task.input_columns)), sink,
-                           partition_values={"ds": ds}, commit_metadata=metadata, path=quarantine_path)
+                           partition_values={"ds": ds}, commit_metadata=metadata, path=quarantine_path,
+                           txn_app_id=app_id)
             quarantine_version = q.version
     finally:
         scored.unpersist()
