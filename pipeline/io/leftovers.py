@@ -225,7 +225,8 @@ def _current_files(root: Path) -> set[str]:
         return set()
     from deltalake import DeltaTable
 
-    return {unquote(p) for p in DeltaTable(str(root)).files()}
+    paths = DeltaTable(str(root)).get_add_actions(flatten=True).column("path").to_pylist()
+    return {unquote(p) for p in paths}
 
 
 def sweep_leftovers(root: str | Path, *, grace_s: float, dry_run: bool = False,
