@@ -293,6 +293,10 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
             if result.already_committed:  # a concurrent try of this very run committed first
                 return _already_committed(config, run_id=run_id, ds=ds, model=model, version=result.version,
                                           by=None, out=out)
+            if result.swept.get("files"):
+                print(f"[{config.job}] swept {result.swept['files']} leftover file(s) "
+                      f"({result.swept['bytes'] / 1e6:.1f} MB) of crashed writes from {result.output}",
+                      file=out, flush=True)
         counts = observed.counts() if rows_in else {}
         errors = int(counts.get("status", {}).get("error", 0))
         quarantine_path = sink.resolved_quarantine_path()

@@ -165,8 +165,10 @@ def test_a_driver_killed_before_its_commit_leaves_nothing_after_the_rerun(spark,
     assert on_disk(scores) == orphans, "a dry run deletes nothing"
 
     rerun = job_config(tmp_path, tiny_embed_model, sink={"leftover_grace_s": 1}, run={"run_id": "rerun"})
-    summary = run_job(rerun, spark=spark, out=io.StringIO())
+    out = io.StringIO()
+    summary = run_job(rerun, spark=spark, out=out)
     assert summary.complete and summary.rows_out == 40
+    assert f"swept {len(orphans)} leftover file(s)" in out.getvalue(), out.getvalue()
     while time.time() < released_at + 2:  # whatever survived of the killed job has given up by now
         time.sleep(0.5)
     ids = read_scores(tmp_path)["doc_id"].to_pylist()
