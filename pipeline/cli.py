@@ -22,6 +22,12 @@ def build_parser(prog: str = "python -m pipeline") -> argparse.ArgumentParser:
     sub.add_parser("tasks", help="list the registered task kinds and their config keys")
     docs = sub.add_parser("config-reference", help="print the config reference table (README's, generated)")
     docs.add_argument("--write", metavar="README", help="replace the generated table inside this file")
+    vacuum = sub.add_parser("vacuum", help="delete crash leftovers (uncommitted files of dead writes) of a Delta "
+                            "table written by the deltalake writer; never files any version references")
+    vacuum.add_argument("table", help="the table folder, e.g. warehouse/scores")
+    vacuum.add_argument("--dry-run", action="store_true", help="list what would go, delete nothing")
+    vacuum.add_argument("--grace-s", type=float, default=900.0, metavar="S",
+                        help="an unfinished write silent for S seconds counts as dead (900, as sink.leftover_grace_s)")
     add_report_arguments(sub.add_parser(
         "report", help="write an HTML report of a run (or the last N runs) from the runs table"))
     return parser
@@ -51,6 +57,27 @@ def report_command(args: argparse.Namespace) -> int:
     for run_id, reasons in deviations.items():
         print(f"flagged run {run_id}: " + "; ".join(reasons))
     return 3 if args.fail_on_deviation and run_id in deviations else 0
+
+
+def vacuum_command(args: argparse.Namespace) -> int:
+    """``pipeline vacuum``: sweep leftovers (see ``pipeline.io.leftovers``) and say what went."""
+    from pipeline.errors import SinkError
+    from pipeline.io.leftovers import sweep_leftovers
+    from pipeline.io.paths import is_local, local_path
+
+    if not is_local(args.table):
+        raise SinkError(f"vacuum works on local or mounted table folders, not {args.table!r}")
+    root = local_path(args.table)
+    from pathlib import Path
+
+    if not Path(root).is_dir():
+        raise SinkError(f"no table folder at {root}; pass the folder of a Delta table (sink.path)")
+    report = sweep_leftovers(root, grace_s=args.grace_s, dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    for rel in report.files:
+        print(f"{verb}: {rel}")
+    print(f"{root}: {verb} {report.line()}")
+    return 0
 
 
 def add_job_arguments(parser: argparse.ArgumentParser, *, positional: bool = True) -> None:
@@ -92,6 +119,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m pipeline")
     try:
         if args.command == "report":
             return report_command(args)
+        if args.command == "vacuum":
+            return vacuum_command(args)
         if args.command == "tasks":
             from pipeline.docs import task_kinds_text
 

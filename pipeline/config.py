@@ -230,6 +230,9 @@ class SinkConfig(_Model):
         "auto", description="`auto`, `delta` (the connector), `deltalake` (Python data source)")
     quarantine_path: str | None = Field(
         None, description="where failed rows go; none: `<sink.path>_quarantine`")
+    leftover_grace_s: float = Field(
+        900.0, gt=0, description="`deltalake` writer: seconds without a heartbeat after which an unfinished "
+        "write counts as dead, so the next job's sweep (or `pipeline vacuum`) deletes its uncommitted files")
 
     def resolved_quarantine_path(self) -> str:
         if self.quarantine_path:

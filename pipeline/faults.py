@@ -15,6 +15,11 @@ executor's environment after Spark started would not). Keys:
                            (every attempt): a lost row and a duplicated one that a row count cannot see
 ``fail_after_quarantine_commit`` the driver fails right after committing the quarantine table,
                            before the output (a crash between the two commits)
+``exit_write_partitions``  these partitions' Python worker dies (``os._exit``) in the middle of ``write()``,
+                           after the first batch went into its Parquet file, first attempt
+``commit_barrier``         ``{"dir": folder, "parties": n, "timeout_s": s}``: the ``sbi_delta`` commit touches
+                           ``<dir>/<write id>.ready`` once it has read the table, then waits until ``n`` such
+                           files exist (or ``<dir>/release`` does, or ``s`` seconds pass) before committing
 
 Example: ``SBI_FAULTS='{"fail_infer_partitions": [0], "fail_write_partitions": [1]}'``.
 
@@ -32,7 +37,7 @@ from typing import Any, Mapping, Sequence
 from pipeline.errors import InjectedFaultError, SimulatedOutOfMemoryError
 
 __all__ = ["InjectedFaultError", "SimulatedOutOfMemoryError", "activate", "after_quarantine_commit", "check_batch",
-           "from_env", "on_output", "on_task_start", "on_write"]
+           "from_env", "on_commit", "on_output", "on_task_start", "on_write"]
 
 ENV = "SBI_FAULTS"
 _active: dict[str, Any] = {}
@@ -98,6 +103,8 @@ def on_task_start(partition: int, attempt: int) -> None:
 
 def on_write(partition: int, attempt: int, faults: Mapping[str, Any]) -> None:
     """Write-side fault: called after a task attempt has written a Parquet file."""
+    if _first_attempt_of("exit_write_partitions", partition, attempt, faults):
+        os._exit(14)  # the Python worker dies with its Parquet file half written, its cleanup never runs
     if _first_attempt_of("fail_write_partitions", partition, attempt, faults):
         raise InjectedFaultError(f"injected write failure in partition {partition}, attempt {attempt}")
 
@@ -116,3 +123,22 @@ def after_quarantine_commit(faults: Mapping[str, Any], *, version: int | None) -
     if faults.get("fail_after_quarantine_commit"):
         raise InjectedFaultError(f"injected driver failure after the quarantine commit (version {version}), "
                                  "before the output commit")
+
+
+def on_commit(write_id: str, faults: Mapping[str, Any]) -> None:
+    """Commit-side fault (``commit_barrier``): called by the driver-side commit after it read the table."""
+    import time
+    from pathlib import Path
+
+    barrier = faults.get("commit_barrier")
+    if not barrier:
+        return
+    folder = Path(barrier["dir"])
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{write_id}.ready").touch()
+    deadline = time.monotonic() + float(barrier.get("timeout_s", 60))
+    parties = int(barrier.get("parties", 1))
+    while time.monotonic() < deadline and not (folder / "release").exists():
+        if len(list(folder.glob("*.ready"))) >= parties:
+            return
+        time.sleep(0.05)

@@ -286,6 +286,17 @@ def _check_written(in_keys: "DataFrame", written: "DataFrame", quarantined: "Dat
     if quarantined is not None:
         held = held.unionByName(quarantined.select(id_column, "content_hash", F.lit("error").alias("status")))
     return identity_check(in_keys, key_counts(held, id_column=id_column, status_column="status"))
+def _already_committed(config: JobConfig, *, run_id: str, ds: dt.date, model: ModelInfo, version: int | None,
+                       by: str | None, out: TextIO) -> RunSummary:
+    """The summary of a retry of a run whose commit already landed: nothing scored, nothing written."""
+    note = f"already committed at version {version} by run {by or '?'}; nothing to do"
+    print(f"[{config.job}] run {run_id}: {note}", file=out, flush=True)
+    return RunSummary(
+        job=config.job, run_id=run_id, ds=ds.isoformat(), rows_in=0, rows_out=0, status={}, seconds=0.0, tokens=0,
+        padded_tokens=0, batches=0, model_loads={}, model_name=model.name, model_revision=model.revision,
+        output=str(config.sink.path or config.sink.table), delta_version=version, writer="deltalake",
+        details={"already committed": note},
+    )
 
 
 def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: TextIO = sys.stdout) -> RunSummary:
@@ -319,7 +330,8 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
 
     from pipeline import faults as fault_hooks
     from pipeline.io.paths import check_locations
-    from pipeline.io.sinks import write_sink
+    from pipeline.io.paths import is_local, local_path
+    from pipeline.io.sinks import committed_run, run_app_id, source_snapshot, write_sink
     from pipeline.io.sources import is_delta_table
     from pipeline.spark.progress import JobProgress, stage_source
     from pipeline.spark.checks import identity_check, key_counts, replaced_by
@@ -351,6 +363,13 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     ds = config.run.resolved_ds()
     scored_at = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
     faults = fault_hooks.from_env(config.run.faults)
+    # issue 11: one Delta transaction id per LOGICAL run; an append of a run that already committed is a no-op
+    app_id = run_app_id(config, model_revision=revision, source_snapshot=source_snapshot(config))
+    if config.run.incremental or config.sink.mode == "append":
+        done = committed_run(local_path(config.sink.path), app_id) if config.sink.path and is_local(
+            config.sink.path) else None
+        if done:
+            return _already_committed(config, run_id=run_id, ds=ds, model=model, version=done[0], by=done[1], out=out)
 
     inputs = prepare_inputs(spark, config, revision=revision, task=task)
     rows_in = inputs.count()
@@ -380,6 +399,7 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     id_col = config.source.id_column
     quarantine_path = sink.resolved_quarantine_path()
     quarantine_version = None
+    quarantine_run = run_id
     try:
         try:
             with progress:
@@ -392,14 +412,24 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
             if errors or is_delta_table(spark, quarantine_path):
                 # written even when empty once it exists, so a rerun replaces that day's failures too
                 q = write_sink(_quarantine_rows(scored, inputs, config, tuple(task.input_columns)), sink,
-                               partition_values={"ds": ds}, commit_metadata=metadata, path=quarantine_path)
+                               partition_values={"ds": ds}, commit_metadata=metadata, path=quarantine_path,
+                               txn_app_id=app_id)
                 quarantine_version = q.version
+                if q.already_committed:  # an earlier try of this run committed them: read back its rows
+                    quarantine_run = (committed_run(local_path(quarantine_path), app_id) or (0, run_id))[1] or run_id
                 fault_hooks.after_quarantine_commit(faults, version=q.version)
             to_write = scored.drop(METRICS_COLUMN).where(~F.col("status").isin(*QUARANTINED_STATUSES))
             result = write_sink(
                 kind.job.shape_output(to_write, config), sink,
-                partition_values={"ds": ds}, commit_metadata=metadata, faults=faults,
+                partition_values={"ds": ds}, commit_metadata=metadata, faults=faults, txn_app_id=app_id,
             )
+            if result.already_committed:  # a concurrent try of this very run committed first
+                return _already_committed(config, run_id=run_id, ds=ds, model=model, version=result.version,
+                                          by=None, out=out)
+            if result.swept.get("files"):
+                print(f"[{config.job}] swept {result.swept['files']} leftover file(s) "
+                      f"({result.swept['bytes'] / 1e6:.1f} MB) of crashed writes from {result.output}",
+                      file=out, flush=True)
         finally:
             scored.unpersist()
         seconds = time.perf_counter() - started
@@ -408,7 +438,8 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
         written = _rows_written(spark, result.output, run_id, partition_ds, version=result.version)
         quarantined = None
         if quarantine_version is not None:
-            quarantined = _rows_written(spark, quarantine_path, run_id, partition_ds, version=quarantine_version)
+            quarantined = _rows_written(spark, quarantine_path, quarantine_run, partition_ds,
+                                        version=quarantine_version)
         written_check = _check_written(in_keys, written, quarantined, id_col)
     finally:
         in_keys.unpersist()

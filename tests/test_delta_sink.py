@@ -32,6 +32,15 @@ def _parquet_files(path: Path) -> set[str]:
     return {p.relative_to(path).as_posix() for p in path.rglob("*.parquet")}
 
 
+def _logged_files(path: Path) -> set[str]:
+    """Every data file any version of the table adds."""
+    import json
+    from urllib.parse import unquote
+
+    return {unquote(json.loads(line)["add"]["path"]) for commit in (path / "_delta_log").glob("*.json")
+            for line in commit.read_text().splitlines() if line.strip() and "add" in json.loads(line)}
+
+
 def _live_files(path: Path) -> set[str]:
     return set(DeltaTable(str(path)).file_uris())
 
@@ -61,8 +70,10 @@ def test_append_then_overwrite_partition_replaces_only_that_day(spark, tmp_path)
     assert pa.types.is_list(schema.field("embedding").type)
     assert pa.types.is_map(schema.field("scores").type)
     assert schema.field("scored_at").type == pa.timestamp("us", tz="UTC")
-    # every live file is referenced once; no stray files of this table
-    assert len(_parquet_files(path)) >= len(_live_files(path))
+    # no stray files: every Parquet file on disk is one some version adds (day 2's first files stay for
+    # time travel), and every file of the current snapshot is on disk
+    assert _parquet_files(path) == _logged_files(path)
+    assert {Path(p).relative_to(path).as_posix() for p in _live_files(path)} <= _parquet_files(path)
 
 
 def test_rerun_of_same_day_is_idempotent(spark, tmp_path):
@@ -133,7 +144,7 @@ def test_rows_outside_the_replaced_partition_are_refused(spark, tmp_path):
     with pytest.raises(SinkError, match="every row must belong to the replaced partition"):
         write_sink(_frame(spark, range(3), D2), sink, partition_values={"ds": D1})
     assert DeltaTable(str(path)).version() == 0
-    assert len(_parquet_files(path)) == len(_live_files(path))
+    assert _parquet_files(path) == _logged_files(path)
 
 
 def test_partitioning_mismatch_is_refused(spark, tmp_path):

@@ -10,6 +10,13 @@ cannot be fetched here). Two-phase commit:
    transaction. Files of failed or retried attempts are never referenced and are
    deleted after the commit; a failed job commits nothing and deletes its files.
 
+Idempotent: with ``txn_app_id`` the commit carries a Delta transaction
+(``txn {appId, version 0}``) for the logical run; an append whose app id the
+table already holds commits nothing (a retry of a run that did commit). Crash
+safe: with ``require_marker`` the commit first takes the write's marker over
+(``pipeline.io.leftovers``) and refuses if a sweep claimed it; after a commit,
+leftovers of dead writes are swept.
+
 The result is a standard Delta table that any Delta reader opens. Usage (the
 sink module does this)::
 
@@ -38,8 +45,7 @@ __all__ = ["DeltaLakeDataSource", "DeltaWriteMessage", "FORMAT_NAME"]
 
 FORMAT_NAME = "sbi_delta"
 WRITE_ID_KEY = "sbi.write_id"
-# Underscore folders are ignored by Delta and Spark readers.
-MARKER_DIR = "_sbi_jobs"
+APP_ID_KEY = "sbi.app_id"
 
 
 @dataclass
@@ -97,6 +103,9 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
         self.write_id = options.get("write_id") or uuid.uuid4().hex
         self.target_file_rows = int(options.get("target_file_rows", "1000000"))
         self.faults = json.loads(options.get("faults") or "{}")
+        self.txn_app_id = options.get("txn_app_id") or None
+        self.require_marker = options.get("require_marker") == "true"
+        self.leftover_grace_s = float(options.get("leftover_grace_s", "900"))
 
     # ---------------------------------------------------------------- executors
     def write(self, iterator: Iterator[pa.RecordBatch]) -> DeltaWriteMessage:
@@ -142,13 +151,23 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
     def commit(self, messages: Sequence[DeltaWriteMessage | None]) -> None:
         from deltalake import CommitProperties, DeltaTable
         from deltalake import Schema as DeltaSchema
-        from deltalake.exceptions import TableNotFoundError
-        from deltalake.transaction import AddAction, create_table_with_add_actions
+        from deltalake.exceptions import CommitFailedError, TableNotFoundError
+        from deltalake.transaction import AddAction, Transaction, create_table_with_add_actions
+
+        from pipeline.errors import SinkError
+        from pipeline.io import leftovers
 
         adds = [a for m in messages if m is not None for a in m.adds]
         actions = [AddAction(**a) for a in adds]
         schema = pa.ipc.read_schema(pa.py_buffer(self.schema_bytes))
-        props = CommitProperties(custom_metadata={**self.commit_metadata, WRITE_ID_KEY: self.write_id})
+        metadata = {**self.commit_metadata, WRITE_ID_KEY: self.write_id}
+        if self.txn_app_id:
+            metadata[APP_ID_KEY] = self.txn_app_id
+        props = CommitProperties(
+            custom_metadata=metadata,
+            app_transactions=[Transaction(self.txn_app_id, 0)] if self.txn_app_id else None,
+        )
+        facts: dict[str, Any] = {}
         try:
             try:
                 table = DeltaTable(self.path)
@@ -156,6 +175,18 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
                 table = None
             if self.replace_where:
                 self._check_inside_partition(adds)
+            if self.faults:
+                from pipeline import faults
+
+                faults.on_commit(self.write_id, self.faults)
+            if self.txn_app_id and not self.overwrite and table is not None:
+                if table.transaction_version(self.txn_app_id) is not None:
+                    # this logical run already committed (its driver died after the commit): a retry adds nothing
+                    self._delete_files(adds)
+                    facts["already_committed"] = True
+                    return
+            if self.require_marker:
+                leftovers.claim_for_commit(self.path, self.write_id)
             if table is None:
                 create_table_with_add_actions(
                     self.path, DeltaSchema.from_arrow(schema), actions, mode="append",
@@ -167,16 +198,31 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
                 filters = None
                 if self.overwrite and self.replace_where:
                     filters = [(c, "=", _partition_string(v)) for c, v in self.replace_where.items()]
-                table.create_write_transaction(
-                    actions, mode, schema, partition_by=self.partition_by or None,
-                    partition_filters=filters, commit_properties=props,
-                )
-        except BaseException:
+                try:
+                    table.create_write_transaction(
+                        actions, mode, schema, partition_by=self.partition_by or None,
+                        partition_filters=filters, commit_properties=props,
+                    )
+                except CommitFailedError as exc:
+                    where = f" partition {self.replace_where}" if self.replace_where else ""
+                    raise SinkError(
+                        f"conflict: another job committed to {self.path}{where} while this one was committing "
+                        f"({str(exc).splitlines()[0]}); this job committed nothing. The other job's rows stand; "
+                        "rerun this one if its rows should replace them"
+                    ) from None
+        except BaseException as exc:
             self._delete_files(adds)
+            facts["error"] = f"{type(exc).__name__}: {exc}"[:500]
             raise
         finally:
-            self._mark_finished()
-            self._sweep_orphans(keep={a["path"] for a in adds})
+            leftovers.finish_marker(self.path, self.write_id, **facts)
+            self._sweep_orphans(keep={a["path"] for a in adds} if "error" not in facts else set())
+        try:
+            report = leftovers.sweep_leftovers(self.path, grace_s=self.leftover_grace_s)
+            swept = {"files": len(report.files), "bytes": report.bytes, "markers": len(report.markers)}
+        except Exception as exc:  # noqa: BLE001 - the commit landed; a failed sweep is retried by the next job
+            swept = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+        leftovers.finish_marker(self.path, self.write_id, swept=swept)
 
     def _check_inside_partition(self, adds: list[dict[str, Any]]) -> None:
         want = {c: _partition_string(v) for c, v in self.replace_where.items()}
@@ -188,7 +234,9 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
                 )
 
     def abort(self, messages: Sequence[DeltaWriteMessage | None]) -> None:
-        self._mark_finished()
+        from pipeline.io import leftovers
+
+        leftovers.finish_marker(self.path, self.write_id, aborted=True)
         self._delete_files([a for m in messages if m is not None for a in m.adds])
         self._sweep_orphans(keep=set())
 
@@ -200,16 +248,10 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
     # The driver marks the job finished BEFORE it sweeps, and each task checks the mark AFTER
     # closing its files: a file made before the sweep is swept, one made after the mark is
     # deleted by its own task. Either way no stray file of this job outlives it.
-    def _marker(self) -> Path:
-        return Path(self.path) / MARKER_DIR / f"{self.write_id}.finished"
-
-    def _mark_finished(self) -> None:
-        marker = self._marker()
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.touch()
-
     def _job_finished(self) -> bool:
-        return self._marker().exists()
+        from pipeline.io import leftovers
+
+        return leftovers.is_given_up(self.path, self.write_id)
 
     def _sweep_orphans(self, keep: set[str]) -> None:
         """Delete files this job wrote that no commit references (failed or speculative attempts)."""

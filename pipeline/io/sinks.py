@@ -3,6 +3,10 @@
 Either way one job makes one Delta commit, and ``overwrite_partition``
 replaces only the run's partition (a rerun of the same day replaces its rows).
 
+A write made for a run carries a Delta transaction id derived from the
+LOGICAL run (:func:`run_app_id`): an append of a run that already committed
+(its driver died after the commit, and the scheduler retried it) adds nothing.
+
 What a write does is decided apart from doing it: :func:`plan_write` is pure
 (no Spark) and returns a :class:`WritePlan` (writer, format, save mode,
 options such as ``replaceWhere`` and ``userMetadata``, partitioning, table or
@@ -16,8 +20,10 @@ from __future__ import annotations
 
 import json
 import os
+import hashlib
 import threading
 import uuid
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Mapping
 
@@ -30,8 +36,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 __all__ = [
-    "SinkError", "WritePlan", "WriteResult", "check_sink", "execute_write", "plan_write", "resolve_writer",
-    "write_sink",
+    "SinkError", "WritePlan", "WriteResult", "check_sink", "committed_run", "execute_write", "plan_write",
+    "resolve_writer", "run_app_id", "source_snapshot", "write_sink",
 ]
 
 Writer = Literal["delta", "deltalake"]
@@ -43,6 +49,10 @@ class WriteResult:
     writer: str
     version: int | None
     write_id: str
+    # the run had committed before (same transaction app id): this write added nothing; version is that commit's
+    already_committed: bool = False
+    # leftovers of dead writes the commit's sweep removed: files, bytes, markers (deltalake writer)
+    swept: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -127,6 +137,7 @@ def plan_write(
     connector: bool,
     faults: Mapping[str, Any] | None = None,
     write_id: str | None = None,
+    txn_app_id: str | None = None,
 ) -> WritePlan:
     """What writing to ``config`` (or to ``path`` with its settings) does; pure, no Spark.
 
@@ -140,6 +151,15 @@ def plan_write(
     ...                commit_metadata={"sbi.job": "j"}, connector=True, write_id="w1")
     >>> p.writer, p.format, p.mode, p.path, p.partition_by, p.options["replaceWhere"]
     ('delta', 'delta', 'overwrite', 's3://lake/scores', ('ds',), "ds = '2026-11-29'")
+
+    ``txn_app_id`` (:func:`run_app_id`) makes an append idempotent: the connector gets Delta's
+    ``txnAppId``/``txnVersion`` options (it skips a write whose app id the table already holds),
+    the deltalake writer records the same transaction and skips such an append itself:
+
+    >>> p = plan_write(SinkConfig(path="s3://lake/scores", mode="append"), partition_values=None,
+    ...                commit_metadata=None, connector=True, write_id="w1", txn_app_id="sbi-run-1")
+    >>> p.options["txnAppId"], p.options["txnVersion"]
+    ('sbi-run-1', '0')
     """
     writer = _choose_writer(config, connector=connector)
     table, location = _location(config, path, writer)
@@ -153,6 +173,9 @@ def plan_write(
     mode: Literal["append", "overwrite"] = "append" if config.mode == "append" else "overwrite"
     if writer == "delta":
         options = {"userMetadata": metadata}
+        if txn_app_id and mode == "append":
+            # overwrites stay clean replaces (as with the deltalake writer), so a deliberate rerun still replaces
+            options.update(txnAppId=txn_app_id, txnVersion="0")
         if replace:
             options["replaceWhere"] = " AND ".join(f"{c} = {_sql_literal(v)}" for c, v in replace.items())
         return WritePlan("delta", "delta", mode, options, tuple(config.partition_by), table, location, write_id)
@@ -165,7 +188,11 @@ def plan_write(
         "write_id": write_id,
         "commit_metadata": metadata,
         "faults": json.dumps(dict(faults or {})),
+        "require_marker": "true",
+        "leftover_grace_s": str(config.leftover_grace_s),
     }
+    if txn_app_id:
+        options["txn_app_id"] = txn_app_id
     if replace:
         options["replace_where"] = json.dumps(replace, default=str)
     return WritePlan("deltalake", FORMAT_NAME, mode, options, tuple(config.partition_by), None, location, write_id)
@@ -185,14 +212,27 @@ def execute_write(df: "DataFrame", plan: WritePlan) -> WriteResult:
         return WriteResult(plan.target, plan.writer, _native_version(spark, plan.table, plan.target), plan.write_id)
 
     _check_writable(str(plan.path))
+    from pipeline.io import leftovers
     from pipeline.io.delta_writer import DeltaLakeDataSource
 
     _register_once(spark, DeltaLakeDataSource)
+    path = str(plan.path)
+    grace = float(plan.options.get("leftover_grace_s", "900"))
+    marker = (leftovers.running_marker(path, plan.write_id, table_version=_table_version(path),
+                                       heartbeat_s=min(30.0, grace / 4))
+              if plan.options.get("require_marker") == "true" else nullcontext())
     try:
-        df.write.format(plan.format).mode(plan.mode).options(**plan.options).save()
+        with marker:
+            df.write.format(plan.format).mode(plan.mode).options(**plan.options).save()
     except Exception as exc:  # noqa: BLE001
         raise SinkError(f"writing Delta table {plan.target} failed: {_root_cause(exc)}") from exc
-    return WriteResult(plan.target, plan.writer, _deltalake_version(str(plan.path), plan.write_id), plan.write_id)
+    facts = leftovers.finished_facts(path, plan.write_id)
+    swept = dict(facts.get("swept") or {})
+    if facts.get("already_committed"):
+        found = committed_run(path, plan.options.get("txn_app_id", ""))
+        return WriteResult(plan.target, plan.writer, found[0] if found else None, plan.write_id,
+                           already_committed=True, swept=swept)
+    return WriteResult(plan.target, plan.writer, _deltalake_version(path, plan.write_id), plan.write_id, swept=swept)
 
 
 def write_sink(
@@ -203,16 +243,19 @@ def write_sink(
     commit_metadata: Mapping[str, Any] | None = None,
     faults: Mapping[str, Any] | None = None,
     path: str | None = None,
+    txn_app_id: str | None = None,
 ) -> WriteResult:
     """Write ``df`` as configured; returns where, with which writer, and the Delta version made.
 
     ``partition_values`` names the partition this run writes (e.g. ``{"ds": date}``);
     with ``mode: overwrite_partition`` exactly that partition is replaced.
     ``path`` writes to another folder with the same settings (the quarantine table).
+    ``txn_app_id`` (:func:`run_app_id`): an append of a run the table already holds adds nothing
+    and returns ``already_committed``.
     """
     plan = plan_write(
         config, partition_values=partition_values, commit_metadata=commit_metadata, path=path,
-        connector=has_delta_connector(df.sparkSession), faults=faults,
+        connector=has_delta_connector(df.sparkSession), faults=faults, txn_app_id=txn_app_id,
     )
     return execute_write(df, plan)
 
@@ -254,6 +297,105 @@ def _deltalake_version(path: str, write_id: str) -> int | None:
         if entry.get("sbi.write_id") == write_id:
             return int(entry["version"])
     return None
+
+
+def _table_version(path: str) -> int | None:
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        return DeltaTable(path).version()
+    except TableNotFoundError:
+        return None
+
+
+# settings that differ between two tries of one logical run without changing what it writes
+_RUN_UNIQUE = {
+    "spark": None,
+    "run": {"run_id", "progress", "progress_interval_s", "sample_rows", "summary_path", "faults", "runs_path",
+            "report_path", "mlflow"},
+}
+
+
+def run_app_id(config: Any, *, model_revision: str, source_snapshot: str | None) -> str:
+    """The Delta transaction app id of one LOGICAL run: the same for every retry of it, different otherwise.
+
+    A hash of the job name, the output location, the run date, the model revision, the source
+    snapshot (:func:`source_snapshot`; None where unknown) and the config minus what differs between
+    tries (``run.run_id``, progress and reporting settings, fault drills, ``spark.*``).
+
+    >>> from pipeline.config import build_config
+    >>> raw = {"job": "j", "source": {"path": "/d"}, "model": {"path": "/m"}, "task": {"kind": "embed"},
+    ...        "sink": {"path": "/out"}, "run": {"ds": "2026-11-29", "run_id": "a"}}
+    >>> a = run_app_id(build_config(raw), model_revision="r1", source_snapshot="delta:3")
+    >>> retry = run_app_id(build_config({**raw, "run": {"ds": "2026-11-29", "run_id": "b"}}),
+    ...                    model_revision="r1", source_snapshot="delta:3")
+    >>> a == retry, a == run_app_id(build_config(raw), model_revision="r1", source_snapshot="delta:4")
+    (True, False)
+    """
+    dumped = config.model_dump(mode="json")
+    for section, keys in _RUN_UNIQUE.items():
+        if keys is None:
+            dumped.pop(section, None)
+        else:
+            dumped[section] = {k: v for k, v in dumped.get(section, {}).items() if k not in keys}
+    key = {"config": dumped, "model_revision": model_revision, "source_snapshot": source_snapshot}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+    return f"sbi-{config.job}-{digest[:32]}"
+
+
+def source_snapshot(config: Any) -> str | None:
+    """What identifies the source's content, where it can be known cheaply on the driver.
+
+    A local Delta source: ``delta:<version>``. A local file source (parquet, json, text,
+    binary_file): ``files:<hash of names, sizes and mtimes>``. A catalog table or a remote URI:
+    None (unknown; the run key then rests on the config, the model revision and ``ds``).
+    """
+    from pipeline.io.paths import is_local, local_path
+
+    source = config.source
+    if not source.path or not is_local(source.path):
+        return None
+    path = local_path(source.path)
+    if source.format == "delta":
+        version = _table_version(path) if os.path.isdir(path) else None
+        return None if version is None else f"delta:{version}"
+    listing = []
+    if os.path.isfile(path):
+        stat = os.stat(path)
+        listing.append((os.path.basename(path), stat.st_size, stat.st_mtime_ns))
+    for folder, dirs, files in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
+        for name in sorted(files):
+            if name.startswith((".", "_")):
+                continue
+            stat = os.stat(os.path.join(folder, name))
+            listing.append((os.path.relpath(os.path.join(folder, name), path), stat.st_size, stat.st_mtime_ns))
+    if not listing:
+        return None
+    return "files:" + hashlib.sha256(json.dumps(listing).encode()).hexdigest()[:32]
+
+
+def committed_run(path: str, app_id: str) -> tuple[int, str | None] | None:
+    """``(version, run id)`` of the commit carrying transaction ``app_id`` in the local Delta table at ``path``.
+
+    None when the table does not exist or holds no such transaction.
+    """
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    if not app_id or not os.path.isdir(path):
+        return None
+    try:
+        table = DeltaTable(path)
+    except TableNotFoundError:
+        return None
+    if table.transaction_version(app_id) is None:
+        return None
+    for entry in table.history():
+        if entry.get("sbi.app_id") == app_id:
+            return int(entry["version"]), entry.get("sbi.run_id")
+    return table.version(), None
 
 
 def _native_version(spark: Any, table: str | None, target: str) -> int | None:

@@ -1,0 +1,316 @@
+"""Write markers and the sweep of crash leftovers in a Delta table folder written by ``sbi_delta``.
+
+Every write of the deltalake writer has a write id; its Parquet files carry it in
+their names (``part-00003-a0-<write id>-<12 hex>.snappy.parquet``) and its commit
+carries it in the commit info (``sbi.write_id``). The Python process that starts
+the write keeps a marker ``_sbi_jobs/<write id>.<state>`` in the table folder:
+
+``running``     created before any file is written; its mtime is a heartbeat, refreshed
+                while the write runs; the content says host, pid, start time, table version
+``committing``  the commit (in Spark's driver-side Python worker) took it over from
+                ``running`` by an atomic rename, just before committing
+``claimed``     a sweep took it over from a dead ``running`` by the same atomic rename:
+                the write can never commit any more (its commit finds no ``running``)
+``finished``    the commit or the abort is done
+
+A write is **dead** when its marker is ``finished`` or ``claimed``; when it is
+``running`` and its heartbeat is older than the grace, or its process (on this
+host) is gone; when it is ``committing`` and either its commit is in the log or
+its heartbeat is older than the grace; or when it has no marker and all its files
+are older than the grace (files of writes from before markers existed).
+**Leftovers** are the Parquet files of dead writes that no Delta version
+references (no ``add`` or ``remove`` in any commit file or checkpoint, not in the
+current snapshot). Files whose name carries no write id, files of live writes and
+files any version references (time travel: Delta's own ``vacuum`` handles those)
+are never touched. Markers of dead writes are removed once older than the grace
+(a straggler attempt checks its write's marker to take its own file back).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+from urllib.parse import unquote
+
+__all__ = ["MARKER_DIR", "SweepReport", "claim_for_commit", "finish_marker", "is_given_up", "running_marker",
+           "sweep_leftovers", "write_id_of"]
+
+MARKER_DIR = "_sbi_jobs"
+STATES = ("running", "committing", "claimed", "finished")
+_FILE_NAME = re.compile(r"^part-\d{5}-a\d+-(?P<write_id>.+)-[0-9a-f]{12}\.snappy\.parquet$")
+
+
+def write_id_of(name: str) -> str | None:
+    """The write id in a data file name written by ``sbi_delta``, else None.
+
+    >>> write_id_of("part-00003-a1-3f2a9c-0123456789ab.snappy.parquet")
+    '3f2a9c'
+    >>> write_id_of("part-00000-ea0c89cc-1967-4658-91dd-6eaf95683cb7-c000.snappy.parquet") is None
+    True
+    """
+    match = _FILE_NAME.match(name)
+    return match.group("write_id") if match else None
+
+
+def _marker(root: str | Path, write_id: str, state: str) -> Path:
+    return Path(root) / MARKER_DIR / f"{write_id}.{state}"
+
+
+def _state_of(root: str | Path, write_id: str) -> tuple[str, Path] | None:
+    for state in STATES:
+        path = _marker(root, write_id, state)
+        if path.exists():
+            return state, path
+    return None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):
+        return {}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def owner_gone(info: dict[str, Any]) -> bool:
+    """Whether the process that started a write is known to be dead (same host, pid gone)."""
+    return info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int) and not _pid_alive(info["pid"])
+
+
+@contextmanager
+def running_marker(root: str, write_id: str, *, table_version: int | None, heartbeat_s: float) -> Iterator[Path]:
+    """``_sbi_jobs/<write_id>.running`` for the duration of a write, its mtime refreshed every ``heartbeat_s``.
+
+    On exit a marker still ``running`` (the write ended without reaching commit or abort) becomes ``finished``.
+    """
+    path = _marker(root, write_id, "running")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    info = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(), "table_version": table_version}
+    path.write_text(json.dumps(info))
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(heartbeat_s):
+            for state in ("running", "committing"):
+                try:
+                    os.utime(_marker(root, write_id, state))
+                    break
+                except FileNotFoundError:
+                    continue
+
+    thread = threading.Thread(target=beat, name=f"sbi-heartbeat-{write_id[:8]}", daemon=True)
+    thread.start()
+    try:
+        yield path
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        try:
+            os.rename(path, _marker(root, write_id, "finished"))
+        except FileNotFoundError:
+            pass
+
+
+def claim_for_commit(root: str, write_id: str) -> dict[str, Any]:
+    """Take ``running`` over to ``committing`` (atomic rename); returns the marker's content.
+
+    Raises ``RuntimeError`` when the write can no longer commit: its marker was claimed by a
+    sweep, or the process that started it is gone.
+    """
+    running = _marker(root, write_id, "running")
+    info = _read_json(running)
+    if owner_gone(info):
+        raise RuntimeError(f"write {write_id} was started by process {info.get('pid')}, which is gone; "
+                           "committing nothing (a rerun of the job writes its rows)")
+    try:
+        os.rename(running, _marker(root, write_id, "committing"))
+    except FileNotFoundError:
+        state = _state_of(root, write_id)
+        raise RuntimeError(
+            f"write {write_id} was given up ({state[0] if state else 'no marker'}) by a leftover sweep "
+            "that found its process dead or silent; committing nothing (a rerun of the job writes its rows)"
+        ) from None
+    return info
+
+
+def finish_marker(root: str, write_id: str, **facts: Any) -> None:
+    """Mark a write ``finished`` (from any state), recording ``facts`` (version, sweep counts) in it."""
+    target = _marker(root, write_id, "finished")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    current = _state_of(root, write_id)
+    info = _read_json(current[1]) if current else {}
+    info.update(facts)
+    tmp = target.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(info, default=str))
+    os.replace(tmp, target)
+    for state in ("running", "committing", "claimed"):
+        try:
+            os.remove(_marker(root, write_id, state))
+        except FileNotFoundError:
+            pass
+
+
+def finished_facts(root: str, write_id: str) -> dict[str, Any]:
+    return _read_json(_marker(root, write_id, "finished"))
+
+
+def is_given_up(root: str, write_id: str) -> bool:
+    """Whether nobody will ever commit this write's files any more (a straggler takes its file back)."""
+    return _marker(root, write_id, "finished").exists() or _marker(root, write_id, "claimed").exists()
+
+
+@dataclass
+class SweepReport:
+    """What a sweep removed (or, with ``dry_run``, would remove)."""
+
+    files: list[str] = field(default_factory=list)
+    bytes: int = 0
+    markers: list[str] = field(default_factory=list)
+    live_writes: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        return (f"{len(self.files)} leftover file(s), {self.bytes / 1e6:.1f} MB; {len(self.markers)} marker(s); "
+                f"{len(self.live_writes)} write(s) still running left alone")
+
+
+def _log_facts(root: Path) -> tuple[set[str], set[str]]:
+    """(every path any ``add``/``remove`` in the log or a checkpoint names, write ids of commits)."""
+    referenced: set[str] = set()
+    committed: set[str] = set()
+    log = root / "_delta_log"
+    if not log.is_dir():
+        return referenced, committed
+    for entry in log.iterdir():
+        if entry.suffix == ".json" and entry.stem.isdigit():
+            for line in entry.read_text().splitlines():
+                if not line.strip():
+                    continue
+                action = json.loads(line)
+                for kind in ("add", "remove"):
+                    if kind in action:
+                        referenced.add(unquote(action[kind]["path"]))
+                info = action.get("commitInfo")
+                if info and info.get("sbi.write_id"):
+                    committed.add(str(info["sbi.write_id"]))
+        elif ".checkpoint" in entry.name and entry.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(entry, columns=["add", "remove"])
+            for kind in ("add", "remove"):
+                for item in table[kind].to_pylist():
+                    if item and item.get("path"):
+                        referenced.add(unquote(item["path"]))
+    return referenced, committed
+
+
+def _current_files(root: Path) -> set[str]:
+    if not (root / "_delta_log").is_dir():
+        return set()
+    from deltalake import DeltaTable
+
+    paths = DeltaTable(str(root)).get_add_actions(flatten=True).column("path").to_pylist()
+    return {unquote(p) for p in paths}
+
+
+def sweep_leftovers(root: str | Path, *, grace_s: float, dry_run: bool = False,
+                    keep_write_ids: frozenset[str] = frozenset()) -> SweepReport:
+    """Delete the Parquet files of dead writes that no Delta version references, and old dead markers.
+
+    ``keep_write_ids``: writes never to judge (the caller's own). Safe beside concurrent writers:
+    a live write is never touched, and a ``running`` write is claimed (atomically) before any of its
+    files goes, so it can no longer commit them.
+    """
+    root = Path(root)
+    report = SweepReport()
+    if not root.is_dir():
+        return report
+    now = time.time()
+    files: dict[str, list[Path]] = {}
+    for file in root.rglob("*.parquet"):
+        rel_parts = file.relative_to(root).parts
+        if rel_parts[0].startswith(("_", ".")):
+            continue
+        write_id = write_id_of(file.name)
+        if write_id and write_id not in keep_write_ids:
+            files.setdefault(write_id, []).append(file)
+    markers: dict[str, tuple[str, Path]] = {}
+    marker_dir = root / MARKER_DIR
+    if marker_dir.is_dir():
+        for entry in marker_dir.iterdir():
+            write_id, _, state = entry.name.rpartition(".")
+            if state in STATES and write_id not in keep_write_ids:
+                markers[write_id] = (state, entry)
+    referenced, committed = _log_facts(root)
+    referenced |= _current_files(root)
+
+    def mtime(path: Path) -> float:
+        try:
+            return path.stat().st_mtime
+        except FileNotFoundError:
+            return now
+
+    dead: set[str] = set()
+    for write_id in set(files) | set(markers):
+        state, marker = markers.get(write_id, (None, None))
+        if state in ("finished", "claimed"):
+            dead.add(write_id)
+        elif state == "running":
+            stale = now - mtime(marker) > grace_s
+            if stale or owner_gone(_read_json(marker)):
+                if dry_run:
+                    dead.add(write_id)
+                    continue
+                claimed = _marker(root, write_id, "claimed")
+                try:  # the same atomic rename the commit uses: exactly one of the two wins
+                    os.rename(marker, claimed)
+                    markers[write_id] = ("claimed", claimed)
+                    dead.add(write_id)
+                except FileNotFoundError:
+                    report.live_writes.append(write_id)
+            else:
+                report.live_writes.append(write_id)
+        elif state == "committing":
+            if write_id in committed or now - mtime(marker) > grace_s:
+                dead.add(write_id)
+            else:
+                report.live_writes.append(write_id)
+        elif all(now - mtime(f) > grace_s for f in files.get(write_id, [])):
+            dead.add(write_id)  # no marker: written before markers existed, or a straggler after its marker went
+    for write_id in sorted(dead):
+        for file in files.get(write_id, []):
+            rel = file.relative_to(root).as_posix()
+            if rel in referenced or unquote(rel) in referenced:
+                continue
+            size = file.stat().st_size if file.exists() else 0
+            if not dry_run:
+                try:
+                    os.remove(file)
+                except FileNotFoundError:
+                    continue
+            report.files.append(rel)
+            report.bytes += size
+        if write_id in markers and now - mtime(markers[write_id][1]) > grace_s:
+            if not dry_run:
+                try:
+                    os.remove(markers[write_id][1])
+                except FileNotFoundError:
+                    continue
+            report.markers.append(markers[write_id][1].name)
+    return report

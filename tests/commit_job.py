@@ -1,0 +1,24 @@
+"""Run one job in its own process (its own SparkContext on ``local[2,4]``) for the driver-kill test.
+
+Invoked by tests/test_commits.py: ``python tests/commit_job.py <config.json>``; the test kills it from outside.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def main(config_file: str) -> None:
+    from pipeline.config import JobConfig, SparkConfig
+    from pipeline.runner import run_job
+    from pipeline.spark.session import get_session
+
+    config = JobConfig.model_validate_json(Path(config_file).read_text())
+    spark = get_session(SparkConfig(master="local[2,4]", app_name="commit-kill-test", shuffle_partitions=2,
+                                    arrow_max_records_per_batch=20, conf={"spark.default.parallelism": "2"}))
+    run_job(config, spark=spark)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,275 @@
+"""Commits that are checked, not assumed: idempotent retries, crash leftovers swept, overlapping commits.
+
+Real Spark, real Delta tables read back, real processes killed (``os._exit`` in a Python worker,
+SIGKILL of a driver from outside).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from pipeline.config import SinkConfig
+from pipeline.io import leftovers
+from pipeline.io.sinks import SinkError, write_sink
+from pipeline.runner import run_job
+
+from .conftest import make_documents, write_delta
+from .test_runner import job_config, read_scores
+
+REPO = Path(__file__).resolve().parents[1]
+D1, D2 = dt.date(2026, 11, 28), dt.date(2026, 11, 29)
+
+
+def on_disk(path: Path) -> set[str]:
+    """Every Parquet data file in the table folder (not the log's checkpoints)."""
+    return {p.relative_to(path).as_posix() for p in path.rglob("*.parquet")
+            if not p.relative_to(path).parts[0].startswith("_")}
+
+
+def in_log(path: Path) -> set[str]:
+    """Every data file any version of the table adds (the current snapshot and time travel)."""
+    files = set()
+    for commit in sorted((path / "_delta_log").glob("*.json")):
+        for line in commit.read_text().splitlines():
+            if line.strip() and "add" in json.loads(line):
+                files.add(unquote(json.loads(line)["add"]["path"]))
+    return files
+
+
+def live(path: Path) -> set[str]:
+    """The data files of the current snapshot."""
+    return {unquote(p) for p in DeltaTable(str(path)).get_add_actions(flatten=True).column("path").to_pylist()}
+
+
+def _frame(spark, ids, ds, *, writer="x", parts=3):
+    from pyspark.sql import functions as F
+
+    df = spark.createDataFrame([(i,) for i in ids], "id long")
+    return df.withColumn("writer", F.lit(writer)).withColumn("ds", F.lit(ds)).repartition(parts)
+
+
+def _failed_tasks(spark, group: str) -> int:
+    tracker = spark.sparkContext.statusTracker()
+    return sum(tracker.getStageInfo(stage).numFailedTasks for job in tracker.getJobIdsForGroup(group)
+               for stage in tracker.getJobInfo(job).stageIds if tracker.getStageInfo(stage))
+
+
+# ----------------------------------------------------------------------------- idempotent commits
+def test_append_with_the_same_run_key_adds_nothing_and_overwrite_records_it(spark, tmp_path):
+    path = tmp_path / "t"
+    append = SinkConfig(path=str(path), mode="append", partition_by=["ds"])
+    first = write_sink(_frame(spark, range(10), D1), append, txn_app_id="sbi-run-1")
+    retry = write_sink(_frame(spark, range(10), D1), append, txn_app_id="sbi-run-1")
+    assert (first.version, first.already_committed) == (0, False)
+    assert (retry.version, retry.already_committed) == (0, True), "the retry points at the commit that landed"
+    other = write_sink(_frame(spark, range(10, 12), D2), append, txn_app_id="sbi-run-2")
+    assert other.version == 1 and not other.already_committed
+    table = DeltaTable(str(path))
+    ids = table.to_pyarrow_table()["id"].to_pylist()
+    assert sorted(ids) == list(range(12)), "no duplicate rows"
+    assert table.transaction_version("sbi-run-1") == 0 and table.version() == 1
+    assert on_disk(path) == in_log(path), "the retry's own files are deleted"
+
+    # overwrite_partition stays a clean replace (a deliberate rerun replaces), and records the transaction
+    replace = SinkConfig(path=str(path), mode="overwrite_partition", partition_by=["ds"])
+    again = write_sink(_frame(spark, range(3), D1, writer="y"), replace, partition_values={"ds": D1},
+                       txn_app_id="sbi-run-1")
+    assert again.version == 2 and not again.already_committed
+    table = DeltaTable(str(path))
+    rows = table.to_pyarrow_table().to_pylist()
+    assert sorted(r["id"] for r in rows if r["ds"] == D1) == [0, 1, 2]
+    assert {r["writer"] for r in rows if r["ds"] == D1} == {"y"}
+
+
+def test_a_retried_run_that_already_committed_is_a_no_op(spark, tmp_path, tiny_embed_model):
+    write_delta(tmp_path / "docs", make_documents(12))
+    first = run_job(job_config(tmp_path, tiny_embed_model, run={"run_id": "first"}), spark=spark, out=io.StringIO())
+    assert first.rows_out == 12 and first.delta_version == 0
+    out = io.StringIO()
+    # the scheduler retries the run (its driver was killed after the commit landed): new run id, same logical run
+    retry = run_job(job_config(tmp_path, tiny_embed_model, run={"run_id": "retry"}), spark=spark, out=out)
+    assert "already committed at version 0 by run first; nothing to do" in out.getvalue()
+    assert retry.complete and (retry.rows_in, retry.rows_out, retry.delta_version) == (0, 0, 0)
+    ids = read_scores(tmp_path)["doc_id"].to_pylist()
+    assert len(ids) == 12 and len(set(ids)) == 12
+    assert DeltaTable(str(tmp_path / "scores")).version() == 0
+    # another day is another logical run: it appends
+    other = run_job(job_config(tmp_path, tiny_embed_model, run={"run_id": "next", "ds": "2026-11-30"}), spark=spark,
+                    out=io.StringIO())
+    assert other.rows_out == 12 and read_scores(tmp_path).num_rows == 24
+
+
+# ----------------------------------------------------------------------------- crash leftovers
+def test_a_worker_killed_in_the_middle_of_write_is_retried_and_leaves_no_file(spark, tmp_path):
+    path = tmp_path / "t"
+    sink = SinkConfig(path=str(path), mode="append", partition_by=["ds"])
+    group = f"exit-write-{tmp_path.name}"
+    spark.sparkContext.setJobGroup(group, "worker killed mid-write")
+    try:
+        result = write_sink(_frame(spark, range(300), D1), sink, faults={"exit_write_partitions": [1]})
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    assert _failed_tasks(spark, group) == 1, "the killed attempt failed once and was retried"
+    assert result.version == 0
+    ids = DeltaTable(str(path)).to_pyarrow_table()["id"].to_pylist()
+    assert sorted(ids) == list(range(300))
+    assert on_disk(path) == in_log(path) == live(path)
+
+
+@pytest.mark.timeout(1500)  # two whole jobs, one in its own JVM: minutes on a loaded 2-core machine
+def test_a_driver_killed_before_its_commit_leaves_nothing_after_the_rerun(spark, tmp_path, tiny_embed_model):
+    write_delta(tmp_path / "docs", make_documents(20))
+    barrier = tmp_path / "barrier"
+    config = job_config(tmp_path, tiny_embed_model, sink={"leftover_grace_s": 1},
+                        run={"run_id": "killed", "faults": {"commit_barrier": {"dir": str(barrier), "parties": 9,
+                                                                               "timeout_s": 15}}})
+    config_file = tmp_path / "job.json"
+    config_file.write_text(config.model_dump_json())
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
+    log = tmp_path / "driver.log"
+    with open(log, "wb") as sink:
+        driver = subprocess.Popen([sys.executable, str(REPO / "tests" / "commit_job.py"), str(config_file)],
+                                  env=env, cwd=str(REPO), stdout=sink, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+    try:
+        deadline = time.monotonic() + 400
+        while not list(barrier.glob("*.ready")):
+            assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)  # the executors wrote their files; the commit waits
+        driver.wait(timeout=60)
+    released_at = time.time() + 15  # the barrier's timeout: a surviving commit worker would go on from here
+    scores = tmp_path / "scores"
+    orphans = on_disk(scores)
+    dead = {leftovers.write_id_of(Path(f).name) for f in orphans}
+    assert orphans and len(dead) == 1 and not (scores / "_delta_log").exists(), "files written, nothing committed"
+    assert (scores / leftovers.MARKER_DIR / f"{next(iter(dead))}.running").exists()
+
+    from pipeline.cli import main
+
+    assert main(["vacuum", str(scores), "--dry-run", "--grace-s", "1"]) == 0
+    assert on_disk(scores) == orphans, "a dry run deletes nothing"
+
+    rerun = job_config(tmp_path, tiny_embed_model, sink={"leftover_grace_s": 1}, run={"run_id": "rerun"})
+    out = io.StringIO()
+    summary = run_job(rerun, spark=spark, out=out)
+    assert summary.complete and summary.rows_out == 20
+    assert f"swept {len(orphans)} leftover file(s)" in out.getvalue(), out.getvalue()
+    while time.time() < released_at + 2:  # whatever survived of the killed job has given up by now
+        time.sleep(0.5)
+    ids = read_scores(tmp_path)["doc_id"].to_pylist()
+    assert len(ids) == 20 and len(set(ids)) == 20
+    table = DeltaTable(str(scores))
+    assert table.version() == 0, "the killed job never committed, not even after the kill"
+    assert on_disk(scores) == in_log(scores) == live(scores)
+    assert not on_disk(scores) & orphans
+    markers = {p.name for p in (scores / leftovers.MARKER_DIR).iterdir()}
+    assert not any(m.startswith(next(iter(dead))) for m in markers), markers
+
+
+def test_a_sweep_leaves_running_writes_alone_and_a_claimed_write_cannot_commit(tmp_path):
+    root = tmp_path / "t"
+    (root / "ds=x").mkdir(parents=True)
+    live, dead_id = "a" * 32, "b" * 32
+    for write_id in (live, dead_id):
+        (root / "ds=x" / f"part-00000-a0-{write_id}-0123456789ab.snappy.parquet").write_bytes(b"PAR1")
+    (root / "ds=x" / "part-00000-ea0c89cc-c000.snappy.parquet").write_bytes(b"PAR1")  # not ours: no write id
+    with leftovers.running_marker(str(root), live, table_version=None, heartbeat_s=0.1):
+        dead_marker = root / leftovers.MARKER_DIR / f"{dead_id}.running"
+        dead_marker.write_text(json.dumps({"host": "elsewhere", "pid": 1}))
+        os.utime(dead_marker, (time.time() - 60, time.time() - 60))  # silent for a minute
+        time.sleep(0.3)
+        report = leftovers.sweep_leftovers(root, grace_s=5)
+        assert report.files == [f"ds=x/part-00000-a0-{dead_id}-0123456789ab.snappy.parquet"]
+        assert report.live_writes == [live]
+        assert {p.name for p in (root / "ds=x").iterdir()} == {
+            f"part-00000-a0-{live}-0123456789ab.snappy.parquet", "part-00000-ea0c89cc-c000.snappy.parquet"}
+        with pytest.raises(RuntimeError, match="was given up"):
+            leftovers.claim_for_commit(str(root), dead_id)
+        assert leftovers.claim_for_commit(str(root), live)["pid"] == os.getpid()
+    # the write ended without committing (its marker is finished): `pipeline vacuum` removes its file and marker
+    from pipeline.cli import main
+
+    time.sleep(0.05)
+    assert main(["vacuum", str(root), "--grace-s", "0.01"]) == 0
+    assert {p.name for p in (root / "ds=x").iterdir()} == {"part-00000-ea0c89cc-c000.snappy.parquet"}
+    assert list((root / leftovers.MARKER_DIR).iterdir()) == []
+
+
+# ----------------------------------------------------------------------------- overlapping commits
+def _concurrently(writes: dict[str, callable]) -> dict[str, object]:
+    outcomes: dict[str, object] = {}
+
+    def run(name, fn):
+        try:
+            outcomes[name] = fn()
+        except SinkError as exc:
+            outcomes[name] = exc
+
+    threads = [threading.Thread(target=run, args=item) for item in writes.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=400)
+    return outcomes
+
+
+def test_overlapping_overwrites_of_one_partition_one_wins_the_other_fails_clearly(spark, tmp_path):
+    path, barrier = tmp_path / "t", tmp_path / "barrier"
+    sink = SinkConfig(path=str(path), mode="overwrite_partition", partition_by=["ds"])
+    write_sink(_frame(spark, range(5), D1, writer="seed"), sink, partition_values={"ds": D1})
+    faults = {"commit_barrier": {"dir": str(barrier), "parties": 2, "timeout_s": 120}}
+    outcomes = _concurrently({
+        name: (lambda name=name, n=n: write_sink(_frame(spark, range(n), D1, writer=name), sink,
+                                                 partition_values={"ds": D1}, faults=faults))
+        for name, n in (("a", 30), ("b", 20))
+    })
+    failed = {n: o for n, o in outcomes.items() if isinstance(o, SinkError)}
+    assert len(failed) == 1, outcomes
+    (loser, error), = failed.items()
+    winner = ({"a", "b"} - {loser}).pop()
+    assert "conflict: another job committed" in str(error) and "committed nothing" in str(error)
+    table = DeltaTable(str(path))
+    rows = table.to_pyarrow_table()
+    assert set(rows["writer"].to_pylist()) == {winner}, "never a mixed partition"
+    assert sorted(rows["id"].to_pylist()) == list(range({"a": 30, "b": 20}[winner]))
+    assert table.version() == 1
+    # both commits had read the table before either committed: they really overlapped
+    ready = [p.stat().st_mtime for p in barrier.glob("*.ready")]
+    committed = max(h["timestamp"] for h in table.history()) / 1000
+    assert len(ready) == 2 and max(ready) <= committed + 0.01
+    assert on_disk(path) == in_log(path), "the loser's files are deleted; the seed's stay for time travel"
+    assert DeltaTable(str(path), version=0).to_pyarrow_table().num_rows == 5
+
+
+def test_two_appends_to_different_days_at_once_both_land(spark, tmp_path):
+    path, barrier = tmp_path / "t", tmp_path / "barrier"
+    sink = SinkConfig(path=str(path), mode="append", partition_by=["ds"])
+    write_sink(_frame(spark, [], D1), sink)
+    faults = {"commit_barrier": {"dir": str(barrier), "parties": 2, "timeout_s": 120}}
+    outcomes = _concurrently({
+        str(day): (lambda day=day: write_sink(_frame(spark, range(10), day, writer=str(day)), sink,
+                                              txn_app_id=f"sbi-{day}", faults=faults))
+        for day in (D1, D2)
+    })
+    assert not [o for o in outcomes.values() if isinstance(o, SinkError)], outcomes
+    assert sorted(o.version for o in outcomes.values()) == [1, 2]
+    rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    assert sorted((r["ds"], r["id"]) for r in rows) == sorted((d, i) for d in (D1, D2) for i in range(10))
+    assert len(list(barrier.glob("*.ready"))) == 2
+    assert on_disk(path) == in_log(path)
