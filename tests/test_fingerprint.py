@@ -177,7 +177,7 @@ def test_incremental_runs_rescore_rows_whose_fingerprint_changed(spark, tmp_path
     assert _pending(spark, changed(batching={"batch_size": 3, "token_budget": 512}), revision) == 0
     # task.labels, max_length, precision: every row again
     labels = changed(task={"kind": "embed", "labels": {"pos": "great fun", "neg": "bad awful"}},
-                     run={"faults": {"poison_marker": "POISON"}})
+                     run={"faults": {"poison_marker": "POISON"}, "max_error_fraction": 0.2})
     for config in (labels, changed(batching={"max_length": 64}), changed(model={"precision": "bf16"})):
         assert _pending(spark, config, revision) == n
 
@@ -199,8 +199,9 @@ def test_incremental_runs_rescore_rows_whose_fingerprint_changed(spark, tmp_path
     # an output written before fingerprints existed: a clear error, and the advice in it works
     old = read_scores(tmp_path).drop_columns(["task_fingerprint"])
     write_deltalake(str(tmp_path / "scores"), old, mode="overwrite", schema_mode="overwrite", partition_by=["ds"])
+    # (another day: a rerun of `base` itself is a no-op, its transaction id being in the table)
     with pytest.raises(JobError, match="no task_fingerprint column .* run once without run.incremental"):
-        run_job(base, spark=spark, out=io.StringIO())
+        run_job(changed(run={"ds": "2026-12-02"}), spark=spark, out=io.StringIO())
     full = changed(run={"incremental": False}, sink={"mode": "overwrite_partition"})
     assert run_job(full, spark=spark, out=io.StringIO()).rows_out == n
     assert read_scores(tmp_path).num_rows == n

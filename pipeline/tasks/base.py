@@ -126,7 +126,7 @@ def token_lengths(token_ids: Sequence[Sequence[int]]) -> np.ndarray:
 
 
 def carries_content(text: str) -> bool:
-    """Whether ``text`` has a character a model can read: not whitespace, control, format or U+FFFD.
+    r"""Whether ``text`` has a character a model can read: not whitespace, control, format or U+FFFD.
 
     Unicode categories C* (control, format, surrogate, private use, unassigned)
     and Z* (separators) carry nothing; neither does U+FFFD, which lenient
