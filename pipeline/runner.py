@@ -300,6 +300,8 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
                                          counts=counts)
     details = kind.job.after_commit(spark, config, output=result.output, run_id=run_id, ds=ds) if not incomplete else {}
     details = {**kind.job.summary_lines(spark, config, counts, model), **details}
+    if counts.get("torch_threads"):  # {threads: tasks}: spark.task.cpus, or model.torch_threads
+        details["torch threads"] = ", ".join(f"{t} ({n} tasks)" for t, n in sorted(counts["torch_threads"].items()))
     summary = RunSummary(
         job=config.job, run_id=run_id, ds=ds.isoformat(), rows_in=rows_in, rows_out=rows_out,
         rows_quarantined=rows_quarantined, quarantine=quarantine_path if quarantine_version is not None else None,
