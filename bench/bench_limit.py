@@ -112,16 +112,20 @@ def _raw_worker(rank: int, threads: int, precision: str, ids: list[list[int]], b
     from pipeline.batching import collate
     from pipeline.models.loading import resolve_model_path
 
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(threads)
     task = embed_task(precision)
     loaded = task.load(resolve_model_path(MODEL), "cpu")
     for b in (batches[0], batches[-1]):  # shortest and longest shapes
         task.forward(loaded, *collate(ids, b, pad_id=0))
     barrier.wait()
+    cpu = time.process_time()
     start = time.perf_counter()  # CLOCK_MONOTONIC: comparable across processes
     for b in batches:
         task.forward(loaded, *collate(ids, b, pad_id=0))
-    results[rank] = (start, time.perf_counter())
+    results[rank] = (start, time.perf_counter(), time.process_time() - cpu)
 
 
 def run_raw(ids: list[list[int]], lengths: np.ndarray, *, processes: int, threads: int, precision: str) -> dict:
@@ -147,8 +151,66 @@ def run_raw(ids: list[list[int]], lengths: np.ndarray, *, processes: int, thread
         p.join()
         if p.exitcode:
             raise SystemExit(f"raw forward process failed (exit {p.exitcode})")
-    starts, ends = zip(*results.values())
-    return {"seconds": max(ends) - min(starts), "rows": len(ids)}
+    starts, ends, cpu = zip(*results.values())
+    return {"seconds": max(ends) - min(starts), "rows": len(ids), "cpu_seconds": {"forward (all processes)": sum(cpu)}}
+
+
+# ------------------------------------------------------------------------ CPU seconds by process
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _descendants(root: int) -> dict[int, tuple[str, float]]:
+    """``{pid: (kind, cpu seconds incl. reaped children)}`` for ``root`` and every process below it (Linux /proc)."""
+    procs: dict[int, tuple[int, float, str]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        ppid, cpu = int(fields[1]), sum(int(x) for x in fields[11:15]) / _TICK  # utime stime cutime cstime
+        procs[int(entry.name)] = (ppid, cpu, cmd)
+    keep, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, (ppid, _, _) in procs.items():
+            if ppid == parent and pid not in keep:
+                keep.add(pid)
+                frontier.append(pid)
+    out = {}
+    for pid in keep & procs.keys():
+        _, cpu, cmd = procs[pid]
+        if pid == root:
+            kind = "driver Python"
+        elif "java" in cmd.split(" ")[0]:
+            kind = "JVM"
+        elif "pyspark" in cmd:
+            kind = "Python workers"
+        else:
+            kind = "other"
+        out[pid] = (kind, cpu)
+    return out
+
+
+def _has_torch(pid: int) -> bool:
+    try:
+        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+def cpu_delta(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds per kind between two snapshots; Python workers split by whether they run torch (inference)."""
+    out: dict[str, float] = {}
+    for pid, (kind, cpu) in after.items():
+        if kind == "Python workers":
+            kind = "Python workers: inference (torch)" if _has_torch(pid) else "Python workers: other (write, commit)"
+        out[kind] = out.get(kind, 0.0) + cpu - before.get(pid, (kind, 0.0))[1]
+    return {k: round(v, 2) for k, v in sorted(out.items())}
 
 
 # --------------------------------------------------------------------------------- pipeline
@@ -181,6 +243,7 @@ def run_pipeline(spark: Any, input_path: str, out_dir: Path, *, precision: str, 
     persist_fn, unpersist_fn = frame.persist, frame.unpersist
     if not persist:
         frame.persist = frame.unpersist = lambda self, *a, **k: self
+    cpu_before = _descendants(os.getpid())
     started = time.perf_counter()
     try:
         with open(os.devnull, "w") as quiet:
@@ -188,6 +251,7 @@ def run_pipeline(spark: Any, input_path: str, out_dir: Path, *, precision: str, 
     finally:
         frame.persist, frame.unpersist = persist_fn, unpersist_fn
     wall = time.perf_counter() - started
+    cpu = cpu_delta(cpu_before, _descendants(os.getpid()))
     if not keep:
         shutil.rmtree(out_dir, ignore_errors=True)
     if not summary.complete:
@@ -198,7 +262,7 @@ def run_pipeline(spark: Any, input_path: str, out_dir: Path, *, precision: str, 
             "forward_seconds": forward, "load_seconds": summary.load_seconds,
             "model_loads": sum(summary.model_loads.values()),
             "torch_threads": summary.details.get("torch threads"),
-            "rows_per_worker": summary.rows_per_worker}
+            "rows_per_worker": summary.rows_per_worker, "cpu_seconds": cpu}
 
 
 def time_write_alone(spark: Any, scored_path: Path, out_dir: Path) -> dict:
@@ -376,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         write_deltalake(input_path, pa.Table.from_pandas(df, preserve_index=False))
 
         def raw_unit(processes: int, threads: int) -> Callable[[list[str], bool], None]:
-            def run(order: list[str], last: bool) -> None:
+            def run(order: list[str], first: bool) -> None:
                 for p in order:
                     rec.measure(f"raw {processes}x{threads} {p}",
                                 lambda: run_raw(ids, lengths, processes=processes, threads=threads, precision=p))
@@ -385,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
         def pipeline_unit(task_cpus: int, *, udfs: bool = False, extras: bool = False) -> Callable[[list[str], bool], None]:
             label = "pipeline local[{}]".format(n) + (f" task.cpus={task_cpus}" if task_cpus > 1 else "")
 
-            def run(order: list[str], last: bool) -> None:
+            def run(order: list[str], first: bool) -> None:
                 spark = start_spark(n, task_cpus)
                 try:
                     for p in order:
@@ -393,8 +457,8 @@ def main(argv: list[str] | None = None) -> int:
                         first = run_pipeline(spark, input_path, work / "warm", precision=p, limit=max(512, 128 * n))
                         cold.setdefault(f"{label} {p}", first)
                         rec.measure(f"{label} {p}", lambda: run_pipeline(spark, input_path, work / "out", precision=p,
-                                                                         keep=extras and last))
-                        if extras and last and p == "fp32":  # the breakdown: once, on the last repeat
+                                                                         keep=extras and first))
+                        if extras and first and p == "fp32":  # the breakdown: once, on the first repeat
                             rec.measure(f"breakdown: {label} without persist {p}",
                                         lambda: run_pipeline(spark, input_path, work / "np", precision=p, persist=False))
                             rec.measure("breakdown: Delta write alone (scored rows cached)",
@@ -412,24 +476,29 @@ def main(argv: list[str] | None = None) -> int:
         units = [raw_unit(1, n), raw_unit(n, 1), pipeline_unit(1, udfs=not args.skip_udfs, extras=True)]
         if n > 1:
             units.append(pipeline_unit(n))
+
+        def save(done: int) -> str:
+            """Results so far (after each repeat, so a cut-short run still leaves its medians)."""
+            results = {**header, "repeats": done, "load_end": load_average(),
+                       "seconds": time.perf_counter() - started, "runs": rec.runs, "cold": cold}
+            results["summary"] = summarise(rec.runs, precisions, n)
+            table = report(results)
+            if args.json:
+                Path(args.json).write_text(json.dumps(results, indent=2, default=float) + "\n")
+            if args.md:
+                Path(args.md).write_text(table + "\n")
+            return table
+
         for r in range(args.repeats):
             order = units if r % 2 == 0 else units[::-1]
             precision_order = precisions if r % 2 == 0 else precisions[::-1]
             print(f"repeat {r + 1}/{args.repeats}", flush=True)
             for unit in order:
-                unit(precision_order, r == args.repeats - 1)
+                unit(precision_order, r == 0)
+            table = save(r + 1)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-    results = {**header, "load_end": load_average(), "seconds": time.perf_counter() - started, "runs": rec.runs,
-               "cold": cold}
-    results["summary"] = summarise(rec.runs, precisions, n)
-    table = report(results)
     print("\n" + table, flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2, default=float) + "\n")
-    if args.md:
-        Path(args.md).write_text(table + "\n")
     return 0
 
 
@@ -491,13 +560,22 @@ def report(results: dict) -> str:
                      f"{(med['infer_seconds'] - med['forward_seconds']) / workers:.1f} | "
                      f"{med['seconds'] - med['infer_seconds'] / workers:.1f} | {med['tokens'] / med['padded']:.3f} | "
                      f"{rs[0]['rows'] // max(1, rs[0]['tasks']):,} | {cold.get('load_seconds', 0.0):.1f} |")
+    kinds = sorted({k for name, rs in runs.items() for r in rs
+                    for k in r.get("cpu_seconds", {})})
+    lines += ["", "CPU seconds by process (medians; raw: the timed forward passes; pipeline: the whole `run_job`; "
+              "other users' load not included):", "",
+              "| run | " + " | ".join(kinds) + " |", "|---|" + "---:|" * len(kinds)]
+    for name, rs in runs.items():
+        if name.startswith("pipeline") or name.startswith("breakdown: pipeline") or name.startswith("raw"):
+            cells = [statistics.median(r.get("cpu_seconds", {}).get(k, 0.0) for r in rs) for k in kinds]
+            lines.append(f"| {name} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
     lines += ["", f"- padding efficiency of the raw runs (all rows sorted at once): "
               f"{results['padding_efficiency_global_sort']:.3f}",
               f"- tokenising all rows on one thread: {results['tokenise_seconds_one_thread']:.1f} s"]
     for name, rs in runs.items():
         if name.startswith("breakdown"):
             lines.append(f"- {name[len('breakdown: '):]}: {rs[-1]['seconds']:.1f} s for {rs[-1]['rows']:,} rows "
-                         f"({rs[-1]['docs_per_s']:,.1f} docs/s; one run, last repeat)")
+                         f"({rs[-1]['docs_per_s']:,.1f} docs/s; one run, first repeat)")
     lines.append(f"\nbench wall time {results['seconds']:.0f} s")
     return "\n".join(lines)
 

@@ -41,7 +41,7 @@ def test_task_cpus_two_runs_one_task_with_two_torch_threads(tmp_path, tiny_embed
     """spark.task.cpus=2 on local[2]: one task at a time, planned as one task, its worker on two torch threads."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYSPARK_PYTHON": sys.executable}
     done = subprocess.run([sys.executable, str(REPO / "tests" / "task_cpus_job.py"), str(tmp_path), str(tiny_embed_model)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stdout[-2000:] + done.stderr[-4000:]
     result = json.loads(lines[-1][len("RESULT "):])
