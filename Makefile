@@ -123,7 +123,8 @@ test-vllm: $(VLLM_STAMP)
 # The pipeline against the limit (docs/benchmarks.md): raw forward passes in both layouts (1 process x N
 # threads, N processes x 1 thread), run_job in both Spark layouts, predict_batch_udf and a row UDF, fp32 and
 # bf16 (where the CPU has native bf16); medians of 3 repeats -> bench/results_limit.json. 4,000 rows by
-# default (under ~10 minutes on 2 quiet cores); BENCH_ARGS="--full" for 20,000 rows (about 25 minutes).
+# default (estimated under ~10 minutes on 2 quiet cores, untested; 18 minutes per repeat at load 5-10);
+# BENCH_ARGS="--full" for 20,000 rows (estimated about 25 minutes).
 BENCH_ARGS ?=
 bench: demo-data
 	PYTHONPATH=. $(PY) bench/bench_limit.py $(BENCH_ARGS)
