@@ -19,7 +19,7 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
 .PHONY: venv venv-vllm demo demo-data report demo-generate demo-generate-vllm demo-recs demo-images demo-images-data test \
-	test-vllm bench bench-gpu bench-generate bench-images lock lock-vllm clean
+	test-vllm bench bench-batching bench-gpu bench-generate bench-images lock lock-vllm clean
 
 $(STAMP): requirements.lock requirements-data.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -120,10 +120,17 @@ test-vllm: $(VLLM_STAMP)
 	$(VLLM_SPARK_ENV) \
 	  $(VLLM_PY) -m pytest -m vllm $(PYTEST_ARGS)
 
-# Encoder batching benchmark (docs/benchmarks.md): about 20 minutes on 2 busy shared cores.
-# BENCH_ARGS="--rows 20000 --subset-c 1000 --torchao" passes options through.
+# The pipeline against the limit (docs/benchmarks.md): raw forward passes in both layouts (1 process x N
+# threads, N processes x 1 thread), run_job in both Spark layouts, predict_batch_udf and a row UDF, fp32 and
+# bf16 (where the CPU has native bf16); medians of 3 repeats -> bench/results_limit.json. 4,000 rows by
+# default (estimated under ~10 minutes on 2 quiet cores, untested; 18 minutes per repeat at load 5-10);
+# BENCH_ARGS="--full" for 20,000 rows (estimated about 25 minutes).
 BENCH_ARGS ?=
 bench: demo-data
+	PYTHONPATH=. $(PY) bench/bench_limit.py $(BENCH_ARGS)
+
+# Precision (bf16/fp16/int8 against fp32) and padding by batching choice (docs/benchmarks.md, lower sections).
+bench-batching: demo-data
 	PYTHONPATH=. $(PY) bench/bench_batching.py $(BENCH_ARGS)
 
 # The same benchmark on a CUDA machine (bf16, batches of 256), after the gpu-marked tests.

@@ -468,6 +468,8 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     if malformed:
         details["malformed input"] = (f"{malformed:,} source line(s) could not be parsed; quarantined with their "
                                       f"raw text in input_{task.input_columns[0]}")
+    if counts.get("torch_threads"):  # {threads: tasks}: spark.task.cpus, or model.torch_threads
+        details["torch threads"] = ", ".join(f"{t} ({n} tasks)" for t, n in sorted(counts["torch_threads"].items()))
     summary = RunSummary(
         job=config.job, run_id=run_id, ds=ds.isoformat(), rows_in=rows_in, rows_out=rows_out,
         rows_quarantined=rows_quarantined, quarantine=quarantine_path if quarantine_version is not None else None,

@@ -154,6 +154,7 @@ def _load_for_task(task: Any, plan: InferencePlan, ctx: Any, worker: str, counts
     threads = task_threads(ctx.cpus() if ctx else None, override=plan.model.torch_threads)
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
+    counts.merge({"torch_threads": {str(torch.get_num_threads()): 1}})  # per task: what it really ran with
     started = time.perf_counter()
     loaded, fresh = cache.get_or_load((task.cache_key(), device), lambda: _load(task, plan.model, device))
     if fresh:
