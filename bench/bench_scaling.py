@@ -453,6 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         return path, built
 
     template: dict[str, Any] = {}
+    progress: list[dict[str, Any]] = []
 
     def one(rows: int, rows_per_task: int | None, label: str) -> dict[str, Any]:
         path, _ = source_for(rows)
@@ -462,6 +463,9 @@ def main(argv: list[str] | None = None) -> int:
         run = _subprocess(["_run", str(path), str(out), str(rows_per_task or 0), args.master, args.driver_memory],
                           timeout=3600)
         run["load_average"] = [round(x, 2) for x in (load_before[0], os.getloadavg()[0])]
+        run["label"] = label
+        progress.append(run)
+        Path(args.out).write_text(json.dumps({**results, "partial": progress}, indent=1))  # a cut-short run keeps its data
         if not template:
             template.update(add_template(out))
         shutil.rmtree(out, ignore_errors=True)
