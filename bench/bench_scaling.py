@@ -388,7 +388,13 @@ def machine() -> dict[str, Any]:
         model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
     except OSError:
         pass
-    return {"cpu": model or platform.processor(), "cores": os.cpu_count(), "python": platform.python_version()}
+    try:
+        flags = set(next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), []))
+    except OSError:
+        flags = set()
+    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+    return {"cpu": model or platform.processor(), "cores": os.cpu_count(), "python": platform.python_version(),
+            "flags": [f for f in wanted if f in flags]}
 
 
 def _table(results: dict[str, Any]) -> str:
