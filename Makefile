@@ -19,7 +19,8 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
 .PHONY: venv venv-vllm demo demo-data report demo-generate demo-generate-vllm demo-recs demo-images demo-images-data test \
-	test-vllm bench bench-batching bench-gpu bench-generate bench-images lock lock-vllm clean
+	test-vllm bench bench-batching bench-gpu bench-generate bench-generate-width bench-scaling bench-images lock lock-vllm \
+	clean
 
 $(STAMP): requirements.lock requirements-data.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -141,6 +142,17 @@ bench-gpu: demo-data
 # process of the vLLM environment; about 6 minutes. BENCH_ARGS="--rows 64" passes options through.
 bench-generate: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
 	PYTHONPATH=. $(VLLM_PY) bench/bench_generate.py --backends unbatched,batched,static,continuous,vllm $(BENCH_ARGS)
+
+# vLLM's batch width (docs/benchmarks_generation.md): static and vllm at max_num_seqs 8/16/32/64 on 64 prompts,
+# 3 runs in alternating order, medians and ranges; about 12 minutes on 2 quiet cores.
+bench-generate-width: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
+	PYTHONPATH=. $(VLLM_PY) bench/bench_generate.py --backends static,vllm --rows 64 --vllm-widths 8,16,32,64 \
+	  --repeats 3 --json bench/results_generate_width.json $(BENCH_ARGS)
+
+# The cost of everything but the model (docs/scaling.md): run_job with a model-free task over 100k and 1M
+# rows (BENCH_ARGS=--full adds 10M), the per-task sweep and synthetic commits of up to 100,000 files.
+bench-scaling: demo-data
+	PYTHONPATH=. $(PY) bench/bench_scaling.py $(BENCH_ARGS)
 
 # Image benchmark (docs/benchmarks_images.md): images/s of the pipeline vs a single-process loop, and the
 # OCR recogniser's padding with and without width bucketing.

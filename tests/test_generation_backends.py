@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from pipeline.config import ConfigError, build_config
+from pipeline.config import ConfigError, build_config, load_config
 from pipeline.tasks.generate import GenerateTaskConfig
-from pipeline.generation.config import VllmConfig
+from pipeline.generation.config import DEFAULT_MAX_NUM_SEQS, VllmConfig
+from pipeline.generation.kv import check_kv_budget, kv_cache_bytes
 from pipeline.generation import vllm_backend
 from pipeline.generation.vllm_backend import engine_kwargs, resolve_backend, vllm_available
 from pipeline.models.device import pick_device, task_gpu_addresses
 
+REPO = Path(__file__).resolve().parents[1]
 # SmolLM2-135M's shape: 30 layers, 3 KV heads of 64 dims
 SMOLLM2 = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}
 
 
-def _plan(config: VllmConfig = VllmConfig(), **kw):
-    args = dict(model_dir=Path("/models/m"), model_config=SMOLLM2, precision="fp32", max_seq_len=320, slots=16)
+def _plan(config: VllmConfig = VllmConfig(max_num_seqs=16), **kw):
+    args = dict(model_dir=Path("/models/m"), model_config=SMOLLM2, precision="fp32", max_seq_len=320)
     return engine_kwargs(config, **{**args, **kw})
 
 
@@ -29,14 +32,43 @@ def test_kv_cache_is_sized_from_config_not_from_machine_memory():
     assert kw["max_num_seqs"] == 16 and kw["max_model_len"] == 320 and kw["dtype"] == "float32"
     assert _plan(VllmConfig(max_num_seqs=4))["kv_cache_memory_bytes"] == kw["kv_cache_memory_bytes"] // 4
     assert _plan(precision="bf16")["kv_cache_memory_bytes"] == kw["kv_cache_memory_bytes"] // 2
-    assert _plan(VllmConfig(kv_cache_mb=300))["kv_cache_memory_bytes"] == 300 * 2**20
+    assert _plan(VllmConfig(max_num_seqs=16, kv_cache_mb=300))["kv_cache_memory_bytes"] == 300 * 2**20
     # on a GPU vLLM sizes it from gpu_memory_utilization of the card, unless kv_cache_mb says otherwise
     assert "kv_cache_memory_bytes" not in _plan(device="cuda:0")
     assert _plan(VllmConfig(kv_cache_mb=300), device="cuda:0")["kv_cache_memory_bytes"] == 300 * 2**20
 
 
+def test_vllm_width_is_its_own_setting_not_the_transformers_slots():
+    # task.slots sizes the transformers backend only; vLLM keeps its measured default width
+    for slots in (1, 8, 16):
+        config = GenerateTaskConfig(slots=slots)
+        assert config.vllm.max_num_seqs == DEFAULT_MAX_NUM_SEQS == 64
+        kw = _plan(config.vllm)
+        assert kw["max_num_seqs"] == 64
+        assert kw["kv_cache_memory_bytes"] == 64 * 384 * 30 * 2 * 3 * 64 * 4  # 64 full sequences of 384 tokens
+    assert _plan(GenerateTaskConfig(slots=4, vllm={"max_num_seqs": 8}).vllm)["max_num_seqs"] == 8
+
+
+def test_demo_config_kv_budget_admits_the_vllm_width_and_the_slots():
+    # conf/generate_text.yaml runs SmolLM2-135M: its max_kv_cache_mb once refused vLLM above ~30 sequences
+    job = load_config(REPO / "conf/generate_text.yaml")
+    task = job.task
+    length = task.max_input_tokens + task.max_new_tokens_limit
+    kw = engine_kwargs(task.vllm, model_dir=Path("/m"), model_config=SMOLLM2, precision=job.model.precision,
+                       max_seq_len=length)
+    assert kw["max_num_seqs"] == DEFAULT_MAX_NUM_SEQS
+    check_kv_budget(kw["kv_cache_memory_bytes"], task.max_kv_cache_mb, what="vllm", knob="task.vllm.max_num_seqs")
+    slots_kv = kv_cache_bytes(SimpleNamespace(**SMOLLM2), rows=task.slots, max_seq_len=length)
+    check_kv_budget(slots_kv, task.max_kv_cache_mb, what="slots", knob="task.slots")
+    # and the budget still refuses a width the machine was not sized for
+    wider = engine_kwargs(VllmConfig(max_num_seqs=2 * DEFAULT_MAX_NUM_SEQS), model_dir=Path("/m"),
+                          model_config=SMOLLM2, precision=job.model.precision, max_seq_len=length)
+    with pytest.raises(ValueError, match="lower task.vllm.max_num_seqs"):
+        check_kv_budget(wider["kv_cache_memory_bytes"], task.max_kv_cache_mb, what="vllm", knob="task.vllm.max_num_seqs")
+
+
 def test_engine_arguments_follow_config_and_gpu_resources():
-    kw = _plan(VllmConfig(gpu_memory_utilization=0.5, enforce_eager=False))
+    kw = _plan(VllmConfig(max_num_seqs=16, gpu_memory_utilization=0.5, enforce_eager=False))
     assert kw["gpu_memory_utilization"] == 0.5 and kw["enforce_eager"] is False
     assert kw["tensor_parallel_size"] == 1 and kw["model"] == kw["tokenizer"] == "/models/m"
     assert _plan(gpu_addresses=("2", "3"))["tensor_parallel_size"] == 2

@@ -6,7 +6,11 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["VllmConfig"]
+__all__ = ["DEFAULT_MAX_NUM_SEQS", "VllmConfig"]
+
+# vLLM's batch width unless task.vllm.max_num_seqs says otherwise: chosen from the sweep in
+# docs/benchmarks_generation.md (make bench-generate-width).
+DEFAULT_MAX_NUM_SEQS = 64
 
 
 # vllm.LLM arguments that decide what code or weights get loaded, not how fast: a config overlay or a
@@ -30,12 +34,18 @@ class VllmConfig(BaseModel):
     ``max_num_seqs`` sequences of ``max_input_tokens + max_new_tokens_limit``
     tokens; on a GPU, what ``gpu_memory_utilization`` of the card leaves after
     the weights (lower it when several tasks share a GPU).
+
+    ``max_num_seqs`` is vLLM's own batch width, independent of the transformers
+    backend's ``task.slots``: vLLM's paged cache and fused kernels keep gaining
+    from wider batches long after our slot batching stops (docs/benchmarks_generation.md:
+    on 2 CPU cores, SmolLM2-135M, tokens/s rose from 8 to 64 sequences).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
-    max_num_seqs: int | None = Field(
-        None, gt=0, description="vllm: sequences in vLLM's running batch; none: `task.slots`")
+    max_num_seqs: int = Field(
+        DEFAULT_MAX_NUM_SEQS, gt=0, description="vllm: sequences in vLLM's running batch (its own width, not "
+        "`task.slots`); on a CPU the KV cache holds this many full sequences")
     gpu_memory_utilization: float = Field(
         0.85, gt=0, le=1, description="vllm on GPUs: share of the card (lower it when tasks share a GPU)")
     kv_cache_mb: float | None = Field(

@@ -17,8 +17,8 @@ the card leaves after the weights.
 
 ::
 
-    tokenizer, gen = load_vllm(model_dir, config=VllmConfig(), precision="fp32",
-                               max_seq_len=320, slots=16, sampling=SamplingParams())
+    tokenizer, gen = load_vllm(model_dir, config=VllmConfig(max_num_seqs=64), precision="fp32",
+                               max_seq_len=320, sampling=SamplingParams())
     results = gen.generate([GenerationRequest(ids, max_new_tokens=32, seed=7) for ids in prompts])
 """
 
@@ -81,7 +81,6 @@ def engine_kwargs(
     model_config: dict[str, Any],
     precision: str,
     max_seq_len: int,
-    slots: int,
     device: str = "cpu",
     gpu_addresses: Sequence[str] = (),
 ) -> dict[str, Any]:
@@ -90,11 +89,12 @@ def engine_kwargs(
     The KV cache: ``kv_cache_mb`` when set; else, on a CPU, exactly ``max_num_seqs``
     full-length sequences (vLLM's CPU default would take a share of the machine's
     RAM); on a GPU, what ``gpu_memory_utilization`` of the card leaves after the
-    weights (vLLM's own sizing: more cache, more prefix reuse).
+    weights (vLLM's own sizing: more cache, more prefix reuse). The batch width is
+    ``config.max_num_seqs``, whatever the transformers backend's ``task.slots``.
 
     >>> cfg = {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64}
-    >>> kw = engine_kwargs(VllmConfig(), model_dir=Path("m"), model_config=cfg, precision="fp32",
-    ...                    max_seq_len=300, slots=8)
+    >>> kw = engine_kwargs(VllmConfig(max_num_seqs=8), model_dir=Path("m"), model_config=cfg, precision="fp32",
+    ...                    max_seq_len=300)
     >>> kw["max_num_seqs"], kw["max_model_len"], kw["kv_cache_memory_bytes"] // 2**10
     (8, 300, 3072)
     """
@@ -103,7 +103,7 @@ def engine_kwargs(
             f"model.precision {precision!r} is not available with backend vllm (it takes {sorted(_DTYPES)}); "
             "for 8-bit weights give vLLM a quantized checkpoint and set task.vllm.engine_args.quantization"
         )
-    seqs = config.max_num_seqs or slots
+    seqs = config.max_num_seqs
     kv_bytes: int | None = None
     if config.kv_cache_mb is not None:
         kv_bytes = int(config.kv_cache_mb * 2**20)
@@ -250,7 +250,6 @@ def load_vllm(
     config: VllmConfig,
     precision: str,
     max_seq_len: int,
-    slots: int,
     sampling: SamplingParams,
     gpu_addresses: Sequence[str] = (),
     max_kv_cache_mb: float | None = None,
@@ -282,7 +281,7 @@ def load_vllm(
         envs.disable_envs_cache()
     on_gpu = not current_platform.is_cpu()
     kwargs = engine_kwargs(config, model_dir=model_dir, model_config=read_model_config(model_dir), precision=precision,
-                           max_seq_len=max_seq_len, slots=slots, device="cuda" if on_gpu else "cpu",
+                           max_seq_len=max_seq_len, device="cuda" if on_gpu else "cpu",
                            gpu_addresses=gpu_addresses)
     planned = kwargs.get("kv_cache_memory_bytes")
     if planned is not None:

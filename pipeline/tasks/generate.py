@@ -80,7 +80,7 @@ class GenerateTaskConfig(TaskConfig):
     seed: int = Field(0, description="sampling seed, combined with each row's key")
     seed_column: str | None = Field(None, description="column whose value seeds each row; none: the prompt text")
     stop: list[str] = Field(default_factory=list, description="stop strings (cut from the completion)")
-    slots: int = Field(8, gt=0, description="transformers backend: rows decoded together")
+    slots: int = Field(8, gt=0, description="transformers backend: rows decoded together (vllm: `vllm.max_num_seqs`)")
     max_kv_cache_mb: float | None = Field(None, gt=0, description="refuse configs whose KV cache needs more")
     vllm: VllmConfig = Field(default_factory=VllmConfig)
 
@@ -221,7 +221,7 @@ class GenerateTask:
         cache.discard(lambda obj: isinstance(obj, LoadedGenerator) and obj.backend == "vllm")
         gpus = task_gpu_addresses() if device.startswith("cuda") else ()
         return load_vllm(model_dir, config=cfg.vllm, precision=self.model.precision, max_seq_len=self.max_seq_len,
-                         slots=cfg.slots, sampling=sampling, gpu_addresses=gpus, max_kv_cache_mb=cfg.max_kv_cache_mb)
+                         sampling=sampling, gpu_addresses=gpus, max_kv_cache_mb=cfg.max_kv_cache_mb)
 
     def process(self, loaded: LoadedGenerator, chunk: pa.RecordBatch, counts: WorkerCounts) -> pa.RecordBatch:
         missing = [c for c in self.input_columns if c not in chunk.schema.names]
