@@ -416,7 +416,8 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
                                txn_app_id=app_id)
                 quarantine_version = q.version
                 if q.already_committed:  # an earlier try of this run committed them: read back its rows
-                    quarantine_run = (committed_run(local_path(quarantine_path), app_id) or (0, run_id))[1] or run_id
+                    earlier = committed_run(local_path(quarantine_path), app_id)
+                    quarantine_run = (earlier and earlier[1]) or run_id
                 fault_hooks.after_quarantine_commit(faults, version=q.version)
             to_write = scored.drop(METRICS_COLUMN).where(~F.col("status").isin(*QUARANTINED_STATUSES))
             result = write_sink(
