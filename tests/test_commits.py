@@ -24,7 +24,7 @@ from deltalake import DeltaTable
 
 from pipeline.config import SinkConfig
 from pipeline.io import leftovers
-from pipeline.io.sinks import SinkError, write_sink
+from pipeline.io.sinks import SinkError, consistent_history, write_sink
 from pipeline.runner import run_job
 
 from .conftest import make_documents, write_delta
@@ -255,6 +255,21 @@ def test_overlapping_overwrites_of_one_partition_one_wins_the_other_fails_clearl
     assert len(ready) == 2 and max(ready) <= committed + 0.01
     assert on_disk(path) == in_log(path), "the loser's files are deleted; the seed's stay for time travel"
     assert DeltaTable(str(path), version=0).to_pyarrow_table().num_rows == 5
+
+
+def test_history_read_while_another_job_commits_keeps_the_right_versions(tmp_path):
+    """deltalake labels the commits of a table loaded before another commit off by one (version -1 for the first)."""
+    from deltalake import write_deltalake
+
+    path = str(tmp_path / "t")
+    for n in range(2):
+        write_deltalake(path, pa.table({"a": [n]}), mode="append", commit_properties=None)
+    stale = DeltaTable(path)
+    write_deltalake(path, pa.table({"a": [2]}), mode="append")
+    assert [e["version"] for e in stale.history()] == [1, 0, -1], "deltalake's own labels, shifted"
+    got = consistent_history(path, table=DeltaTable(path, version=1))
+    assert [e["version"] for e in got] == [2, 1, 0]
+    assert [e["timestamp"] for e in got] == [e["timestamp"] for e in DeltaTable(path).history()]
 
 
 def test_two_appends_to_different_days_at_once_both_land(spark, tmp_path):

@@ -291,12 +291,31 @@ def _check_writable(path: str) -> None:
 
 def _deltalake_version(path: str, write_id: str) -> int | None:
     """The version of the commit carrying ``write_id`` (None if it is not in recent history)."""
-    from deltalake import DeltaTable
-
-    for entry in DeltaTable(path).history(limit=50):
+    for entry in consistent_history(path, limit=50):
         if entry.get("sbi.write_id") == write_id:
             return int(entry["version"])
     return None
+
+
+def consistent_history(path: str, *, limit: int | None = None, table: Any = None) -> list[dict[str, Any]]:
+    """``DeltaTable(path).history(limit)`` with versions that are right while other jobs commit.
+
+    deltalake labels the commit infos it lists by counting down from the version the table
+    object was loaded at, but lists commits that landed after the load too: a commit made by
+    another job in between shifts every label by one (measured on deltalake 1.6: a table loaded
+    at version 1 reported versions 1, 0, -1 for the commits 2, 1, 0). A listing is kept only
+    when a fresh load afterwards is at the version the listing starts from.
+    """
+    from deltalake import DeltaTable
+
+    for _ in range(50):
+        table = table or DeltaTable(path)
+        entries = table.history(limit)
+        top = entries[0]["version"] if entries else table.version()
+        if top == table.version() == DeltaTable(path).version():
+            return entries
+        table = None
+    raise RuntimeError(f"could not read a stable history of {path}: it kept changing during 50 reads")
 
 
 def _table_version(path: str) -> int | None:
@@ -392,7 +411,7 @@ def committed_run(path: str, app_id: str) -> tuple[int, str | None] | None:
         return None
     if table.transaction_version(app_id) is None:
         return None
-    for entry in table.history():
+    for entry in consistent_history(path, table=table):
         if entry.get("sbi.app_id") == app_id:
             return int(entry["version"]), entry.get("sbi.run_id")
     return table.version(), None
