@@ -94,7 +94,7 @@ class SourceConfig(_Model):
     where: str | None = Field(None, description="SQL filter applied to the source")
     limit: int | None = Field(None, gt=0, description="row cap")
     repartition: int | None = Field(
-        None, gt=0, description="inference tasks, hashed by id; none: planned from the row count "
+        None, gt=0, description="inference tasks (rows dealt evenly by input length); none: planned from the row count "
         "(see `spark.rows_per_task`)")
     unique_ids: bool = Field(False, description="fail before work on null or duplicate ids")
 

@@ -118,14 +118,24 @@ def plan_inference_tasks(spark: "SparkSession", config: JobConfig, rows: int, ta
     return plan_tasks(rows, cores=count_cores(spark), rows_per_task=rows_per_task)
 
 
+def _deal(inputs: "DataFrame", tasks: int, task: Any) -> "DataFrame":
+    """``inputs`` dealt to ``tasks`` tasks, weighted by the length of the task's first input column if it has one."""
+    from pipeline.spark.planning import deal_rows
+
+    types = dict(inputs.dtypes)
+    first = next(iter(getattr(task, "input_columns", ()) or ()), None)
+    weight = first if types.get(first) in ("string", "binary") else None
+    return deal_rows(inputs, tasks, weight=weight, order=tuple(c for c in ("id", "content_hash") if c in types))
+
+
 def score_inputs(
     inputs: "DataFrame", config: JobConfig, *, tasks: int, run_id: str, ds: dt.date, scored_at: dt.datetime,
     model: ModelInfo, faults: dict[str, Any] | None = None, task: Any = None,
 ) -> "DataFrame":
-    """The lazily scored rows with lineage, in ``tasks`` inference tasks hashed by id.
+    """The lazily scored rows with lineage, in ``tasks`` inference tasks of equal rows and mixed lengths.
 
-    Hashing by id is deterministic across task retries, and the source's own
-    split count never decides the parallelism. Each task's counts ride in
+    The rows are dealt out by :func:`pipeline.spark.planning.deal_rows` (deterministic across
+    task retries), and the source's own split count never decides the parallelism. Each task's counts ride in
     ``METRICS_COLUMN`` (see ``pipeline.spark.run_metrics``); drop it before writing.
     """
     from pyspark.sql import functions as F
@@ -140,7 +150,7 @@ def score_inputs(
         job=config.job, progress_interval_s=config.run.progress_interval_s if config.run.progress else None,
         faults=tuple((faults or {}).items()), metrics_column=METRICS_COLUMN, task_class=kind.task,
     )
-    scored = apply_inference(inputs.repartition(tasks, "id"), plan).withColumnRenamed("id", config.source.id_column)
+    scored = apply_inference(_deal(inputs, tasks, task), plan).withColumnRenamed("id", config.source.id_column)
     scored = scored.select(
         "*",
         F.lit(model.name).alias("model_name"),
