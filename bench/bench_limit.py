@@ -257,9 +257,12 @@ def run_pipeline(spark: Any, input_path: str, out_dir: Path, *, precision: str, 
     if not summary.complete:
         raise SystemExit(f"pipeline run incomplete: {summary.rows_in} in, {summary.rows_out} out")
     forward = sum(float(b.get("seconds", 0.0)) for b in summary.batch_metrics.get("by_length", []))
+    # each worker's forward seconds (its timeline): the slowest one decides when the inference stage ends
+    busy = {w: round(sum(float(point[3]) for point in points), 3)
+            for w, points in summary.batch_metrics.get("timeline", {}).items()}
     return {"seconds": summary.seconds, "wall": wall, "rows": summary.rows_out, "tasks": summary.tasks,
             "tokens": summary.tokens, "padded": summary.padded_tokens, "infer_seconds": summary.infer_seconds,
-            "forward_seconds": forward, "load_seconds": summary.load_seconds,
+            "forward_seconds": forward, "forward_per_worker": busy, "load_seconds": summary.load_seconds,
             "model_loads": sum(summary.model_loads.values()),
             "torch_threads": summary.details.get("torch threads"),
             "rows_per_worker": summary.rows_per_worker, "cpu_seconds": cpu}
@@ -520,6 +523,31 @@ def summarise(runs: dict[str, list[dict]], precisions: list[str], n: int) -> dic
     return out
 
 
+def _gap_lines(runs: dict[str, list[dict]], p: str, n: int) -> list[str]:
+    """The pipeline's extra seconds over the raw ``Nx1`` run, split into where they go (medians)."""
+    raw, pipe = runs.get(f"raw {n}x1 {p}"), runs.get(f"pipeline local[{n}] {p}")
+    if not raw or not pipe:
+        return []
+    raw_s = statistics.median(r["seconds"] for r in raw)
+    raw_fwd = statistics.median(r["cpu_seconds"]["forward (all processes)"] / n for r in raw)
+    med = lambda f: statistics.median(f(r) for r in pipe)  # noqa: E731
+    job = med(lambda r: r["seconds"])
+    forward = med(lambda r: r["forward_seconds"] / n)
+    slowest = med(lambda r: _slowest_extra(r.get("forward_per_worker") or {}))
+    in_task = med(lambda r: (r["infer_seconds"] - r["forward_seconds"]) / n)
+    outside = med(lambda r: r["seconds"] - r["infer_seconds"] / n - _slowest_extra(r.get("forward_per_worker") or {}))
+    return ["", f"Gap {p}: pipeline {job:.1f} s against raw {n}x1 {raw_s:.1f} s (+{job - raw_s:.1f} s, medians): "
+            f"forward passes {forward - raw_fwd:+.1f} s per worker (more padding: the sort runs within each task's "
+            f"rows), the slowest worker {slowest:+.1f} s, tokenising and Arrow in the task {in_task:+.1f} s, "
+            f"outside the tasks {outside:+.1f} s (planning shuffle, checks, write, commit), less the raw run's own "
+            f"wait beyond its mean process {raw_s - raw_fwd:.1f} s"]
+
+
+def _slowest_extra(busy: dict[str, float]) -> float:
+    """Seconds the busiest worker spent in forward passes beyond the mean worker (0 for one worker)."""
+    return max(busy.values()) - statistics.mean(busy.values()) if len(busy) > 1 else 0.0
+
+
 def fmt_ratio(ratio: dict | None) -> str:
     return "" if ratio is None else f"{ratio['median']:.2f} ({ratio['min']:.2f}-{ratio['max']:.2f})"
 
@@ -547,10 +575,11 @@ def report(results: dict) -> str:
     for p, why in results["skipped"].items():
         lines.append(f"| (all runs) | {p} | skipped: {why} | | | | |")
 
-    lines += ["", "Where the pipeline's time goes (medians of the repeats; per worker = summed over workers / workers):",
-              "", "| run | job s (wall) | forward s per worker | tokenise + Arrow + columns in task s per worker | "
-              "outside the task s per worker (JVM, write, commit, idle) | padding eff. | rows/task | "
-              "model load s (cold run, all workers) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += ["", "Where the pipeline's time goes (medians of the repeats; per worker = summed over workers / workers; "
+              "slowest worker: how much longer the busiest worker ran its forward passes than the mean):",
+              "", "| run | job s (wall) | forward s per worker | slowest worker + s | tokenise + Arrow + columns in task "
+              "s per worker | outside the task s per worker (JVM, write, commit, idle) | padding eff. | rows/task | "
+              "model load s (cold run, all workers) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, rs in runs.items():
         if not name.startswith("pipeline"):
             continue
@@ -558,10 +587,13 @@ def report(results: dict) -> str:
                for k in ("seconds", "infer_seconds", "forward_seconds", "tokens", "padded")}
         workers = 1 if "task.cpus" in name else n
         cold = results["cold"].get(name, {})
-        lines.append(f"| {name} | {med['seconds']:.1f} | {med['forward_seconds'] / workers:.1f} | "
+        spread = statistics.median(_slowest_extra(r.get("forward_per_worker") or {}) for r in rs)
+        lines.append(f"| {name} | {med['seconds']:.1f} | {med['forward_seconds'] / workers:.1f} | {spread:.1f} | "
                      f"{(med['infer_seconds'] - med['forward_seconds']) / workers:.1f} | "
                      f"{med['seconds'] - med['infer_seconds'] / workers:.1f} | {med['tokens'] / med['padded']:.3f} | "
                      f"{rs[0]['rows'] // max(1, rs[0]['tasks']):,} | {cold.get('load_seconds', 0.0):.1f} |")
+    for p in results["precisions"]:
+        lines += _gap_lines(runs, p, n)
     kinds = sorted({k for name, rs in runs.items() for r in rs
                     for k in r.get("cpu_seconds", {})})
     lines += ["", "CPU seconds by process (medians; raw: the timed forward passes; pipeline: the whole `run_job`; "
