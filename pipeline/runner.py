@@ -123,7 +123,7 @@ def _deal(inputs: "DataFrame", tasks: int, task: Any) -> "DataFrame":
     from pipeline.spark.planning import deal_rows
 
     types = dict(inputs.dtypes)
-    first = next(iter(getattr(task, "input_columns", ()) or ()), None)
+    first = next(iter(task.input_columns), None)
     weight = first if types.get(first) in ("string", "binary") else None
     return deal_rows(inputs, tasks, weight=weight, order=tuple(c for c in ("id", "content_hash") if c in types))
 
