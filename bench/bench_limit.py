@@ -19,6 +19,11 @@ N is the core count (``--cores``). Runs, each one timed after a warm-up:
   labels), Delta in and out, N tasks of one torch thread each; the time is the run's
   inference+write job (``summary.seconds``), after a warm-up run in the same session
   (so workers are started and the model cached: the cold run's load time is reported apart).
+- pipeline null forward: the same job with the task kind ``bench_null_embed``
+  (``bench/null_forward.py``): the real tokenizer, batches, Arrow, persist, checks,
+  Parquet and commit, with random unit vectors instead of the model's forward passes.
+  Its time is the pipeline's own work; ``limit / (limit + it)`` is the best ratio the
+  pipeline can reach on these rows, whatever the model costs.
 - pipeline ``task.cpus=N``: the same on ``local[N]`` with ``spark.task.cpus=N``: one task
   at a time, N torch threads in its worker.
 - ``predict_batch_udf`` (batch 64, the tokenizer padding each batch to its longest row, as
@@ -225,8 +230,12 @@ def start_spark(cores: int, task_cpus: int) -> Any:
 
 
 def run_pipeline(spark: Any, input_path: str, out_dir: Path, *, precision: str, limit: int | None = None,
-                 persist: bool = True, keep: bool = False) -> dict:
-    """One ``run_job``; ``persist=False`` makes ``DataFrame.persist`` a no-op for the run (the breakdown)."""
+                 persist: bool = True, keep: bool = False, null_forward: bool = False) -> dict:
+    """One ``run_job``; ``persist=False`` makes ``DataFrame.persist`` a no-op for the run (the breakdown).
+
+    ``null_forward``: the same job with the task kind ``bench_null_embed`` (``bench/null_forward.py``):
+    everything but the model's forward passes.
+    """
     from pipeline.config import load_config
     from pipeline.runner import run_job
 
@@ -237,6 +246,11 @@ def run_pipeline(spark: Any, input_path: str, out_dir: Path, *, precision: str, 
     ]
     if limit:
         overrides.append(f"source.limit={limit}")
+    if null_forward:
+        from bench.null_forward import KIND, register
+
+        register()
+        overrides.append(f"task.kind={KIND}")
     config = load_config(REPO / "conf/score_documents.yaml", overrides=overrides)
     config = config.model_copy(update={"run": config.run.model_copy(update={"summary_path": None})})
     frame = type(spark.range(1))
@@ -386,6 +400,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precisions", default="fp32,bf16", help="bf16 runs only on CPUs with native bf16")
     parser.add_argument("--udf-rows", type=int, default=256, help="rows for predict_batch_udf and the row UDF")
     parser.add_argument("--skip-udfs", action="store_true")
+    parser.add_argument("--units", default="raw,pipeline,task-cpus",
+                        help="what to run: raw (both layouts), pipeline (with the null-forward run), task-cpus")
+    parser.add_argument("--skip-breakdown", action="store_true",
+                        help="skip the one-off runs without persist and of the write alone")
     parser.add_argument("--json", default="bench/results_limit.json", help="raw results ('' for none)")
     parser.add_argument("--md", default=None, help="also write the markdown table here")
     args = parser.parse_args(argv)
@@ -463,7 +481,11 @@ def main(argv: list[str] | None = None) -> int:
                         cold.setdefault(f"{label} {p}", first)
                         rec.measure(f"{label} {p}", lambda: run_pipeline(spark, input_path, work / "out", precision=p,
                                                                          keep=extras and first))
-                        if extras and first and p == "fp32":  # the breakdown: once, on the first repeat
+                        if extras and p == precisions[0]:  # everything but the model, every repeat
+                            rec.measure(f"{label} null forward {p}",
+                                        lambda: run_pipeline(spark, input_path, work / "null", precision=p,
+                                                             null_forward=True))
+                        if extras and first and p == "fp32" and not args.skip_breakdown:  # once, first repeat
                             rec.measure(f"breakdown: {label} without persist {p}",
                                         lambda: run_pipeline(spark, input_path, work / "np", precision=p, persist=False))
                             rec.measure("breakdown: Delta write alone (scored rows cached)",
@@ -478,8 +500,11 @@ def main(argv: list[str] | None = None) -> int:
                     spark.stop()
             return run
 
-        units = [raw_unit(1, n), raw_unit(n, 1), pipeline_unit(1, udfs=not args.skip_udfs, extras=True)]
-        if n > 1:
+        chosen = set(args.units.split(","))
+        units = [raw_unit(1, n), raw_unit(n, 1)] if "raw" in chosen else []
+        if "pipeline" in chosen:
+            units.append(pipeline_unit(1, udfs=not args.skip_udfs, extras=True))
+        if n > 1 and "task-cpus" in chosen:
             units.append(pipeline_unit(n))
 
         def save(done: int) -> str:
@@ -536,11 +561,25 @@ def _gap_lines(runs: dict[str, list[dict]], p: str, n: int) -> list[str]:
     slowest = med(lambda r: _slowest_extra(r.get("forward_per_worker") or {}))
     in_task = med(lambda r: (r["infer_seconds"] - r["forward_seconds"]) / n)
     outside = med(lambda r: r["seconds"] - r["infer_seconds"] / n - _slowest_extra(r.get("forward_per_worker") or {}))
-    return ["", f"Gap {p}: pipeline {job:.1f} s against raw {n}x1 {raw_s:.1f} s (+{job - raw_s:.1f} s, medians): "
-            f"forward passes {forward - raw_fwd:+.1f} s per worker (more padding: the sort runs within each task's "
-            f"rows), the slowest worker {slowest:+.1f} s, tokenising and Arrow in the task {in_task:+.1f} s, "
-            f"outside the tasks {outside:+.1f} s (planning shuffle, checks, write, commit), less the raw run's own "
-            f"wait beyond its mean process {raw_s - raw_fwd:.1f} s"]
+    lines = ["", f"Gap {p}: pipeline {job:.1f} s against raw {n}x1 {raw_s:.1f} s (+{job - raw_s:.1f} s, medians): "
+             f"forward passes {forward - raw_fwd:+.1f} s per worker (more padding: the sort runs within each task's "
+             f"rows), the slowest worker {slowest:+.1f} s, tokenising and Arrow in the task {in_task:+.1f} s, "
+             f"outside the tasks {outside:+.1f} s (planning shuffle, checks, write, commit), less the raw run's own "
+             f"wait beyond its mean process {raw_s - raw_fwd:.1f} s"]
+    null = runs.get(f"pipeline local[{n}] null forward {p}")
+    limits = [max(x["docs_per_s"], y["docs_per_s"])
+              for x, y in zip(runs.get(f"raw 1x{n} {p}", []), runs.get(f"raw {n}x1 {p}", []))]
+    if null and limits:
+        rest = statistics.median(r["seconds"] for r in null)
+        limit_s = pipe[0]["rows"] / statistics.median(limits)
+        lines += ["", f"Everything but the model {p}: the same job with the forward passes replaced by random "
+                  f"vectors (`bench/null_forward.py`) took {rest:.1f} s (median; "
+                  f"{min(r['seconds'] for r in null):.1f}-{max(r['seconds'] for r in null):.1f}). The pipeline's "
+                  f"forward seconds per worker plus the slowest worker's extra plus that: "
+                  f"{forward + slowest + rest:.1f} s predicted, {job:.1f} s measured. Even with forward passes as "
+                  f"fast as the limit's ({limit_s:.1f} s), the pipeline would reach at most "
+                  f"{limit_s / (limit_s + rest):.2f} of the limit on {pipe[0]['rows']:,} rows."]
+    return lines
 
 
 def _slowest_extra(busy: dict[str, float]) -> float:
