@@ -122,10 +122,11 @@ test-vllm: $(VLLM_STAMP)
 	  $(VLLM_PY) -m pytest -m vllm $(PYTEST_ARGS)
 
 # The pipeline against the limit (docs/benchmarks.md): raw forward passes in both layouts (1 process x N
-# threads, N processes x 1 thread), run_job in both Spark layouts, predict_batch_udf and a row UDF, fp32 and
-# bf16 (where the CPU has native bf16); medians of 3 repeats -> bench/results_limit.json. 4,000 rows by
-# default (estimated under ~10 minutes on 2 quiet cores, untested; 18 minutes per repeat at load 5-10);
-# BENCH_ARGS="--full" for 20,000 rows (estimated about 25 minutes).
+# threads, N processes x 1 thread), run_job and the same job without the model's forward passes
+# (bench/null_forward.py), predict_batch_udf and a row UDF, fp32 and bf16 (where the CPU has native bf16);
+# medians of 3 repeats -> bench/results_limit.json. 4,000 rows by default: 5.6 minutes on 2 quiet cores
+# without native bf16 (fp32 only; bf16 adds the model runs again). BENCH_ARGS="--full": 20,000 rows, plus
+# spark.task.cpus=N and the breakdown without persist (29 minutes there).
 BENCH_ARGS ?=
 bench: demo-data
 	PYTHONPATH=. $(PY) bench/bench_limit.py $(BENCH_ARGS)
