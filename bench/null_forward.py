@@ -47,5 +47,5 @@ class NullEmbedTask(EmbedTask):
 
 
 def register() -> Any:
-    """Register the kind (idempotent). Called from ``bench.null_forward``, so workers import it by name."""
+    """Register the kind on the driver (idempotent); workers import the classes as ``bench.null_forward`` by name."""
     return register_task(NullEmbedConfig, NullEmbedTask)
