@@ -62,3 +62,33 @@ def test_empty_and_single_inputs(tokenizer):
     assert tokenize(tokenizer, [], max_length=16)[0] == []
     one, flag = tokenize(tokenizer, ["a good film"], max_length=16)
     assert one == _reference(tokenizer, ["a good film"], 16)[0] and flag.tolist() == [False]
+
+
+class _NoFastPath:
+    """The Rust tokenizer, refusing the shortcut's batch call: shows which path a tokenizer took."""
+
+    def __init__(self, inner):
+        object.__setattr__(self, "inner", inner)
+
+    def __getattr__(self, name):
+        if name == "encode_batch_fast":
+            raise AssertionError("the shortcut was taken")
+        return getattr(self.inner, name)
+
+    def __setattr__(self, name, value):
+        setattr(self.inner, name, value)
+
+
+def test_a_tokenizer_with_its_own_call_keeps_it(tokenizer):
+    """LUKE-style tokenizers override the call (entities, boxes): they never take the shortcut."""
+    texts = TEXTS[:6]
+    want = _reference(tokenizer, texts, 16)
+
+    class OwnCall(type(tokenizer)):
+        def _encode_plus(self, *args, **kwargs):
+            return super()._encode_plus(*args, **kwargs)
+
+    tokenizer.__class__ = OwnCall
+    tokenizer._tokenizer = _NoFastPath(tokenizer._tokenizer)
+    ids, truncated = tokenize(tokenizer, texts, max_length=16)
+    assert ids == want[0] and truncated.tolist() == want[1]

@@ -252,11 +252,25 @@ def _encode(tokenizer: Any, texts: list[str], *, max_length: int) -> list[Any]:
     """
     head = tokenizer(texts[:1], truncation=True, max_length=max_length, add_special_tokens=True).encodings
     backend = getattr(tokenizer, "_tokenizer", None)
-    if len(texts) <= 1 or head is None or backend is None:
+    if len(texts) <= 1 or head is None or backend is None or not _plain_fast_call(type(tokenizer)):
         return head if len(texts) <= 1 else tokenizer(
             texts, truncation=True, max_length=max_length, add_special_tokens=True).encodings
     encode = getattr(backend, "encode_batch_fast", None) or backend.encode_batch
     return [*head, *encode(texts[1:], add_special_tokens=True)]
+
+
+_CALL_PATH = ("__call__", "_call_one", "_encode_plus", "_batch_encode_plus")
+
+
+def _plain_fast_call(cls: type) -> bool:
+    """Whether ``cls`` encodes text exactly as transformers' fast tokenizer base class does.
+
+    A few tokenizers (LUKE, LayoutLM, MarkupLM, ...) override the call to add entities or
+    boxes; those always go through their own call.
+    """
+    from transformers import PreTrainedTokenizerFast
+
+    return all(getattr(cls, name, None) is getattr(PreTrainedTokenizerFast, name, None) for name in _CALL_PATH)
 
 
 class TextTask:
