@@ -414,7 +414,8 @@ def main(argv: list[str] | None = None) -> int:
         args.rows, args.udf_rows = max(args.rows, 20_000), max(args.udf_rows, 1000)
     args.units = args.units or ("raw,pipeline,task-cpus" if args.full else "raw,pipeline")
     args.breakdown = args.full if args.breakdown is None else args.breakdown
-    unknown = set(args.units.split(",")) - {"raw", "pipeline", "task-cpus"}
+    args.units = set(args.units.split(","))
+    unknown = args.units - {"raw", "pipeline", "task-cpus"}
     if unknown:
         parser.error(f"--units: unknown {sorted(unknown)}; choose from raw, pipeline, task-cpus")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -483,16 +484,16 @@ def main(argv: list[str] | None = None) -> int:
             def run(order: list[str], first: bool) -> None:
                 spark = start_spark(n, task_cpus)
                 try:
+                    warm_rows = max(512, 128 * n)
                     for p in order:
                         # warm-up in this session: Python workers started, the model cached in each
-                        warm = run_pipeline(spark, input_path, work / "warm", precision=p, limit=max(512, 128 * n))
+                        warm = run_pipeline(spark, input_path, work / "warm", precision=p, limit=warm_rows)
                         cold.setdefault(f"{label} {p}", warm)
                         rec.measure(f"{label} {p}", lambda: run_pipeline(spark, input_path, work / "out", precision=p,
                                                                          keep=extras and first))
                         if extras and p == precisions[0]:  # everything but the model, every repeat
                             # warm too: the null kind caches its own copy of the model in each worker
-                            run_pipeline(spark, input_path, work / "warm", precision=p, limit=max(512, 128 * n),
-                                         null_forward=True)
+                            run_pipeline(spark, input_path, work / "warm", precision=p, limit=warm_rows, null_forward=True)
                             rec.measure(f"{label} null forward {p}",
                                         lambda: run_pipeline(spark, input_path, work / "null", precision=p,
                                                              null_forward=True))
@@ -511,11 +512,10 @@ def main(argv: list[str] | None = None) -> int:
                     spark.stop()
             return run
 
-        chosen = set(args.units.split(","))
-        units = [raw_unit(1, n), raw_unit(n, 1)] if "raw" in chosen else []
-        if "pipeline" in chosen:
+        units = [raw_unit(1, n), raw_unit(n, 1)] if "raw" in args.units else []
+        if "pipeline" in args.units:
             units.append(pipeline_unit(1, udfs=not args.skip_udfs, extras=True))
-        if n > 1 and "task-cpus" in chosen:
+        if n > 1 and "task-cpus" in args.units:
             units.append(pipeline_unit(n))
 
         def save(done: int) -> str:
@@ -547,8 +547,7 @@ def summarise(runs: dict[str, list[dict]], precisions: list[str], n: int) -> dic
     """Median/min/max docs/s per run; the limit per repeat (the better raw layout) and pipeline/limit."""
     out: dict[str, Any] = {name: stats([r["docs_per_s"] for r in rs]) for name, rs in runs.items()}
     for p in precisions:
-        a, b = runs.get(f"raw 1x{n} {p}", []), runs.get(f"raw {n}x1 {p}", [])
-        limit = [max(x["docs_per_s"], y["docs_per_s"]) for x, y in zip(a, b)]
+        limit = _limits(runs, p, n)
         if not limit:
             continue
         out[f"limit {p}"] = stats(limit)
@@ -557,6 +556,12 @@ def summarise(runs: dict[str, list[dict]], precisions: list[str], n: int) -> dic
                 ratios = [r["docs_per_s"] / lim for r, lim in zip(runs[name], limit)]
                 out[f"{name} / limit"] = stats(ratios)
     return out
+
+
+def _limits(runs: dict[str, list[dict]], p: str, n: int) -> list[float]:
+    """The limit per repeat: the better raw layout's docs/s."""
+    return [max(x["docs_per_s"], y["docs_per_s"])
+            for x, y in zip(runs.get(f"raw 1x{n} {p}", []), runs.get(f"raw {n}x1 {p}", []))]
 
 
 def _gap_lines(runs: dict[str, list[dict]], p: str, n: int) -> list[str]:
@@ -578,8 +583,7 @@ def _gap_lines(runs: dict[str, list[dict]], p: str, n: int) -> list[str]:
              f"outside the tasks {outside:+.1f} s (planning shuffle, checks, write, commit), less the raw run's own "
              f"wait beyond its mean process {raw_s - raw_fwd:.1f} s"]
     null = runs.get(f"pipeline local[{n}] null forward {p}")
-    limits = [max(x["docs_per_s"], y["docs_per_s"])
-              for x, y in zip(runs.get(f"raw 1x{n} {p}", []), runs.get(f"raw {n}x1 {p}", []))]
+    limits = _limits(runs, p, n)
     if null and limits:
         rest = statistics.median(r["seconds"] for r in null)
         rows = pipe[0]["rows"]
