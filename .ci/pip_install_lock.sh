@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Install a lock file whose torch pin is a PyTorch build (torch==X+cpu): those wheels live on PyTorch's
-# own index (download.pytorch.org/whl/<variant>), not on PyPI.
+# Install a lock file whose torch pin is a PyTorch build (torch==X+cpu) on any machine.
 #
 #   [TORCH_VARIANT=cpu|cu128|...] .ci/pip_install_lock.sh PYTHON LOCKFILE [pip args...]
 #
-# cpu (the default): first the plain install, with whatever indexes and find-links pip is configured
-# with (a wheel house or a mirror that carries the CPU build: nothing leaves the machine). Only if that
-# fails because torch's build is missing, the same install again with PyTorch's CPU index as an extra
-# index. The order matters where that index is unreachable: pip retries it 5 times with backoff, each
-# try up to --timeout seconds when the host resolves but does not answer, so it is asked only when
-# the configured indexes cannot serve the lock.
+# cpu (the default) tries three sources in turn, stopping at the first that serves the lock:
+#   1. the configured indexes and find-links as they are (a wheel house or a mirror that carries the
+#      CPU build: nothing leaves the machine);
+#   2. PyTorch's CPU index as an extra index (download.pytorch.org/whl/cpu);
+#   3. PyPI's default build of the same version (torch==X, no local tag): on Linux x86_64 that is the
+#      CUDA build, a few GB with its nvidia-* wheels, which runs on the CPU all the same.
+# Only a failure to find torch's build moves on to the next source; any other failure stops.
+# The order matters where PyTorch's index is unreachable: pip retries it with backoff, so it is asked
+# only when the configured indexes cannot serve the lock. The last line printed says which build was
+# taken and where from (make venv shows it in the install summary; it is kept in $VENV/.torch-source).
 # Any other variant (a CUDA build, e.g. cu128): the lock with torch==X+<variant>, from that index.
 set -uo pipefail
 py="$1"; lock="$2"; shift 2
@@ -18,21 +21,44 @@ index="${TORCH_INDEX_BASE:-https://download.pytorch.org/whl}/$variant"
 log="$(mktemp)"; req="$(mktemp)"
 trap 'rm -f "$log" "$req"' EXIT
 torch_pin="$(grep -Eo '^torch==[^ ;#]+' "$lock" || true)"
+venv_dir="$(dirname "$(dirname "$py")")"
+
+took() {  # the summary line, also kept beside the venv for make venv's summary and the job summary
+  local installed
+  installed="$("$py" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo '?')"
+  echo "torch: installed $installed from $1" | tee "$venv_dir/.torch-source" >&2
+}
+
+torch_missing() {  # did pip fail because no source had torch's build (or the index could not be reached)?
+  grep -Eq "(No matching distribution found for|satisfies the requirement) torch([=<>~! ]|$)" "$log"
+}
 
 if [ "$variant" != cpu ]; then
   [ -n "$torch_pin" ] || { echo "$lock pins no torch==...; nothing to swap for the $variant build" >&2; exit 1; }
   sed -E "s/^torch==([^+ ;#]+)(\+[A-Za-z0-9]+)?/torch==\1+$variant/" "$lock" >"$req"
   echo "installing $lock with $(grep -Eo '^torch==[^ ;#]+' "$req") from $index" >&2
-  exec "$py" -m pip install -q --extra-index-url "$index" -r "$req" "$@"
-fi
-
-if "$py" -m pip install -q -r "$lock" "$@" >"$log" 2>&1; then
-  cat "$log"
+  "$py" -m pip install -q --extra-index-url "$index" -r "$req" "$@" || exit 1
+  took "PyTorch's $variant index ($index)"
   exit 0
 fi
-if ! grep -Eq "(No matching distribution found for|satisfies the requirement) torch([=<>~! ]|$)" "$log"; then
-  cat "$log" >&2
-  exit 1
+
+# 1. the configured indexes
+if "$py" -m pip install -q -r "$lock" "$@" >"$log" 2>&1; then
+  cat "$log"; took "the configured package indexes (${torch_pin:-torch})"; exit 0
 fi
-echo "torch's CPU build (${torch_pin:-torch}) is not on the configured package indexes; retrying with --extra-index-url $index" >&2
-exec "$py" -m pip install -q --extra-index-url "$index" -r "$lock" "$@"
+torch_missing || { cat "$log" >&2; exit 1; }
+
+# 2. PyTorch's CPU index
+echo "torch's CPU build (${torch_pin:-torch}) is not on the configured package indexes; trying --extra-index-url $index" >&2
+if "$py" -m pip install -q --retries "${TORCH_INDEX_RETRIES:-2}" --extra-index-url "$index" -r "$lock" "$@" >"$log" 2>&1; then
+  cat "$log"; took "PyTorch's CPU index ($index)"; exit 0
+fi
+torch_missing || { cat "$log" >&2; exit 1; }
+
+# 3. PyPI's default build of the same version
+[ -n "$torch_pin" ] || { cat "$log" >&2; exit 1; }
+sed -E "s/^torch==([^+ ;#]+)\+[A-Za-z0-9]+/torch==\1/" "$lock" >"$req"
+plain="$(grep -Eo '^torch==[^ ;#]+' "$req")"
+echo "PyTorch's CPU index cannot serve ${torch_pin} here either; installing $plain, the package indexes' default build (on Linux x86_64 the CUDA build: a few GB, runs on the CPU)" >&2
+"$py" -m pip install -q -r "$req" "$@" || exit 1
+took "the package indexes' default build ($plain; PyTorch's CPU build unavailable here)"

@@ -207,7 +207,7 @@ def test_remote_sink_without_connector_fails_before_any_work(spark, tmp_path, mo
         run_job(config, spark=spark, out=out)
     text = str(err.value)
     assert f"sink.path {sink_path!r} is a" in text
-    assert "--packages io.delta:delta-spark_4.2_2.13:4.4.1" in text and "DeltaSparkSessionExtension" in text
+    assert "--packages io.delta:delta-spark_4.2_2.13:4.4.0" in text and "DeltaSparkSessionExtension" in text
     assert out.getvalue() == ""  # not even the "scoring N rows" line: nothing was read
     assert list(cwd.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["cwd"]
     assert not (Path(__file__).resolve().parents[1] / "s3:").exists()

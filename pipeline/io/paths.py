@@ -38,7 +38,7 @@ DELTA_CONNECTOR_CONFS = (
     "spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog",
 )
 # What delta-spark's configure_spark_with_delta_pip builds for the pinned pyspark / delta-spark.
-_DEFAULT_PACKAGE = "io.delta:delta-spark_4.2_2.13:4.4.1"
+_DEFAULT_PACKAGE = "io.delta:delta-spark_4.2_2.13:4.4.0"
 
 
 def uri_scheme(location: str) -> str | None:

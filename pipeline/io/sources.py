@@ -3,7 +3,7 @@
 Paths are URIs: a path with a scheme (``s3://``, ``abfss://``, ``dbfs:/``) goes to
 Spark untouched; plain paths are made absolute. A Delta table is read through
 the Delta Spark connector when the session has it (Databricks,
-``--packages io.delta:delta-spark_4.2_2.13:4.4.1``); otherwise its current
+``--packages io.delta:delta-spark_4.2_2.13:4.4.0``); otherwise its current
 snapshot's files are resolved with ``deltalake`` and read as Parquet by Spark.
 That fallback refuses tables whose features it cannot honour (deletion
 vectors, column mapping) instead of returning wrong rows.

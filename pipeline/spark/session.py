@@ -14,6 +14,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from pipeline.config import SparkConfig
+from pipeline.spark.jars import session_jar_confs
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -126,7 +127,11 @@ def get_session(config: SparkConfig) -> "SparkSession":
         "spark.python.worker.faulthandler.enabled": "true",
         "spark.sql.execution.pyspark.udf.faulthandler.enabled": "true",
     }
-    for key, value in {**defaults, **session_settings(config), **config.conf}.items():
+    # the Delta connector and S3A jars fetched once by `make jars` (pipeline.spark.jars), when cached
+    jars = session_jar_confs()
+    if jars and config.conf.get("spark.jars"):
+        jars["spark.jars"] = f"{config.conf['spark.jars']},{jars['spark.jars']}"
+    for key, value in {**defaults, **session_settings(config), **config.conf, **jars}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
