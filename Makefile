@@ -18,7 +18,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: venv jars venv-vllm demo demo-data report demo-generate demo-generate-vllm demo-recs demo-images demo-images-data test \
+.PHONY: venv jars venv-vllm demo demo-s3 demo-data report demo-generate demo-generate-vllm demo-recs demo-images demo-images-data test \
 	test-vllm bench bench-batching bench-gpu bench-generate bench-generate-width bench-scaling bench-images lock lock-vllm \
 	clean
 
@@ -80,6 +80,11 @@ demo: demo-data jars
 	  --conf spark.ui.enabled=false --conf spark.ui.showConsoleProgress=false --conf spark.log.level=WARN \
 	  jobs/score_documents.py --conf conf/score_documents.yaml --set source.limit=$(DEMO_ROWS) $(ARGS)
 
+# The demo through the Delta connector into s3a://demo/document_scores on a local S3 server (moto, loopback),
+# read back with deltalake through delta-rs's object store; the server stops after.
+demo-s3: demo-data jars
+	$(PY) jobs/demo_s3.py --rows $(DEMO_ROWS) $(ARGS)
+
 # HTML report of the demo's latest run and its history, from the runs table document_scores_runs
 # (make demo ARGS="--ds 2026-11-28" records another night).
 report: | $(STAMP)
@@ -122,8 +127,11 @@ demo-recs: $(STAMP)
 	$(VENV)/bin/spark-submit --master 'local[*,4]' --driver-memory 2g --conf spark.ui.enabled=false --conf spark.log.level=WARN \
 	  jobs/refresh_recommendations.py --conf conf/refresh_recommendations.yaml --ds $(RECS_DS) $(ARGS)
 
-test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+# Two runs: the jar-free session (the deltalake writer), then the session with the Delta connector jars
+# (the connector-marked tests, each guarantee on the connector).
+test: $(STAMP) jars
+	$(PY) -m pytest -m "not connector" $(PYTEST_ARGS)
+	SBI_TEST_CONNECTOR=1 $(PY) -m pytest -m connector $(PYTEST_ARGS)
 
 # The vllm-marked tests (outside the default suite), in the vLLM environment; about 3 minutes after the install.
 test-vllm: $(VLLM_STAMP)

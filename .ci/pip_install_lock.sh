@@ -23,7 +23,14 @@ trap 'rm -f "$log" "$req"' EXIT
 torch_pin="$(grep -Eo '^torch==[^ ;#]+' "$lock" || true)"
 venv_dir="$(dirname "$(dirname "$py")")"
 
-took() {  # the summary line, also kept beside the venv for make venv's summary and the job summary
+dry_run=0
+for arg in "$@"; do [ "$arg" = --dry-run ] && dry_run=1; done
+
+took() {  # the summary line, also kept beside the venv (.torch-source) for make venv's summary
+  if [ "$dry_run" = 1 ]; then
+    echo "torch: would install from $1" >&2
+    return
+  fi
   local installed
   installed="$("$py" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo '?')"
   echo "torch: installed $installed from $1" | tee "$venv_dir/.torch-source" >&2

@@ -112,6 +112,27 @@ def config_from_args(args: argparse.Namespace):
     return load_config(path, overrides=overrides, overlays=args.overlay)
 
 
+def undated_run_warning(config) -> str | None:
+    """What to say when an append or incremental run has no explicit run date.
+
+    Its date is then "today in UTC" when it starts: a retry after midnight UTC is another day (another
+    ``(id, ds)`` key, another partition) and writes the rows again. Schedulers pass the date.
+
+    >>> from pipeline.config import build_config
+    >>> raw = {"job": "j", "source": {"path": "/d"}, "model": {"path": "/m"}, "task": {"kind": "embed"},
+    ...        "sink": {"path": "/out", "mode": "append"}}
+    >>> undated_run_warning(build_config(raw)).split(";")[0]
+    'sink.mode append without --ds: the run date is today in UTC'
+    >>> undated_run_warning(build_config({**raw, "run": {"ds": "2026-11-29"}})) is None
+    True
+    """
+    if config.run.ds is not None or not (config.run.incremental or config.sink.mode == "append"):
+        return None
+    what = "run.incremental" if config.run.incremental else f"sink.mode {config.sink.mode}"
+    return (f"{what} without --ds: the run date is today in UTC; a retry after midnight UTC becomes a new day "
+            "and writes its rows again. Pass the scheduled date (--ds 2026-11-29, or {{ ds }} in Airflow)")
+
+
 def main(argv: Sequence[str] | None = None, *, prog: str = "python -m pipeline") -> int:
     from pipeline.errors import PipelineError
 
@@ -144,6 +165,9 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m pipeline")
             return 0
         from pipeline.runner import run_job
 
+        warning = undated_run_warning(config)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
         run_job(config)
         return 0
     except PipelineError as exc:  # every deliberate error: its message says what to change

@@ -75,8 +75,11 @@ def _incremental_filter(spark: "SparkSession", inputs: "DataFrame", config: JobC
         raise JobError(f"output {config.sink.path} has no {' or '.join(missing)} column (written by an older "
                        "version); run once without run.incremental to rebuild it")
     done = (done.where(done["task_fingerprint"] == fingerprint)
-            .select(done[config.source.id_column].alias("id"), "content_hash").distinct())
-    return inputs.join(done, on=["id", "content_hash"], how="left_anti")
+            .select(done[config.source.id_column].alias("_done_id"), done["content_hash"].alias("_done_hash"))
+            .distinct())
+    # null-safe on the id: a null-id row scored before is not new every night (it was, and grew the table)
+    return inputs.join(done, on=inputs["id"].eqNullSafe(done["_done_id"])
+                       & (inputs["content_hash"] == done["_done_hash"]), how="left_anti")
 
 
 def _kind_and_task(config: JobConfig, task: Any = None) -> tuple[TaskKind, Any]:
@@ -297,14 +300,14 @@ def _check_written(in_keys: "DataFrame", written: "DataFrame", quarantined: "Dat
         held = held.unionByName(quarantined.select(id_column, "content_hash", F.lit("error").alias("status")))
     return identity_check(in_keys, key_counts(held, id_column=id_column, status_column="status"))
 def _already_committed(config: JobConfig, *, run_id: str, ds: dt.date, model: ModelInfo, version: int | None,
-                       by: str | None, out: TextIO) -> RunSummary:
+                       by: str | None, out: TextIO, writer: str) -> RunSummary:
     """The summary of a retry of a run whose commit already landed: nothing scored, nothing written."""
     note = f"already committed at version {version} by run {by or '?'}; nothing to do"
     print(f"[{config.job}] run {run_id}: {note}", file=out, flush=True)
     return RunSummary(
         job=config.job, run_id=run_id, ds=ds.isoformat(), rows_in=0, rows_out=0, status={}, seconds=0.0, tokens=0,
         padded_tokens=0, batches=0, model_loads={}, model_name=model.name, model_revision=model.revision,
-        output=str(config.sink.path or config.sink.table), delta_version=version, writer="deltalake",
+        output=str(config.sink.path or config.sink.table), delta_version=version, writer=writer,
         details={"already committed": note},
     )
 
@@ -340,8 +343,7 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
 
     from pipeline import faults as fault_hooks
     from pipeline.io.paths import check_locations
-    from pipeline.io.paths import is_local, local_path
-    from pipeline.io.sinks import committed_run, run_app_id, source_snapshot, write_sink
+    from pipeline.io.sinks import committed_run_via, resolve_writer, run_app_id, source_snapshot, write_sink
     from pipeline.io.sources import is_delta_table
     from pipeline.spark.progress import JobProgress, stage_source
     from pipeline.spark.checks import identity_check, key_counts, replaced_by
@@ -376,10 +378,10 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     # issue 11: one Delta transaction id per LOGICAL run; an append of a run that already committed is a no-op
     app_id = run_app_id(config, model_revision=revision, source_snapshot=source_snapshot(config))
     if config.run.incremental or config.sink.mode == "append":
-        done = committed_run(local_path(config.sink.path), app_id) if config.sink.path and is_local(
-            config.sink.path) else None
+        done = committed_run_via(spark, config.sink.path, app_id) if config.sink.path else None
         if done:
-            return _already_committed(config, run_id=run_id, ds=ds, model=model, version=done[0], by=done[1], out=out)
+            return _already_committed(config, run_id=run_id, ds=ds, model=model, version=done[0], by=done[1], out=out,
+                                      writer=resolve_writer(spark, config.sink))
 
     inputs = prepare_inputs(spark, config, revision=revision, task=task)
     rows_in = inputs.count()
@@ -426,7 +428,7 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
                                txn_app_id=app_id)
                 quarantine_version = q.version
                 if q.already_committed:  # an earlier try of this run committed them: read back its rows
-                    earlier = committed_run(local_path(quarantine_path), app_id)
+                    earlier = committed_run_via(spark, quarantine_path, app_id)
                     quarantine_run = (earlier and earlier[1]) or run_id
                 fault_hooks.after_quarantine_commit(faults, version=q.version)
             to_write = scored.drop(METRICS_COLUMN).where(~F.col("status").isin(*QUARANTINED_STATUSES))
@@ -436,7 +438,7 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
             )
             if result.already_committed:  # a concurrent try of this very run committed first
                 return _already_committed(config, run_id=run_id, ds=ds, model=model, version=result.version,
-                                          by=None, out=out)
+                                          by=None, out=out, writer=result.writer)
             if result.swept.get("files"):
                 print(f"[{config.job}] swept {result.swept['files']} leftover file(s) "
                       f"({result.swept['bytes'] / 1e6:.1f} MB) of crashed writes from {result.output}",

@@ -15,6 +15,38 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+# Two sessions, two pytest runs (make test runs both): by default the session is jar-free, so `sink.writer:
+# auto` is the deltalake writer as on a machine without the jars; with SBI_TEST_CONNECTOR=1 the session (and
+# the Spark Connect server) carries the Delta connector jars that `make jars` cached, and only the
+# `connector`-marked tests run. One JVM per process, so the two cannot share a run.
+CONNECTOR_RUN = os.environ.get("SBI_TEST_CONNECTOR") == "1"
+if not CONNECTOR_RUN:
+    os.environ["SBI_NO_JARS"] = "1"
+_writer: list[str] = []
+# the connector replays a table's log in 50 partitions by default: tiny test tables take 10 s a write, 2.5 s so
+DELTA_TEST_CONFS = {"spark.databricks.delta.snapshotPartitions": "2"}
+
+
+def current_writer() -> str:
+    """The ``sink.writer`` of the running test: the :func:`writer` fixture's, else ``auto``."""
+    return _writer[-1] if _writer else "auto"
+
+
+@pytest.fixture(params=["deltalake", pytest.param("delta", marks=pytest.mark.connector)])
+def writer(request: pytest.FixtureRequest):
+    """The test runs on both Delta writers: ``deltalake`` (jar-free) and ``delta`` (the Delta Spark connector,
+    in the connector run). Config helpers (``job_config``, :func:`sink_config`) pick it up."""
+    _writer.append(request.param)
+    yield request.param
+    _writer.pop()
+
+
+def sink_config(**settings: Any):
+    """A ``SinkConfig`` on the running test's writer (see :func:`writer`)."""
+    from pipeline.config import SinkConfig
+
+    return SinkConfig(**{"writer": current_writer(), **settings})
+
 WORDS = (
     "the a an and or but not very good bad great awful terrible wonderful movie film plot actor story "
     "boring fun love hate loved hated review critic loud quiet long short it was is this that i you we "
@@ -86,11 +118,20 @@ def spark():
     from pipeline.spark.session import get_session
 
     os.environ.pop(CONNECT_MODE, None)
+    if CONNECTOR_RUN:
+        from pipeline.spark.jars import jars
+
+        missing = [g for g in ("delta", "s3") if not jars(g)]
+        assert not missing, f"the connector run needs the cached jars of {missing}: run `make jars` first"
     session = get_session(SparkConfig(
         # local[N,F]: up to F attempts per task, so retry tests see real retries
         master="local[2,3]", app_name="pipeline-tests", arrow_max_records_per_batch=1000, shuffle_partitions=4,
-        conf={"spark.default.parallelism": "2", "spark.task.maxFailures": "2"},
+        conf={"spark.default.parallelism": "2", "spark.task.maxFailures": "2", **DELTA_TEST_CONFS},
     ))
+    if CONNECTOR_RUN:
+        from pipeline.io.sources import has_delta_connector
+
+        assert has_delta_connector(session), "the connector run's session has no Delta connector"
     yield session
     session.stop()
 
@@ -135,11 +176,16 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory):
         "spark.python.worker.reuse": "true", "spark.default.parallelism": "2", "spark.task.maxFailures": "2",
         # progress reports every 100 ms (default 2 s), so short test queries report their stages too
         "spark.connect.progress.reportInterval": "100ms",
+        **DELTA_TEST_CONFS,
         "spark.python.worker.faulthandler.enabled": "true",
         "spark.sql.execution.pyspark.udf.faulthandler.enabled": "true",
     }
     cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2,3]", "--driver-memory", "2g",
            "--class", "org.apache.spark.sql.connect.service.SparkConnectServer", "--name", "pipeline-tests-connect"]
+    if CONNECTOR_RUN:
+        from pipeline.spark.jars import spark_submit_args
+
+        cmd += spark_submit_args()
     for key, value in confs.items():
         cmd += ["--conf", f"{key}={value}"]
     with open(log, "wb") as sink:
@@ -233,7 +279,22 @@ def read_delta(path: Path | str, **filters: Any) -> pa.Table:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip ``gpu``-marked tests where torch sees no CUDA device (run them on a GPU machine: bench/gpu.sh)."""
+    """Skip ``gpu``-marked tests where torch sees no CUDA device (run them on a GPU machine: bench/gpu.sh).
+
+    ``connector``-marked tests run only in the connector run (``SBI_TEST_CONNECTOR=1``, which runs nothing
+    else): elsewhere they are skipped with a note saying how to run them.
+    """
+    if CONNECTOR_RUN:
+        others = [item for item in items if "connector" not in item.keywords]
+        if others:
+            config.hook.pytest_deselected(items=others)
+            items[:] = [item for item in items if "connector" in item.keywords]
+    else:
+        skip_connector = pytest.mark.skip(reason="a connector test: it runs in the connector session "
+                                                 "(make test runs it; or SBI_TEST_CONNECTOR=1 pytest -m connector)")
+        for item in items:
+            if "connector" in item.keywords:
+                item.add_marker(skip_connector)
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:
         return

@@ -27,7 +27,7 @@ from pipeline.io import leftovers
 from pipeline.io.sinks import SinkError, consistent_history, write_sink
 from pipeline.runner import run_job
 
-from .conftest import make_documents, write_delta
+from .conftest import make_documents, sink_config, write_delta
 from .test_runner import job_config, read_scores
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,9 +69,9 @@ def _failed_tasks(spark, group: str) -> int:
 
 
 # ----------------------------------------------------------------------------- idempotent commits
-def test_append_with_the_same_run_key_adds_nothing_and_overwrite_records_it(spark, tmp_path):
+def test_append_with_the_same_run_key_adds_nothing_and_overwrite_records_it(spark, tmp_path, writer):
     path = tmp_path / "t"
-    append = SinkConfig(path=str(path), mode="append", partition_by=["ds"])
+    append = sink_config(path=str(path), mode="append", partition_by=["ds"])
     first = write_sink(_frame(spark, range(10), D1), append, txn_app_id="sbi-run-1")
     retry = write_sink(_frame(spark, range(10), D1), append, txn_app_id="sbi-run-1")
     assert (first.version, first.already_committed) == (0, False)
@@ -85,7 +85,7 @@ def test_append_with_the_same_run_key_adds_nothing_and_overwrite_records_it(spar
     assert on_disk(path) == in_log(path), "the retry's own files are deleted"
 
     # overwrite_partition stays a clean replace (a deliberate rerun replaces), and records the transaction
-    replace = SinkConfig(path=str(path), mode="overwrite_partition", partition_by=["ds"])
+    replace = sink_config(path=str(path), mode="overwrite_partition", partition_by=["ds"])
     again = write_sink(_frame(spark, range(3), D1, writer="y"), replace, partition_values={"ds": D1},
                        txn_app_id="sbi-run-1")
     assert again.version == 2 and not again.already_committed
@@ -95,7 +95,7 @@ def test_append_with_the_same_run_key_adds_nothing_and_overwrite_records_it(spar
     assert {r["writer"] for r in rows if r["ds"] == D1} == {"y"}
 
 
-def test_a_retried_run_that_already_committed_is_a_no_op(spark, tmp_path, tiny_embed_model):
+def test_a_retried_run_that_already_committed_is_a_no_op(spark, tmp_path, tiny_embed_model, writer):
     write_delta(tmp_path / "docs", make_documents(12))
     first = run_job(job_config(tmp_path, tiny_embed_model, run={"run_id": "first"}), spark=spark, out=io.StringIO())
     assert first.rows_out == 12 and first.delta_version == 0
@@ -288,3 +288,23 @@ def test_two_appends_to_different_days_at_once_both_land(spark, tmp_path):
     assert sorted((r["ds"], r["id"]) for r in rows) == sorted((d, i) for d in (D1, D2) for i in range(10))
     assert len(list(barrier.glob("*.ready"))) == 2
     assert on_disk(path) == in_log(path)
+
+
+# ----------------------------------------------------------------------------- nested tables
+def test_a_quarantine_table_inside_the_output_folder_survives_the_next_nights_sweep(spark, tmp_path,
+                                                                                   tiny_embed_model):
+    """``sink.quarantine_path: <sink.path>/quarantine``: the output's leftover sweep never enters another table."""
+    docs = make_documents(20)
+    texts = docs["text"].to_pylist()
+    texts[3] = "a POISON row"
+    write_delta(tmp_path / "docs", docs.set_column(1, "text", pa.array(texts)))
+    sink = {"quarantine_path": str(tmp_path / "scores" / "quarantine"), "leftover_grace_s": 0.001}
+    run = {"faults": {"poison_marker": "POISON"}, "max_error_fraction": 0.1}
+    for day in ("2026-11-28", "2026-11-29"):  # a tiny grace: every file the sweep can judge is judged at once
+        summary = run_job(job_config(tmp_path, tiny_embed_model, sink=sink, run={**run, "ds": day}), spark=spark,
+                          out=io.StringIO())
+        assert summary.complete and (summary.rows_out, summary.rows_quarantined) == (19, 1)
+    quarantine = DeltaTable(str(tmp_path / "scores" / "quarantine")).to_pyarrow_table()
+    assert sorted(str(d) for d in quarantine["ds"].to_pylist()) == ["2026-11-28", "2026-11-29"]
+    assert on_disk(tmp_path / "scores" / "quarantine") == in_log(tmp_path / "scores" / "quarantine")
+    assert read_scores(tmp_path).num_rows == 38

@@ -68,7 +68,7 @@ def test_error_budget_limits():
 # ---------------------------------------------------------------- the runner
 
 
-def test_a_lost_and_a_duplicated_row_fail_the_job_before_any_commit(spark, tmp_path, tiny_embed_model):
+def test_a_lost_and_a_duplicated_row_fail_the_job_before_any_commit(spark, tmp_path, tiny_embed_model, writer):
     """Rows in = rows out although one row is lost and another written twice: a count says OK, keys do not."""
     write_delta(tmp_path / "docs", make_documents(20))
     config = job_config(tmp_path, tiny_embed_model, source={"repartition": 2},
@@ -85,7 +85,7 @@ def test_a_lost_and_a_duplicated_row_fail_the_job_before_any_commit(spark, tmp_p
     assert not (tmp_path / "scores").exists() and not (tmp_path / "scores_quarantine").exists()
 
 
-def test_every_row_failing_is_over_the_error_budget_and_commits_nothing(spark, tmp_path, tiny_embed_model):
+def test_every_row_failing_is_over_the_error_budget_and_commits_nothing(spark, tmp_path, tiny_embed_model, writer):
     write_delta(tmp_path / "docs", make_documents(20))  # 18 texts (every one holds an "a") + a null + a blank
     config = job_config(tmp_path, tiny_embed_model, sink={"mode": "overwrite_partition"},
                         run={"faults": {"poison_marker": "a"}})
@@ -98,7 +98,7 @@ def test_every_row_failing_is_over_the_error_budget_and_commits_nothing(spark, t
     assert not (tmp_path / "scores").exists() and not (tmp_path / "scores_quarantine").exists()
 
 
-def test_errors_within_the_budget_commit_and_beyond_max_errors_do_not(spark, tmp_path, tiny_embed_model):
+def test_errors_within_the_budget_commit_and_beyond_max_errors_do_not(spark, tmp_path, tiny_embed_model, writer):
     write_delta(tmp_path / "docs", _with_texts(make_documents(20), {7: "a POISON row"}))
     base = dict(sink={"mode": "overwrite_partition"})
     config = job_config(tmp_path, tiny_embed_model, **base,
@@ -116,7 +116,7 @@ def test_errors_within_the_budget_commit_and_beyond_max_errors_do_not(spark, tmp
     assert DeltaTable(str(tmp_path / "scores")).version() == 0
 
 
-def test_duplicate_failing_rows_give_one_quarantine_row_each(spark, tmp_path, tiny_embed_model):
+def test_duplicate_failing_rows_give_one_quarantine_row_each(spark, tmp_path, tiny_embed_model, writer):
     """unique_ids false: a key read twice and failed twice is quarantined twice, not four times."""
     docs = make_documents(12)
     ids = docs["doc_id"].to_pylist()
@@ -138,7 +138,7 @@ def test_duplicate_failing_rows_give_one_quarantine_row_each(spark, tmp_path, ti
 
 
 def test_a_crash_between_the_quarantine_and_the_output_commit_is_repaired_by_a_rerun(
-        spark, tmp_path, tiny_embed_model):
+        spark, tmp_path, tiny_embed_model, writer):
     write_delta(tmp_path / "docs", _with_texts(make_documents(40), {10: "a POISON review"}))
     poison = {"poison_marker": "POISON"}
     crash = job_config(tmp_path, tiny_embed_model, sink={"mode": "overwrite_partition"},
@@ -159,7 +159,7 @@ def test_a_crash_between_the_quarantine_and_the_output_commit_is_repaired_by_a_r
     assert {r["run_id"] for r in output + quarantine} == {"rerun"}
 
 
-def test_read_back_is_at_this_runs_version_and_says_who_replaced_it(spark, tmp_path, tiny_embed_model):
+def test_read_back_is_at_this_runs_version_and_says_who_replaced_it(spark, tmp_path, tiny_embed_model, writer):
     """Run a's rows, replaced by run b's in the same partition: a's commit still checks out at its version."""
     from pipeline.metrics import RunSummary
     from pipeline.runner import _check_written, _rows_written, prepare_inputs

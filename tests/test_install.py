@@ -83,24 +83,46 @@ def test_plain_install_first_when_the_configured_indexes_have_the_cpu_build(pyto
     proc, versions = _install(pytorch_index, "torch==2.13.0+cpu\n", find_links=pytorch_index / "wheels" / "cpu")
     assert proc.returncode == 0, proc.stderr
     assert versions == {"torch": "2.13.0+cpu"}
-    assert "retrying" not in proc.stderr  # PyTorch's index was never asked
+    assert "trying --extra-index-url" not in proc.stderr  # PyTorch's index was never asked
+    assert "torch: would install from the configured package indexes" in proc.stderr
 
 
 def test_falls_back_to_pytorchs_cpu_index_when_pip_lacks_the_build(pytorch_index):
     proc, versions = _install(pytorch_index, "torch==2.13.0+cpu\n")
     assert proc.returncode == 0, proc.stderr
     assert versions == {"torch": "2.13.0+cpu"}
-    assert f"retrying with --extra-index-url {(pytorch_index / 'pytorch' / 'cpu').as_uri()}" in proc.stderr
+    assert f"trying --extra-index-url {(pytorch_index / 'pytorch' / 'cpu').as_uri()}" in proc.stderr
+    assert "torch: would install from PyTorch's CPU index" in proc.stderr
 
 
 def test_other_failures_are_not_retried(pytorch_index):
     proc, versions = _install(pytorch_index, "no-such-package-sbi==1.0\n")
     assert proc.returncode == 1 and versions == {}
     assert "No matching distribution found for no-such-package-sbi" in proc.stderr
-    assert "retrying" not in proc.stderr
+    assert "trying --extra-index-url" not in proc.stderr
 
 
 def test_cuda_variant_swaps_the_torch_pin_for_the_same_version(pytorch_index):
     proc, versions = _install(pytorch_index, "torch==2.13.0+cpu\n", TORCH_VARIANT="cu128")
     assert proc.returncode == 0, proc.stderr
     assert versions == {"torch": "2.13.0+cu128"}
+
+
+def test_falls_back_to_the_default_build_of_the_same_version_when_no_cpu_build_is_served(tmp_path):
+    """This machine's case: PyPI only (PyTorch's index unreachable or empty), whose torch 2.13.0 is the CUDA build."""
+    pypi = tmp_path / "pypi"
+    _wheel(pypi, "torch", "2.13.0")
+    _wheel(pypi, "torch", "2.14.0")  # a newer torch there must not be taken: the same version as the lock
+    _index(tmp_path / "pytorch" / "cpu", None)  # PyTorch's CPU index answers without the build
+    proc, versions = _install(tmp_path, "torch==2.13.0+cpu\n", find_links=pypi)
+    assert proc.returncode == 0, proc.stderr
+    assert versions == {"torch": "2.13.0"}
+    assert "PyTorch's CPU index cannot serve torch==2.13.0+cpu here either; installing torch==2.13.0" in proc.stderr
+    assert "torch: would install from the package indexes' default build (torch==2.13.0;" in proc.stderr
+
+
+def test_no_torch_anywhere_fails_and_says_so(tmp_path):
+    _index(tmp_path / "pytorch" / "cpu", None)
+    proc, versions = _install(tmp_path, "torch==2.13.0+cpu\n")
+    assert proc.returncode == 1 and versions == {}
+    assert "No matching distribution found for torch==2.13.0" in proc.stderr

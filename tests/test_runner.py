@@ -16,11 +16,12 @@ import pytest
 from deltalake import DeltaTable
 
 from pipeline.config import build_config
+from pipeline.io.sinks import commit_metadata
 from pipeline.io.sources import SourceError
 from pipeline.models.loading import ModelError, model_revision
 from pipeline.runner import run_job
 
-from .conftest import make_documents, write_delta
+from .conftest import current_writer, make_documents, write_delta
 
 REPO = Path(__file__).resolve().parents[1]
 D1, D2 = "2026-11-28", "2026-11-29"
@@ -34,7 +35,7 @@ def job_config(tmp_path: Path, model: Path, **sections):
         "model": {"path": str(model), "name": "tiny-bert"},
         "task": {"kind": "embed", "labels": {"pos": "good great", "neg": "bad awful"}},
         "batching": {"batch_size": 16, "max_length": 256},
-        "sink": {"path": str(tmp_path / "scores"), "mode": "append"},
+        "sink": {"path": str(tmp_path / "scores"), "mode": "append", "writer": current_writer()},
         "run": {"progress": False, "ds": D1},
     }
     for key, value in sections.items():
@@ -46,7 +47,7 @@ def read_scores(tmp_path: Path) -> pa.Table:
     return pa.table(DeltaTable(str(tmp_path / "scores")).to_pyarrow_table())
 
 
-def test_end_to_end_append_then_partition_overwrite(any_spark, tmp_path, tiny_embed_model):
+def test_end_to_end_append_then_partition_overwrite(any_spark, tmp_path, tiny_embed_model, writer):
     """Classic and Spark Connect sessions alike: counts come from the data, not accumulators."""
     spark = any_spark
     write_delta(tmp_path / "docs", make_documents(200))
@@ -54,7 +55,7 @@ def test_end_to_end_append_then_partition_overwrite(any_spark, tmp_path, tiny_em
     summary = run_job(job_config(tmp_path, tiny_embed_model, run={"run_id": "run-1"}), spark=spark, out=out)
     assert summary.rows_in == summary.rows_out == 200 and summary.complete
     assert summary.status == {"ok": 198, "skipped_null": 1, "skipped_empty": 1}
-    assert summary.delta_version == 0 and summary.writer == "deltalake"
+    assert summary.delta_version == 0 and summary.writer == writer
     assert "every input row written once" in out.getvalue()
     assert summary.infer_seconds > 0 and "worker time             : model load" in out.getvalue()
     # 200 rows on 2 cores: one task per core, every row counted once, per worker too
@@ -97,7 +98,7 @@ def test_end_to_end_append_then_partition_overwrite(any_spark, tmp_path, tiny_em
     assert sorted((d["values"].isoformat(), d["counts"]) for d in per_day) == [(D1, 200), (D2, 200)]
     history = sorted(DeltaTable(str(tmp_path / "scores")).history(), key=lambda h: h["version"])
     assert [h["version"] for h in history] == [0, 1, 2]
-    assert [h.get("sbi.run_id") for h in history] == ["run-1", "run-2", "run-3"]
+    assert [commit_metadata(h).get("sbi.run_id") for h in history] == ["run-1", "run-2", "run-3"]
 
 
 def test_model_loads_once_per_python_worker(spark, tmp_path, tiny_embed_model):

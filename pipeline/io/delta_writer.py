@@ -1,7 +1,7 @@
 """A Spark Python data source that writes Delta tables through ``deltalake`` (delta-rs).
 
-For sessions without the Delta Spark connector (the local default: its jars
-cannot be fetched here). Two-phase commit:
+For sessions without the Delta Spark connector (no cached jars, ``SBI_NO_JARS=1``,
+or ``sink.writer: deltalake``). Two-phase commit:
 
 1. each Spark task writes its rows as Parquet files inside the table folder
    (named with this job's write id and the task attempt) and returns their add

@@ -41,7 +41,7 @@ from typing import Any, Iterator
 from urllib.parse import unquote
 
 __all__ = ["MARKER_DIR", "SweepReport", "claim_for_commit", "finish_marker", "is_given_up", "running_marker",
-           "sweep_leftovers", "write_id_of"]
+           "sweep_leftovers", "table_data_files", "write_id_of"]
 
 MARKER_DIR = "_sbi_jobs"
 STATES = ("running", "committing", "claimed", "finished")
@@ -229,6 +229,30 @@ def _current_files(root: Path) -> set[str]:
     return {unquote(p) for p in paths}
 
 
+def table_data_files(root: str | Path) -> list[Path]:
+    """The Parquet files of the table at ``root``: never inside a folder that holds another table.
+
+    A quarantine or runs table kept inside the output folder (``<sink.path>/quarantine``) has its own
+    ``_delta_log``; its files are that table's, and a sweep of the outer table must not judge them.
+    Folders starting with ``_`` or ``.`` (the log, markers, Spark's staging) are skipped too.
+
+    >>> import tempfile, pathlib
+    >>> root = pathlib.Path(tempfile.mkdtemp())
+    >>> for rel in ("ds=1/a.parquet", "inner/_delta_log/0.json", "inner/b.parquet", "_tmp/c.parquet"):
+    ...     (root / rel).parent.mkdir(parents=True, exist_ok=True); _ = (root / rel).write_text("")
+    >>> [p.relative_to(root).as_posix() for p in table_data_files(root)]
+    ['ds=1/a.parquet']
+    """
+    root = Path(root)
+    found: list[Path] = []
+    for folder, dirs, names in os.walk(root):
+        here = Path(folder)
+        dirs[:] = sorted(d for d in dirs if not d.startswith(("_", "."))
+                         and not (here / d / "_delta_log").is_dir())
+        found.extend(here / n for n in sorted(names) if n.endswith(".parquet"))
+    return found
+
+
 def sweep_leftovers(root: str | Path, *, grace_s: float, dry_run: bool = False,
                     keep_write_ids: frozenset[str] = frozenset()) -> SweepReport:
     """Delete the Parquet files of dead writes that no Delta version references, and old dead markers.
@@ -243,10 +267,7 @@ def sweep_leftovers(root: str | Path, *, grace_s: float, dry_run: bool = False,
         return report
     now = time.time()
     files: dict[str, list[Path]] = {}
-    for file in root.rglob("*.parquet"):
-        rel_parts = file.relative_to(root).parts
-        if rel_parts[0].startswith(("_", ".")):
-            continue
+    for file in table_data_files(root):
         write_id = write_id_of(file.name)
         if write_id and write_id not in keep_write_ids:
             files.setdefault(write_id, []).append(file)

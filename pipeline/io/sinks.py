@@ -10,10 +10,11 @@ LOGICAL run (:func:`run_app_id`): an append of a run that already committed
 What a write does is decided apart from doing it: :func:`plan_write` is pure
 (no Spark) and returns a :class:`WritePlan` (writer, format, save mode,
 options such as ``replaceWhere`` and ``userMetadata``, partitioning, table or
-path); :func:`execute_write` carries a plan out. The connector path, whose
-jars cannot be fetched here, is thereby tested as a plan. Paths are URIs: a
-path with a scheme reaches the connector untouched, and the deltalake writer,
-which handles local or mounted paths only, refuses it before any work.
+path); :func:`execute_write` carries a plan out. Both writers run in the tests
+(the connector from the jars ``make jars`` caches; see ``docs/object_stores.md``
+for what the connector path does differently). Paths are URIs: a path with a
+scheme reaches the connector untouched, and the deltalake writer, which handles
+local or mounted paths only, refuses it before any work.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 __all__ = [
-    "SinkError", "WritePlan", "WriteResult", "check_sink", "committed_run", "execute_write", "plan_write",
+    "SinkError", "WritePlan", "WriteResult", "check_sink", "commit_metadata", "committed_run", "committed_run_via",
+    "execute_write", "plan_write",
     "resolve_writer", "run_app_id", "source_snapshot", "write_sink",
 ]
 
@@ -172,7 +174,12 @@ def plan_write(
     metadata = json.dumps({**(commit_metadata or {}), "sbi.write_id": write_id}, default=str)
     mode: Literal["append", "overwrite"] = "append" if config.mode == "append" else "overwrite"
     if writer == "delta":
-        options = {"userMetadata": metadata}
+        if txn_app_id:  # the history names the logical run for both writers (committed_run reads it)
+            metadata = json.dumps({**json.loads(metadata), "sbi.app_id": txn_app_id}, default=str)
+        # a column this version adds (task_fingerprint, say) joins an older table, as with the deltalake writer;
+        # a whole-table overwrite takes the new schema
+        options = {"userMetadata": metadata,
+                   **({"overwriteSchema": "true"} if config.mode == "overwrite" else {"mergeSchema": "true"})}
         if txn_app_id and mode == "append":
             # overwrites stay clean replaces (as with the deltalake writer), so a deliberate rerun still replaces
             options.update(txnAppId=txn_app_id, txnVersion="0")
@@ -202,14 +209,20 @@ def execute_write(df: "DataFrame", plan: WritePlan) -> WriteResult:
     """Carry out ``plan`` on ``df``: one Delta commit; returns where, which writer and the version made."""
     spark = df.sparkSession
     if plan.writer == "delta":
-        w = df.write.format(plan.format).mode(plan.mode).options(**plan.options)
+        w = _plain_string_types(df).write.format(plan.format).mode(plan.mode).options(**plan.options)
         if plan.partition_by:
             w = w.partitionBy(*plan.partition_by)
         try:
             w.saveAsTable(plan.table) if plan.table else w.save(plan.path)
         except Exception as exc:  # noqa: BLE001
-            raise SinkError(f"writing Delta table {plan.target} failed: {_root_cause(exc)}") from exc
-        return WriteResult(plan.target, plan.writer, _native_version(spark, plan.table, plan.target), plan.write_id)
+            raise SinkError(_connector_failure(spark, plan, exc)) from exc
+        version = _connector_version(spark, plan.table, plan.target, "sbi.write_id", plan.write_id)
+        app_id = plan.options.get("txnAppId")
+        if version is None and app_id:
+            # Delta skipped the write: the table already holds this transaction (an earlier try committed)
+            found = _connector_version(spark, plan.table, plan.target, "sbi.app_id", app_id)
+            return WriteResult(plan.target, plan.writer, found, plan.write_id, already_committed=True)
+        return WriteResult(plan.target, plan.writer, version, plan.write_id)
 
     _check_writable(str(plan.path))
     from pipeline.io import leftovers
@@ -292,7 +305,7 @@ def _check_writable(path: str) -> None:
 def _deltalake_version(path: str, write_id: str) -> int | None:
     """The version of the commit carrying ``write_id`` (None if it is not in recent history)."""
     for entry in consistent_history(path, limit=50):
-        if entry.get("sbi.write_id") == write_id:
+        if commit_metadata(entry).get("sbi.write_id") == write_id:
             return int(entry["version"])
     return None
 
@@ -412,18 +425,102 @@ def committed_run(path: str, app_id: str) -> tuple[int, str | None] | None:
     if table.transaction_version(app_id) is None:
         return None
     for entry in consistent_history(path, table=table):
-        if entry.get("sbi.app_id") == app_id:
-            return int(entry["version"]), entry.get("sbi.run_id")
+        meta = commit_metadata(entry)
+        if meta.get("sbi.app_id") == app_id:
+            return int(entry["version"]), meta.get("sbi.run_id")
     return table.version(), None
 
 
-def _native_version(spark: Any, table: str | None, target: str) -> int | None:
+def _plain_string_types(df: "DataFrame") -> "DataFrame":
+    """``df`` with its string-bearing columns cast to their own type, spelled plainly.
+
+    On Spark Connect (4.2) the columns a ``mapInArrow`` returns carry an explicit default collation,
+    which the connector records as ``"string collate UTF8_BINARY"`` in the table's schema: a type
+    delta-rs (deltalake) and older readers refuse. A cast to ``string`` records ``"string"``; the
+    values are unchanged (measured: ``tests/test_failures.py`` reads such tables with deltalake).
+    """
+    from pyspark.sql import functions as F
+
+    columns = [F.col(f"`{name}`").cast(dtype).alias(name) if "string" in dtype else F.col(f"`{name}`")
+               for name, dtype in df.dtypes]
+    return df.select(*columns) if any("string" in dtype for _, dtype in df.dtypes) else df
+
+
+def commit_metadata(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """A commit's ``sbi.*`` keys from either writer: top-level commitInfo keys (deltalake) or the JSON
+    ``userMetadata`` string the connector records (``option("userMetadata", ...)``)."""
+    found = {k: v for k, v in entry.items() if str(k).startswith("sbi.")}
+    raw = entry.get("userMetadata")
+    if isinstance(raw, str) and raw.startswith("{"):
+        try:
+            found.update({k: v for k, v in json.loads(raw).items() if str(k).startswith("sbi.")})
+        except ValueError:
+            pass
+    return found
+
+
+def _connector_commits(spark: Any, name: str, needle: str, *, limit: int) -> list[tuple[int, dict[str, Any]]]:
+    """``(version, sbi.* metadata)`` of the last ``limit`` commits of ``name`` whose userMetadata holds
+    ``needle``, newest first, read through the connector; [] when there is no such table."""
+    from pyspark.sql import functions as F
+
     try:
-        name = table or f"delta.`{target}`"
-        row = spark.sql(f"DESCRIBE HISTORY {name} LIMIT 1").collect()[0]
-        return int(row["version"])
-    except Exception:  # noqa: BLE001 - the version is informative only
+        rows = (spark.sql(f"DESCRIBE HISTORY {name} LIMIT {int(limit)}")
+                .where(F.col("userMetadata").contains(needle)).select("version", "userMetadata").collect())
+    except Exception:  # noqa: BLE001 - no table (nothing committed) or no history
+        return []
+    return sorted(((int(r["version"]), commit_metadata(r.asDict())) for r in rows), key=lambda c: -c[0])
+
+
+def _connector_version(spark: Any, table: str | None, target: str, key: str, value: str,
+                       *, limit: int = 100) -> int | None:
+    """The version of the commit whose ``userMetadata`` carries ``key: value``, read through the connector.
+
+    Never the table's latest version: a concurrent commit (another job, the other day's run) may
+    have landed on top of this write, and reading that version back would miss this run's rows.
+    """
+    name = table or f"delta.`{target}`"
+    return next((v for v, meta in _connector_commits(spark, name, value, limit=limit)
+                 if str(meta.get(key)) == value), None)
+
+
+def committed_run_via(spark: Any, location: str, app_id: str) -> tuple[int, str | None] | None:
+    """:func:`committed_run` for any location the session reaches: local tables through deltalake,
+    the rest (``s3a://``, a catalog table) through the connector's history."""
+    if not app_id:
         return None
+    if is_local(location):
+        return committed_run(local_path(location), app_id)
+    found = [(v, meta) for v, meta in _connector_commits(spark, f"delta.`{location}`", app_id, limit=1000)
+             if meta.get("sbi.app_id") == app_id]
+    return (found[0][0], found[0][1].get("sbi.run_id")) if found else None
+
+
+# the connector's error classes that mean what the deltalake writer says in its own words
+_CONNECTOR_ERRORS = {
+    "DELTA_REPLACE_WHERE_MISMATCH": "rows outside the replaced partition ({where}) were written; every row must "
+                                    "belong to the replaced partition",
+}
+
+
+def _connector_failure(spark: Any, plan: WritePlan, exc: BaseException) -> str:
+    """The error text for a failed connector write, in the words the deltalake writer uses where they mean
+    the same (a partitioning mismatch, rows outside the replaced partition)."""
+    text = str(exc)
+    cause = _root_cause(exc)
+    if "DELTA_REPLACE_WHERE_MISMATCH" in text:
+        cause = _CONNECTOR_ERRORS["DELTA_REPLACE_WHERE_MISMATCH"].format(where=plan.options.get("replaceWhere"))
+    elif "DELTA_METADATA_MISMATCH" in text and plan.path:
+        try:
+            detail = spark.sql(f"DESCRIBE DETAIL delta.`{plan.path}`").collect()[0]
+            existing = list(detail["partitionColumns"] or [])
+        except Exception:  # noqa: BLE001 - keep Delta's own words
+            existing = None
+        if existing is not None and existing != list(plan.partition_by):
+            cause = (f"Delta table {plan.path} is partitioned by {existing or 'nothing'} but this write is "
+                     f"partitioned by {list(plan.partition_by) or 'nothing'}; set sink.partition_by to {existing} "
+                     "or write to a new path")
+    return f"writing Delta table {plan.target} failed: {cause}"
 
 
 def _root_cause(exc: BaseException) -> str:

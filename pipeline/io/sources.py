@@ -89,15 +89,31 @@ def read_delta(spark: "SparkSession", path: str, *, version: int | None = None) 
 
     ``path`` is a local path or any URI: the connector gets it untouched; the
     deltalake fallback takes local paths and ``file:`` URIs and refuses the rest.
+
+    Either way the DataFrame is one snapshot, pinned when it is made: a connector read without
+    ``versionAsOf`` would resolve the table's latest version again at every action, so a job that
+    reads its own output (an incremental run's anti-join, evaluated again after its commit) would
+    see its own new rows. No table at ``path`` raises :class:`SourceError`.
     """
     if has_delta_connector(spark):
-        reader = spark.read.format("delta")
-        if version is not None:
-            reader = reader.option("versionAsOf", int(version))
-        return reader.load(resolve_location(path))
+        location = resolve_location(path)
+        if version is None:
+            version = latest_version(spark, location)
+            if version is None:
+                raise SourceError(f"no Delta table at {path}")
+        return spark.read.format("delta").option("versionAsOf", int(version)).load(location)
     if not is_local(path):
         raise SourceError(remote_refusal(path, what="Delta reader", key="path"))
     return _read_delta_with_deltalake(spark, local_path(path), version=version)
+
+
+def latest_version(spark: "SparkSession", location: str) -> int | None:
+    """The latest version of the Delta table at ``location`` through the connector; None if there is none."""
+    try:
+        rows = spark.sql(f"DESCRIBE HISTORY delta.`{location}` LIMIT 1").select("version").collect()
+    except Exception:  # noqa: BLE001 - not a Delta table (or unreachable)
+        return None
+    return int(rows[0]["version"]) if rows else None
 
 
 def is_delta_table(spark: "SparkSession", path: str) -> bool:
