@@ -82,6 +82,63 @@ def _incremental_filter(spark: "SparkSession", inputs: "DataFrame", config: JobC
                        & (inputs["content_hash"] == done["_done_hash"]), how="left_anti")
 
 
+def _done_keys(spark: "SparkSession", path: str, id_column: str, ds: dt.date) -> "DataFrame | None":
+    """The ids the table at ``path`` holds for run date ``ds`` (all its ids without a ``ds`` column);
+    None when there is no table. Read at the table's current version, pinned."""
+    from pyspark.sql import functions as F
+
+    from pipeline.io.sources import SourceError, read_delta
+
+    try:
+        table = read_delta(spark, path)
+    except SourceError:
+        return None
+    if id_column not in table.columns:
+        return None
+    if "ds" in table.columns:
+        table = table.where(F.col("ds") == F.lit(ds).cast("date"))
+    return table.select(F.col(id_column).alias("_done_id"))
+
+
+def _append_key_filter(spark: "SparkSession", inputs: "DataFrame", config: JobConfig,
+                       ds: dt.date) -> tuple["DataFrame", int | None]:
+    """``inputs`` without the rows whose key (id, ds) the output already holds; and the row count before
+    (None when there was nothing to compare against).
+
+    An append is keyed on the row, not the run: a retry with another setting (a smaller batch after
+    an out-of-memory error), or a rerun after part of the day went, writes only the keys missing.
+    The id compares null-safely. (The quarantine is not consulted: a retry scores a failed row again,
+    and its quarantine commit, keyed on the run, finds the earlier try's.)
+    """
+    done = _done_keys(spark, config.sink.path, config.source.id_column, ds) if config.sink.path else None
+    if done is None:
+        return inputs, None
+    done = done.distinct()
+    before = inputs.count()
+    return inputs.join(done, on=inputs["id"].eqNullSafe(done["_done_id"]), how="left_anti"), before
+
+
+def _run_rows_remain(spark: "SparkSession", config: JobConfig, *, by: str | None, ds: dt.date) -> bool:
+    """Whether the output still holds rows of run ``by`` (for ``ds`` when partitioned by it): a transaction
+    id found in the table is a fast path only while the rows it stood for are there. Unknown run: True."""
+    from pyspark.sql import functions as F
+
+    from pipeline.io.sources import SourceError, read_delta
+
+    if not by or not config.sink.path:
+        return True
+    try:
+        table = read_delta(spark, config.sink.path)
+    except SourceError:
+        return False
+    if "run_id" not in table.columns:
+        return True
+    rows = table.where(F.col("run_id") == F.lit(by))
+    if "ds" in table.columns:
+        rows = rows.where(F.col("ds") == F.lit(ds).cast("date"))
+    return rows.limit(1).count() > 0
+
+
 def _kind_and_task(config: JobConfig, task: Any = None) -> tuple[TaskKind, Any]:
     """The registered kind of ``config.task``, and ``task`` (built from the config only when not given)."""
     kind = get_task_kind(config.task.kind)
@@ -379,12 +436,24 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     app_id = run_app_id(config, model_revision=revision, source_snapshot=source_snapshot(config))
     if config.run.incremental or config.sink.mode == "append":
         done = committed_run_via(spark, config.sink.path, app_id) if config.sink.path else None
-        if done:
+        if done and _run_rows_remain(spark, config, by=done[1], ds=ds):
             return _already_committed(config, run_id=run_id, ds=ds, model=model, version=done[0], by=done[1], out=out,
                                       writer=resolve_writer(spark, config.sink))
+        if done:
+            # the transaction id outlived the rows (the day deleted, restored or overwritten since): the rows
+            # missing by key are scored, under this try's own transaction id, or the commit would be skipped
+            print(f"[{config.job}] run {run_id}: run {done[1]} committed at version {done[0]} but its rows are no "
+                  f"longer in {config.sink.path}; scoring the rows missing by key", file=out, flush=True)
+            app_id = f"{app_id}-{run_id}"
 
     inputs = prepare_inputs(spark, config, revision=revision, task=task)
+    rows_before = None
+    if config.sink.mode == "append" and not config.run.incremental:
+        inputs, rows_before = _append_key_filter(spark, inputs, config, ds)
     rows_in = inputs.count()
+    if rows_before is not None and rows_before > rows_in:
+        print(f"[{config.job}] run {run_id}: {rows_before - rows_in:,} of {rows_before:,} row(s) already in "
+              f"{config.sink.path} for ds {ds} (key: id, ds): not scored again", file=out, flush=True)
     tasks = plan_inference_tasks(spark, config, rows_in, task)
     scored = score_inputs(inputs, config, tasks=tasks, run_id=run_id, ds=ds, scored_at=scored_at,
                           model=model, faults=faults, task=task)

@@ -308,3 +308,48 @@ def test_a_quarantine_table_inside_the_output_folder_survives_the_next_nights_sw
     assert sorted(str(d) for d in quarantine["ds"].to_pylist()) == ["2026-11-28", "2026-11-29"]
     assert on_disk(tmp_path / "scores" / "quarantine") == in_log(tmp_path / "scores" / "quarantine")
     assert read_scores(tmp_path).num_rows == 38
+
+
+# ----------------------------------------------------------------------------- appends keyed on rows
+def test_an_append_retried_with_a_changed_setting_writes_each_key_once(spark, tmp_path, tiny_embed_model, writer):
+    """The first try committed; the scheduler retries with a smaller batch (after an OOM, say): a new logical
+    run by its config, the same rows by their keys (id, ds)."""
+    write_delta(tmp_path / "docs", make_documents(12))
+    first = run_job(job_config(tmp_path, tiny_embed_model, run={"run_id": "first"}), spark=spark, out=io.StringIO())
+    assert first.rows_out == 12
+    out = io.StringIO()
+    retry = run_job(job_config(tmp_path, tiny_embed_model, batching={"batch_size": 4}, run={"run_id": "retry"}),
+                    spark=spark, out=out)
+    assert "12 of 12 row(s) already in" in out.getvalue() and "(key: id, ds): not scored again" in out.getvalue()
+    assert retry.complete and (retry.rows_in, retry.rows_out) == (0, 0)
+    ids = read_scores(tmp_path)["doc_id"].to_pylist()
+    assert sorted(ids) == [f"d{i:05d}" for i in range(12)], "each key once"
+
+    # a source that grew since: only the new keys are appended to the day
+    write_delta(tmp_path / "docs", make_documents(15), mode="overwrite")
+    grown = run_job(job_config(tmp_path, tiny_embed_model, batching={"batch_size": 8}, run={"run_id": "grown"}),
+                    spark=spark, out=io.StringIO())
+    assert (grown.rows_in, grown.rows_out) == (3, 3)
+    assert sorted(read_scores(tmp_path)["doc_id"].to_pylist()) == [f"d{i:05d}" for i in range(15)]
+
+
+def test_a_deleted_day_is_written_again_by_the_rerun_of_its_run(spark, tmp_path, tiny_embed_model, writer):
+    """The transaction id outlives the rows it stood for: a rerun finds it, sees the rows gone, and writes them."""
+    write_delta(tmp_path / "docs", make_documents(12))
+    first = run_job(job_config(tmp_path, tiny_embed_model, run={"run_id": "first"}), spark=spark, out=io.StringIO())
+    assert first.rows_out == 12
+    DeltaTable(str(tmp_path / "scores")).delete("ds = '2026-11-28'")  # the on-call engineer's delete
+    assert read_scores(tmp_path).num_rows == 0
+    out = io.StringIO()
+    rerun = run_job(job_config(tmp_path, tiny_embed_model, run={"run_id": "rerun"}), spark=spark, out=out)
+    assert "run first committed at version 0 but its rows are no longer in" in out.getvalue()
+    assert rerun.complete and (rerun.rows_in, rerun.rows_out) == (12, 12)
+    table = read_scores(tmp_path)
+    assert sorted(table["doc_id"].to_pylist()) == [f"d{i:05d}" for i in range(12)]
+    assert set(table["run_id"].to_pylist()) == {"rerun"}
+
+    # and once the rows are back, the same run again scores nothing: every key is there
+    again_out = io.StringIO()
+    again = run_job(job_config(tmp_path, tiny_embed_model, run={"run_id": "again"}), spark=spark, out=again_out)
+    assert "12 of 12 row(s) already in" in again_out.getvalue() and again.rows_in == 0
+    assert read_scores(tmp_path).num_rows == 12
