@@ -77,6 +77,9 @@ def local_s3(*, buckets: Sequence[str] = (), port: int | None = None) -> Iterato
     except ImportError as exc:  # pragma: no cover - moto[server] is in the lock
         raise RuntimeError("the local S3 server needs moto[server] (pip install 'moto[server]'; make venv has it)") \
             from exc
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # not a line per request on the console
     port = port or _free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
