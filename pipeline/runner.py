@@ -121,22 +121,15 @@ def _append_key_filter(spark: "SparkSession", inputs: "DataFrame", config: JobCo
 def _run_rows_remain(spark: "SparkSession", config: JobConfig, *, by: str | None, ds: dt.date) -> bool:
     """Whether the output still holds rows of run ``by`` (for ``ds`` when partitioned by it): a transaction
     id found in the table is a fast path only while the rows it stood for are there. Unknown run: True."""
-    from pyspark.sql import functions as F
-
-    from pipeline.io.sources import SourceError, read_delta
+    from pipeline.io.sources import SourceError
 
     if not by or not config.sink.path:
         return True
+    day = ds if "ds" in config.sink.partition_by else None
     try:
-        table = read_delta(spark, config.sink.path)
+        return _rows_written(spark, config.sink.path, by, day).limit(1).count() > 0
     except SourceError:
         return False
-    if "run_id" not in table.columns:
-        return True
-    rows = table.where(F.col("run_id") == F.lit(by))
-    if "ds" in table.columns:
-        rows = rows.where(F.col("ds") == F.lit(ds).cast("date"))
-    return rows.limit(1).count() > 0
 
 
 def _kind_and_task(config: JobConfig, task: Any = None) -> tuple[TaskKind, Any]:
@@ -379,7 +372,7 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
     both are read back at the versions committed and checked again by key.
     Every run, failed or not, leaves a row in the runs table (``pipeline.runs``).
     """
-    # --- issue 13: every run on the record (runs table, report, MLflow); recording never fails the run ---
+    # every run on the record (runs table, report, MLflow); recording never fails the run
     from pipeline.runs import RunRecorder
 
     run = config.run.model_copy(update={"run_id": config.run.resolved_run_id(), "ds": config.run.resolved_ds()})
@@ -418,21 +411,22 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
         raise JobError("sink.mode overwrite_partition replaces one run date: use sink.partition_by: [ds]")
 
     kind, task = _kind_and_task(config)
-    if config.model.path.startswith("models:/"):  # issue 13: an alias is pinned to one version for every worker
+    if config.model.path.startswith("models:/"):  # an alias is pinned to one version for every worker
         from pipeline.tracking import pin_registry_model
 
         config = pin_registry_model(config)
     model = kind.job.model_info(config, task)  # before any Spark work: a bad model fails in seconds
     model_name, revision = model.name, model.revision
-    recorder.note(model_name=model_name, model_revision=revision)  # issue 13
+    recorder.note(model_name=model_name, model_revision=revision)
     spark = spark or get_session(config.spark)
-    recorder.note(spark=spark)  # issue 13
+    recorder.note(spark=spark)
     check_locations(spark, config)  # a remote path the session cannot reach fails here, before any work
     run_id = config.run.resolved_run_id()
     ds = config.run.resolved_ds()
     scored_at = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
     faults = fault_hooks.from_env(config.run.faults)
-    # issue 11: one Delta transaction id per LOGICAL run; an append of a run that already committed is a no-op
+    # one Delta transaction id per logical run: a fast path for a retry whose commit landed, taken only while
+    # that run's rows are still in the output (appends are keyed on the rows themselves below)
     app_id = run_app_id(config, model_revision=revision, source_snapshot=source_snapshot(config))
     if config.run.incremental or config.sink.mode == "append":
         done = committed_run_via(spark, config.sink.path, app_id) if config.sink.path else None
@@ -572,7 +566,7 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
         incomplete=incomplete, details=details, replaced=replaced,
         batch_metrics=batch_metrics(counts),
     )
-    recorder.summary = summary  # issue 13: a run failing its row check below is recorded with its counts
+    recorder.summary = summary  # a run failing its row check below is recorded with its counts
     print(summary.render(), file=out, flush=True)
     if config.run.summary_path:
         Path(config.run.summary_path).parent.mkdir(parents=True, exist_ok=True)
