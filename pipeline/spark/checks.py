@@ -240,11 +240,11 @@ def replaced_by(spark: "SparkSession", path: str, *, run_id: str, partition: dic
 
 def _latest_version(spark: "SparkSession", path: str) -> int | None:
     from pipeline.io.paths import local_path
-    from pipeline.io.sources import has_delta_connector
+    from pipeline.io.sources import has_delta_connector, latest_version
 
     try:
         if has_delta_connector(spark):
-            return int(spark.sql(f"DESCRIBE HISTORY delta.`{path}` LIMIT 1").collect()[0]["version"])
+            return latest_version(spark, path)
         from deltalake import DeltaTable
 
         return DeltaTable(local_path(path)).version()
