@@ -72,6 +72,9 @@ class SparkConfig(_Model):
     remote: str | None = Field(
         None, description="Spark Connect address (`sc://host:port/;token=...`); none: `$SPARK_REMOTE`, "
         "else a classic session")
+    connect_timeout_s: float = Field(
+        30.0, gt=0, description="seconds to wait for the Spark Connect server, a Hive metastore or an S3 endpoint "
+        "named in the config to answer before the job fails with the address to check")
 
 
 SourceFormat = Literal["delta", "table", "parquet", "json", "text", "binary_file"]

@@ -22,7 +22,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping
 
-__all__ = ["RunSummary", "WorkerCounts", "WorkerProgress", "batch_metrics", "merge_counts"]
+__all__ = ["RunSummary", "StageClock", "WorkerCounts", "WorkerProgress", "batch_metrics", "merge_counts"]
 
 Counts = dict[str, Any]
 
@@ -116,6 +116,41 @@ class WorkerCounts:
         merge_counts(self.counts, other)
 
 
+class StageClock:
+    """Wall seconds of the driver's stages of one run, in the order they ran.
+
+    A lap ends the stage that ran since the previous lap (or since the clock
+    started) and names it; a name lapped twice adds up::
+
+        clock = StageClock()
+        spark = get_session(...)
+        clock.lap("session")
+
+    >>> ticks = iter([0.0, 1.5, 1.75, 2.0])
+    >>> clock = StageClock(clock=lambda: next(ticks))
+    >>> clock.lap("session"), clock.lap("model check"), clock.lap("session")
+    (1.5, 0.25, 0.25)
+    >>> clock.seconds
+    {'session': 1.75, 'model check': 0.25}
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
+        self.last = clock()
+        self.seconds: dict[str, float] = {}
+
+    def lap(self, name: str) -> float:
+        """Attribute the time since the last lap to ``name``; returns that time."""
+        now = self.clock()
+        spent, self.last = now - self.last, now
+        self.seconds[name] = self.seconds.get(name, 0.0) + spent
+        return spent
+
+    def skip(self) -> None:
+        """Start the next stage now: the time since the last lap is nobody's (e.g. already attributed)."""
+        self.last = self.clock()
+
+
 @dataclass
 class RunSummary:
     """What a run did, printed at the end and returned to the caller."""
@@ -162,6 +197,9 @@ class RunSummary:
     # per-batch metrics (see batch_metrics): length histogram, worker timelines, slowest batches,
     # and for generation finish reasons and token counts
     batch_metrics: dict[str, Any] = field(default_factory=dict)
+    # wall seconds of the driver's stages (session, model check, pre-flight, ..., commit, read-back), in order:
+    # what a small job spends outside inference (StageClock)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def rows_flagged(self) -> int:
@@ -240,6 +278,9 @@ class RunSummary:
                          f"at version {self.delta_version})")
         if self.quarantine:
             lines.append(f"quarantine              : {self.quarantine} ({self.rows_quarantined:,} rows of this run)")
+        if self.stage_seconds:
+            lines.append("driver stages           : " + ", ".join(
+                f"{name} {seconds:,.1f} s" for name, seconds in self.stage_seconds.items() if seconds >= 0.05))
         if self.retries:
             lines.append("batch retries           : " + ", ".join(f"{k}={v}" for k, v in self.retries.items()))
         for row in self.samples:

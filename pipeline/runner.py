@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from pipeline.config import JobConfig
 from pipeline.errors import JobError
 from pipeline.fingerprint import task_fingerprint
-from pipeline.metrics import RunSummary, batch_metrics
+from pipeline.metrics import RunSummary, StageClock, batch_metrics
 from pipeline.registry import ModelInfo, TaskKind, get_task_kind
 from pipeline.spark.checks import QUARANTINED_STATUSES
 
@@ -377,17 +377,23 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
 
     run = config.run.model_copy(update={"run_id": config.run.resolved_run_id(), "ds": config.run.resolved_ds()})
     config = config.model_copy(update={"run": run})  # one run id and ds for the record and the run
+    clock = StageClock()
     recorder = RunRecorder.begin(config, run_id=run.run_id, ds=run.ds, out=out)
+    clock.lap("runs table")
     try:
-        summary = _run_job(config, spark=spark, out=out, recorder=recorder)
+        summary = _run_job(config, spark=spark, out=out, recorder=recorder, clock=clock)
     except BaseException as exc:
         recorder.end(error=exc)
         raise
+    clock.skip()
     recorder.end(summary=summary)
+    clock.lap("runs table")  # after the summary was printed: the returned summary has it, the printed one not
+    summary.stage_seconds = dict(clock.seconds)
     return summary
 
 
-def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, recorder: Any) -> RunSummary:
+def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, recorder: Any,
+             clock: StageClock) -> RunSummary:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -396,6 +402,7 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     from pipeline.io.sinks import committed_run_via, resolve_writer, run_app_id, source_snapshot, write_sink
     from pipeline.io.sources import is_delta_table
     from pipeline.spark.progress import JobProgress, stage_source
+    from pipeline.spark.reach import check_job_addresses
     from pipeline.spark.checks import identity_check, key_counts, replaced_by
     from pipeline.spark.run_metrics import observe_counts
     from pipeline.spark.session import get_session
@@ -418,9 +425,14 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     model = kind.job.model_info(config, task)  # before any Spark work: a bad model fails in seconds
     model_name, revision = model.name, model.revision
     recorder.note(model_name=model_name, model_revision=revision)
+    clock.lap("model check")
+    if spark is None:  # a metastore or object store endpoint nobody answers fails in seconds, not minutes
+        check_job_addresses(config, timeout_s=config.spark.connect_timeout_s)
     spark = spark or get_session(config.spark)
     recorder.note(spark=spark)
+    clock.lap("session")
     check_locations(spark, config)  # a remote path the session cannot reach fails here, before any work
+    clock.lap("pre-flight")
     run_id = config.run.resolved_run_id()
     ds = config.run.resolved_ds()
     scored_at = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
@@ -439,6 +451,7 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
             print(f"[{config.job}] run {run_id}: run {done[1]} committed at version {done[0]} but its rows are no "
                   f"longer in {config.sink.path}; scoring the rows missing by key", file=out, flush=True)
             app_id = f"{app_id}-{run_id}"
+    clock.lap("idempotency")
 
     inputs = prepare_inputs(spark, config, revision=revision, task=task)
     rows_before = None
@@ -469,6 +482,7 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     progress = (JobProgress(stage_source(spark), job=config.job, planned_tasks=tasks, rows_total=rows_in,
                             interval=config.run.progress_interval_s, out=out)
                 if config.run.progress and rows_in else nullcontext())
+    clock.lap("planning")
     started = time.perf_counter()
     metadata = {"sbi.job": config.job, "sbi.run_id": run_id, "sbi.model_revision": revision}
     id_col = config.source.id_column
@@ -483,6 +497,7 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
             counts = observed.counts() if rows_in else {}
             _check_before_commit(scored_check, scored, config)
             errors = scored_check.errors
+            clock.lap("inference and check")
             # quarantine first: a crash before the output commit leaves a partition a rerun replaces
             if errors or is_delta_table(spark, quarantine_path):
                 # written even when empty once it exists, so a rerun replaces that day's failures too
@@ -494,11 +509,13 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
                     earlier = committed_run_via(spark, quarantine_path, app_id)
                     quarantine_run = (earlier and earlier[1]) or run_id
                 fault_hooks.after_quarantine_commit(faults, version=q.version)
+                clock.lap("quarantine commit")
             to_write = scored.drop(METRICS_COLUMN).where(~F.col("status").isin(*QUARANTINED_STATUSES))
             result = write_sink(
                 kind.job.shape_output(to_write, config), sink,
                 partition_values={"ds": ds}, commit_metadata=metadata, faults=faults, txn_app_id=app_id,
             )
+            clock.lap("commit")
             if result.already_committed:  # a concurrent try of this very run committed first
                 return _already_committed(config, run_id=run_id, ds=ds, model=model, version=result.version,
                                           by=None, out=out, writer=result.writer)
@@ -527,6 +544,7 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     sample_cols = [c for c in (config.source.id_column, "label", "score", "completion", "finish_reason",
                                "n_tokens", "status")
                    if c in written.columns]
+    clock.lap("read-back")
     samples = [r.asDict() for r in written.select(*sample_cols).limit(config.run.sample_rows).collect()]
 
     incomplete = None
@@ -566,6 +584,8 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
         incomplete=incomplete, details=details, replaced=replaced,
         batch_metrics=batch_metrics(counts),
     )
+    clock.lap("summary")
+    summary.stage_seconds = dict(clock.seconds)
     recorder.summary = summary  # a run failing its row check below is recorded with its counts
     print(summary.render(), file=out, flush=True)
     if config.run.summary_path:

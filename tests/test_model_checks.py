@@ -69,6 +69,44 @@ def test_good_folders_pass(tmp_path, tiny_embed_model, tiny_classify_model, llam
     assert (real.architecture, real.positions, real.tensors) == ("BertModel", 512, real.tensors) and real.tensors > 100
 
 
+def test_a_passed_check_is_kept_by_the_files_metadata_and_done_again_when_a_file_changes(
+        tmp_path, monkeypatch, tiny_embed_model):
+    """A new process skips the check of files it passed before (seconds of imports); a changed file never does."""
+    import os
+
+    from pipeline.models import files as model_files
+    from pipeline.models.loading import model_revision
+
+    monkeypatch.setenv("SBI_CACHE_DIR", str(tmp_path / "cache"))
+    folder = _copy(tiny_embed_model, tmp_path / "model")
+    first, again = check_model(folder, kind="embed"), check_model(folder, kind="embed")
+    assert (first.cached, again.cached) == (False, True)
+    assert first.architecture == again.architecture == "BertModel" and first.tensors == again.tensors
+    model_files._results.clear()  # as in a new process: from the disk
+    assert check_model(folder, kind="embed").cached
+    assert not check_model(folder, kind="embed", max_tokens=64).cached  # another token length: another check
+    assert not check_model(folder, kind="embed", allow_pickle=True).cached  # another setting: another check
+    revision = model_revision(folder)
+
+    # config.json rewritten with another architecture, its modification time put back: checked again, refused
+    config = folder / "config.json"
+    stat = config.stat()
+    _set_config(folder, architectures=["DistilBertModel"], model_type="distilbert", dim=32, n_layers=2, n_heads=2,
+                hidden_dim=37)
+    os.utime(config, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with pytest.raises(ModelError, match="weights do not match config.json"):
+        check_model(folder, kind="embed")
+    changed = model_revision(folder)
+    assert changed != revision  # the lineage revision follows the files too
+
+    # weights replaced by other weights under the same names: a new revision
+    from safetensors.torch import load_file, save_file
+
+    weights = next(folder.glob("*.safetensors"))
+    save_file({k: v + 1 for k, v in load_file(str(weights)).items()}, str(weights))
+    assert model_revision(folder) not in (revision, changed)
+
+
 def test_config_of_another_encoder_beside_the_weights_fails_on_the_driver(tmp_path, tiny_embed_model):
     """DistilBERT's config.json beside BERT weights: on main every row came back `ok` from a random model."""
     wrong = _copy(tiny_embed_model, tmp_path / "wrong")

@@ -46,6 +46,8 @@ class ModelCheck:
     positions: int | None
     weights: str  # "safetensors" or "pickle"
     tensors: int
+    # answered from the cache of an earlier check of the same files (pipeline.models.files.cached_by_files)
+    cached: bool = False
 
 
 def safetensors_files(path: Path) -> list[Path]:
@@ -260,6 +262,23 @@ def check_model(path: Path, *, kind: str, allow_pickle: bool = False, max_tokens
     ``kind`` is ``embed``, ``classify`` or ``generate``; ``max_tokens_key`` names
     the setting that asks for ``max_tokens`` in the error.
     """
+    from importlib.metadata import version
+
+    from pipeline.models.files import cached_by_files
+
+    # The same files pass the same check: a passed check is kept by the files' metadata (names, sizes,
+    # modification times, the bytes of config.json), for this kind, token length and transformers version.
+    # A new process then skips building the architecture (seconds of imports); a failure is never kept.
+    what = (f"check_model v1 kind={kind} allow_pickle={allow_pickle} max_tokens={max_tokens} "
+            f"key={max_tokens_key} transformers={version('transformers')}")
+    files = [p for p in path.iterdir() if p.is_file()]
+    fields, cached = cached_by_files(what, files, lambda: _check_model(
+        path, kind=kind, allow_pickle=allow_pickle, max_tokens=max_tokens, max_tokens_key=max_tokens_key).__dict__)
+    return ModelCheck(**{**fields, "cached": cached})
+
+
+def _check_model(path: Path, *, kind: str, allow_pickle: bool, max_tokens: int | None,
+                 max_tokens_key: str) -> ModelCheck:
     from transformers import AutoConfig
 
     keys, fmt = checkpoint_keys(path, allow_pickle=allow_pickle)

