@@ -92,6 +92,9 @@ def add_job_arguments(parser: argparse.ArgumentParser, *, positional: bool = Tru
     parser.add_argument("--run-id", help="run id (same as --set run.run_id=...)")
     parser.add_argument("--incremental", action="store_true",
                         help="score only rows new or changed since the last run (same as --set run.incremental=true)")
+    parser.add_argument("--retry-quarantined", action="store_true",
+                        help="with --incremental: score again the rows quarantined earlier with the same content "
+                             "and fingerprint (same as --set run.retry_quarantined=true)")
     parser.add_argument("--verbose", action="store_true",
                         help="on an error, print the whole traceback and Spark's full error text, not just one line")
 
@@ -109,6 +112,8 @@ def config_from_args(args: argparse.Namespace):
         overrides.append(f"run.run_id={args.run_id}")
     if args.incremental:
         overrides.append("run.incremental=true")
+    if getattr(args, "retry_quarantined", False):
+        overrides.append("run.retry_quarantined=true")
     return load_config(path, overrides=overrides, overlays=args.overlay)
 
 

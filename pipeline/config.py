@@ -274,6 +274,9 @@ class RunConfig(_Model):
     incremental: bool = Field(
         False, description="score only rows whose (id, content hash) the output lacks for this task fingerprint "
         "(model revision and the settings that change results: see \"Incremental runs\")")
+    retry_quarantined: bool = Field(
+        False, description="also `--retry-quarantined`: an incremental run scores again the rows quarantined "
+        "earlier with the same content and task fingerprint (by default they are skipped and counted)")
     max_error_fraction: float | None = Field(
         0.05, ge=0, le=1,
         description="error budget: more than this fraction of the scored rows failing fails the run before "

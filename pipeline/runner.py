@@ -55,17 +55,42 @@ def _check_ids(inputs: "DataFrame", id_column: str) -> None:
         )
 
 
+def _known_bad(spark: "SparkSession", config: JobConfig, fingerprint: str) -> "DataFrame | None":
+    """The (id, content hash) keys the quarantine table holds for ``fingerprint``; None without a quarantine."""
+    from pipeline.io.sources import SourceError, read_delta
+
+    try:
+        quarantine = read_delta(spark, config.sink.resolved_quarantine_path())
+    except SourceError:
+        return None
+    id_col = config.source.id_column
+    if any(c not in quarantine.columns for c in (id_col, "content_hash", "task_fingerprint")):
+        return None
+    return (quarantine.where(quarantine["task_fingerprint"] == fingerprint)
+            .select(quarantine[id_col].alias("_bad_id"), quarantine["content_hash"].alias("_bad_hash")).distinct())
+
+
 def _incremental_filter(spark: "SparkSession", inputs: "DataFrame", config: JobConfig,
-                        fingerprint: str) -> "DataFrame":
+                        fingerprint: str, notes: dict[str, Any] | None = None) -> "DataFrame":
     """Rows whose (id, content hash, task fingerprint) the output lacks (an anti-join in Spark).
 
     ``fingerprint`` is this run's :func:`pipeline.fingerprint.task_fingerprint`: a row scored
-    with another model revision or other result-changing settings is scored again.
+    with another model revision or other result-changing settings is scored again. A row the
+    quarantine holds under the same key failed before and would fail again: skipped (and put in
+    ``notes["known_bad"]``, lazily, to be counted) unless ``run.retry_quarantined``, so one poison row
+    left in the source neither fails every night's error budget nor grows the quarantine.
     """
     from pipeline.io.sources import SourceError, read_delta
 
     if not config.sink.path:
         raise JobError("run.incremental needs sink.path (the output Delta table to compare against)")
+    if not config.run.retry_quarantined:
+        bad = _known_bad(spark, config, fingerprint)
+        if bad is not None:
+            on = inputs["id"].eqNullSafe(bad["_bad_id"]) & (inputs["content_hash"] == bad["_bad_hash"])
+            if notes is not None:
+                notes["known_bad"] = inputs.join(bad, on=on, how="left_semi")
+            inputs = inputs.join(bad, on=on, how="left_anti")
     try:
         done = read_delta(spark, config.sink.path)
     except SourceError:
@@ -138,7 +163,8 @@ def _kind_and_task(config: JobConfig, task: Any = None) -> tuple[TaskKind, Any]:
     return kind, task if task is not None else kind.task(config.task, model=config.model, batching=config.batching)
 
 
-def prepare_inputs(spark: "SparkSession", config: JobConfig, *, revision: str, task: Any = None) -> "DataFrame":
+def prepare_inputs(spark: "SparkSession", config: JobConfig, *, revision: str, task: Any = None,
+                   notes: dict[str, Any] | None = None) -> "DataFrame":
     """The validated rows to score: ``id``, the task's input columns, ``content_hash`` and the kept columns.
 
     The task kind reads them (:meth:`pipeline.registry.TaskJob.read_inputs`). With ``run.incremental``
@@ -151,7 +177,7 @@ def prepare_inputs(spark: "SparkSession", config: JobConfig, *, revision: str, t
         _check_ids(_parsed_rows(inputs), config.source.id_column)
     inputs = _key_malformed_lines(inputs.withColumn("content_hash", content_hash(tuple(task.input_columns))))
     if config.run.incremental:
-        inputs = _incremental_filter(spark, inputs, config, task_fingerprint(config, revision=revision))
+        inputs = _incremental_filter(spark, inputs, config, task_fingerprint(config, revision=revision), notes)
     return inputs
 
 
@@ -202,6 +228,7 @@ def score_inputs(
         input_columns=(*task.input_columns, *_malformed_input(inputs)),
         job=config.job, progress_interval_s=config.run.progress_interval_s if config.run.progress else None,
         faults=tuple((faults or {}).items()), metrics_column=METRICS_COLUMN, task_class=kind.task,
+        id_column=config.source.id_column,
     )
     scored = apply_inference(_deal(inputs, tasks, task), plan).withColumnRenamed("id", config.source.id_column)
     scored = scored.select(
@@ -453,7 +480,9 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
             app_id = f"{app_id}-{run_id}"
     clock.lap("idempotency")
 
-    inputs = prepare_inputs(spark, config, revision=revision, task=task)
+    notes: dict[str, Any] = {}
+    inputs = prepare_inputs(spark, config, revision=revision, task=task, notes=notes)
+    known_bad = notes["known_bad"].count() if "known_bad" in notes else 0
     rows_before = None
     if config.sink.mode == "append" and not config.run.incremental:
         inputs, rows_before = _append_key_filter(spark, inputs, config, ds)
@@ -558,6 +587,9 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
                                partition={"ds": ds} if partition_ds is not None else {})
     details = kind.job.after_commit(spark, config, output=result.output, run_id=run_id, ds=ds) if not incomplete else {}
     details = {**kind.job.summary_lines(spark, config, counts, model), **details}
+    if known_bad:
+        details["known-bad rows skipped"] = (f"{known_bad:,} (quarantined earlier with the same content and task "
+                                             "fingerprint; --retry-quarantined scores them again)")
     malformed = int(counts.get("status", {}).get("malformed", 0))
     if malformed:
         details["malformed input"] = (f"{malformed:,} source line(s) could not be parsed; quarantined with their "

@@ -226,19 +226,47 @@ def test_incremental_scores_only_new_and_changed_rows(any_spark, tmp_path, tiny_
     assert read_scores(tmp_path).num_rows == 47
 
 
-def test_null_ids_are_not_rescored_every_incremental_night(spark, tmp_path, tiny_embed_model, writer):
-    """The anti-join is null-safe on the id: 40 rows with 2 null ids stay 40 over three nights (were 46)."""
+def test_null_ids_and_a_poison_row_are_quarantined_once_not_every_incremental_night(spark, tmp_path,
+                                                                                    tiny_embed_model, writer):
+    """Rows without an id are `invalid_id` (quarantined with their content, never in the output: they grew it
+    from 40 to 46 rows in three nights); a known-bad row is skipped, not failing each night's error budget."""
     docs = make_documents(40)
-    ids = docs["doc_id"].to_pylist()
+    ids, texts = docs["doc_id"].to_pylist(), docs["text"].to_pylist()
     ids[7] = ids[8] = None
-    write_delta(tmp_path / "docs", docs.set_column(0, "doc_id", pa.array(ids, pa.string())))
-    for night in range(3):
+    texts[20] = "a POISON review that fails every time"
+    write_delta(tmp_path / "docs", docs.set_column(0, "doc_id", pa.array(ids, pa.string()))
+                .set_column(1, "text", pa.array(texts, pa.string())))
+
+    def night(n: int, **run) -> object:
         config = job_config(tmp_path, tiny_embed_model, source={"unique_ids": False},
-                            run={"incremental": True, "run_id": f"night-{night}", "ds": f"2026-11-2{night + 1}"})
-        summary = run_job(config, spark=spark, out=io.StringIO())
-        assert summary.rows_in == (40 if night == 0 else 0), f"night {night} rescored {summary.rows_in} rows"
+                            run={"incremental": True, "run_id": f"night-{n}", "ds": f"2026-11-2{n + 1}",
+                                 "faults": {"poison_marker": "POISON"}, "max_error_fraction": 0.1, **run})
+        return run_job(config, spark=spark, out=io.StringIO())
+
+    first = night(0)
+    assert (first.rows_in, first.rows_out, first.rows_quarantined) == (40, 37, 3) and first.complete
+    assert (first.status["invalid_id"], first.status["error"]) == (2, 1)
     table = read_scores(tmp_path)
-    assert table.num_rows == 40 and table["doc_id"].null_count == 2
+    assert table.num_rows == 37 and table["doc_id"].null_count == 0
+    quarantine = pa.table(DeltaTable(str(tmp_path / "scores_quarantine")).to_pyarrow_table()).to_pylist()
+    invalid = [r for r in quarantine if r["status"] == "invalid_id"]
+    assert len(quarantine) == 3 and len(invalid) == 2
+    assert {r["input_text"] for r in invalid} == {texts[7], texts[8]} and all(r["doc_id"] is None for r in invalid)
+    assert "source column 'doc_id' is null" in invalid[0]["error"]
+
+    # two new rows arrive; the three known-bad rows are skipped and counted, the budget sees the new rows only
+    more = make_documents(42).slice(40)
+    write_delta(tmp_path / "docs", more, mode="append")
+    second = night(1)
+    assert (second.rows_in, second.rows_out, second.rows_quarantined) == (2, 2, 0)
+    assert second.details["known-bad rows skipped"].startswith("3 (quarantined earlier")
+    assert read_scores(tmp_path).num_rows == 39
+    assert pa.table(DeltaTable(str(tmp_path / "scores_quarantine")).to_pyarrow_table()).num_rows == 3
+
+    # asked to retry them, they are scored again (and fail the budget again: nothing is committed)
+    with pytest.raises(JobError, match="3 of 3 rows failed"):
+        night(2, retry_quarantined=True)
+    assert read_scores(tmp_path).num_rows == 39
 
 
 def test_concurrent_overwrites_of_one_partition_never_mix(spark, tmp_path):

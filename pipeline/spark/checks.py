@@ -34,8 +34,9 @@ __all__ = ["ErrorBudget", "IdentityCheck", "error_budget", "identity_check", "ke
 
 # the grouped key columns every key_counts frame has
 KEY_ID, KEY_HASH, KEY_N, KEY_ERRORS = "_key_id", "_key_hash", "_key_n", "_key_errors"
-# Row statuses that go to the quarantine table instead of the output: failed rows and unparsable source lines.
-QUARANTINED_STATUSES = ("error", "malformed")
+# Row statuses that go to the quarantine table instead of the output: failed rows, unparsable source lines,
+# and rows without an id (pipeline.spark.udf: they cannot be keyed, so they would be written every night).
+QUARANTINED_STATUSES = ("error", "malformed", "invalid_id")
 
 
 def key_counts(df: "DataFrame", *, id_column: str, hash_column: str = "content_hash",

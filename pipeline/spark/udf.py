@@ -52,6 +52,8 @@ class InferencePlan:
     task_class: Any = None
     # the task's counts as JSON on its last row, in this column (None: no such column)
     metrics_column: str | None = None
+    # the source's id column, named in the error of a row without an id (status invalid_id)
+    id_column: str = "id"
 
     def build_task(self) -> Any:
         if self.task_class is not None:
@@ -117,10 +119,20 @@ def score_partition(
             if progress is not None:
                 progress.restart()  # rates from the first batch on, not from the model load
         t0 = time.perf_counter()
+        task_schema = task.output_schema()
+        batch, invalid = _split_null_ids(batch, task_schema, plan, counts)
         inputs = pa.RecordBatch.from_arrays([batch.column(c) for c in plan.input_columns], names=list(plan.input_columns))
-        result = task.process(loaded, inputs, counts)
-        arrays = [batch.column(c) for c in keep] + list(result.columns)
-        names = list(keep) + result.schema.names
+        result = task.process(loaded, inputs, counts) if batch.num_rows or invalid is None else None
+        names = list(keep) + (result.schema.names if result is not None else task_schema.names)
+        if result is None:  # only rows without an id: the model is not asked
+            arrays = [invalid.column(c) for c in names]
+        elif invalid is None:
+            arrays = [batch.column(c) for c in keep] + list(result.columns)
+        else:
+            valid = pa.Table.from_batches([pa.RecordBatch.from_arrays(
+                [batch.column(c) for c in keep] + list(result.columns), names=names)])
+            flagged = pa.Table.from_batches([invalid.select(names)]).cast(valid.schema)
+            arrays = pa.concat_tables([valid, flagged]).combine_chunks().to_batches()[0].columns
         counts.add("infer_seconds", time.perf_counter() - t0)
         counts.merge({"rows_per_worker": {worker: batch.num_rows}})
         out = pa.RecordBatch.from_arrays(arrays, names=names)
@@ -139,6 +151,41 @@ def score_partition(
             faults.on_task_start(ctx.partitionId(), ctx.attemptNumber())
     if held is not None:
         yield _with_metrics(held, plan.metrics_column, json.dumps(counts.counts))
+
+
+INVALID_ID = "invalid_id"
+
+
+def _split_null_ids(batch: pa.RecordBatch, schema: pa.Schema, plan: InferencePlan,
+                    counts: WorkerCounts) -> tuple[pa.RecordBatch, pa.RecordBatch | None]:
+    """``(rows with an id, the rows without one already flagged)``; ``None`` when every row has an id.
+
+    A row without an id cannot be keyed: an append or incremental run could not tell it from another, so
+    it would be written again every night. It gets status ``invalid_id`` (quarantined with its content)
+    and never reaches the model. A malformed source line (no id either) stays with the task, which flags
+    it ``malformed``. Tasks without the status columns keep every row.
+    """
+    import pyarrow.compute as pc
+
+    ids = batch.column("id")
+    if ids.null_count == 0 or "status" not in schema.names or "error" not in schema.names:
+        return batch, None
+    missing = pc.is_null(ids)
+    if "_malformed" in batch.schema.names:
+        missing = pc.and_(missing, pc.is_null(batch.column("_malformed")))
+    if not pc.any(missing).as_py():
+        return batch, None
+    flagged = batch.filter(missing)
+    n = flagged.num_rows
+    message = (f"no id: source column {plan.id_column!r} is null, so the row cannot be keyed (an append or "
+               "incremental run could not tell it from another); give it an id or leave it out with source.where")
+    results = [pa.array([INVALID_ID] * n, pa.string()) if f.name == "status" else
+               pa.array([message] * n, pa.string()) if f.name == "error" else pa.nulls(n, f.type) for f in schema]
+    keep = ("id", *plan.keep_columns)
+    invalid = pa.RecordBatch.from_arrays([flagged.column(c) for c in keep] + results,
+                                         names=[*keep, *schema.names])
+    counts.add_status({INVALID_ID: n})
+    return batch.filter(pc.invert(missing)), invalid
 
 
 def _load_for_task(task: Any, plan: InferencePlan, ctx: Any, worker: str, counts: WorkerCounts) -> Any:
