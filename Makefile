@@ -19,7 +19,7 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
 .PHONY: venv jars venv-vllm demo demo-s3 demo-data report demo-generate demo-generate-vllm demo-recs demo-images demo-images-data test \
-	test-vllm bench bench-batching bench-gpu bench-generate bench-generate-width bench-scaling bench-images lock lock-vllm \
+	test-vllm bench bench-batching bench-gpu bench-generate bench-generate-width bench-scaling bench-small-jobs bench-images lock lock-vllm \
 	clean
 
 $(STAMP): requirements.lock requirements-data.lock pyproject.toml
@@ -171,6 +171,11 @@ bench-generate-width: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
 # rows (BENCH_ARGS=--full adds 10M), the per-task sweep and synthetic commits of up to 100,000 files.
 bench-scaling: demo-data
 	PYTHONPATH=. $(PY) bench/bench_scaling.py $(BENCH_ARGS)
+
+# Where a small job's time goes (docs/benchmarks.md, "Small jobs"): the driver's stages for 100 and 10,000
+# rows, cold (a new process) and warm (a second run_job in the same session).
+bench-small-jobs: demo-data jars
+	PYTHONPATH=. $(PY) bench/small_jobs.py $(BENCH_ARGS)
 
 # Image benchmark (docs/benchmarks_images.md): images/s of the pipeline vs a single-process loop, and the
 # OCR recogniser's padding with and without width bucketing.

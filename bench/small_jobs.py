@@ -75,8 +75,8 @@ def _child(rows: int, writer: str, root: str) -> dict[str, Any]:
     return runs
 
 
-def _subprocess(args: list[str], timeout: float) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
+def _subprocess(args: list[str], timeout: float, *, file_cache: bool = True) -> dict[str, Any]:
+    env = {**({} if file_cache else {"SBI_FILE_CACHE": "0"}), **os.environ, "PYTHONPATH": str(REPO), "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
            "PYSPARK_DRIVER_PYTHON": os.environ.get("PYSPARK_DRIVER_PYTHON", sys.executable),
            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
     started = time.perf_counter()
@@ -149,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--writers", nargs="+", default=["deltalake", "delta"],
                         help="sink.writer values (delta: the connector, when `make jars` fetched it)")
+    parser.add_argument("--no-file-cache", action="store_true",
+                        help="SBI_FILE_CACHE=0: the model check and the weights' sha256 computed in every process, "
+                             "as on a machine that never ran the model (the figures before the cache)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--timeout", type=float, default=1800)
     args = parser.parse_args(argv)
@@ -163,13 +166,14 @@ def main(argv: list[str] | None = None) -> int:
             for writer in args.writers:
                 raw: dict[str, list[dict[str, Any]]] = {"cold": [], "warm": []}
                 for i in range(args.repeats):
-                    out = _subprocess(["--child", str(rows), writer, f"{root}/{rows}-{writer}-{i}"], args.timeout)
+                    out = _subprocess(["--child", str(rows), writer, f"{root}/{rows}-{writer}-{i}"], args.timeout,
+                                      file_cache=not args.no_file_cache)
                     for kind in raw:
                         raw[kind].append(out[kind])
                     print(f"rows {rows:,} {writer} #{i + 1}: cold {out['cold']['wall_s']:.1f} s, "
                           f"warm {out['warm']['wall_s']:.1f} s", flush=True)
                 for kind, runs in raw.items():
-                    key = f"{rows:,} rows {kind} ({runs[0]['writer']})"
+                    key = f"{rows:,} rows {kind} ({runs[0]['writer']}{', no file cache' if args.no_file_cache else ''})"
                     results["runs"][key] = summarise(runs)
                     results["raw"][key] = runs
     args.out.write_text(json.dumps(results, indent=2) + "\n")
