@@ -43,8 +43,8 @@ from pipeline.batching import Batch, plan_batches
 
 __all__ = [
     "DIRECTION_WIDTH", "LINE_HEIGHT", "LineBox", "boxes_from_probability", "char_error_rate", "collate_lines",
-    "crop_line", "ctc_decode", "detection_input", "detection_size", "direction_input", "normalize_text",
-    "plan_line_batches", "reading_order",
+    "crop_line", "ctc_decode", "detection_input", "detection_size", "direction_input", "noise_level",
+    "normalize_text", "plan_line_batches", "reading_order", "smooth_line",
 ]
 
 # the recogniser's input height (PP-OCRv4 rec: 3 x 48 x W)
@@ -376,21 +376,62 @@ def crop_line(image: np.ndarray, box: LineBox, *, max_width: int, height: int = 
     return _warp(image, corners, width, height)
 
 
-def direction_input(crops: Sequence[np.ndarray]) -> np.ndarray:
-    """``(N, 3, 48, 192)`` float32 for the direction classifier: each 48 px crop cut or squeezed to at most 192
-    columns (aspect kept below that), scaled to [-1, 1], right-padded with 0.
+def noise_level(image: np.ndarray) -> float:
+    """How noisy a page is: the share of its background pixels (a 5x5 median of at least 200) that differ from
+    that median by 3 grey levels or more. A clean render scores a few percent (anti-aliased glyph edges), a
+    scan with sensor noise and JPEG artifacts a third or more.
 
-    >>> direction_input([np.zeros((48, 96, 3), np.uint8), np.zeros((48, 960, 3), np.uint8)]).shape
-    (2, 3, 48, 192)
+    >>> clean = np.full((60, 200, 3), 255, np.uint8); clean[20:40, 20:180] = 0
+    >>> noisy = np.clip(clean + np.random.default_rng(0).normal(0, 12, clean.shape[:2])[..., None], 0, 255)
+    >>> noise_level(clean) < 0.01, noise_level(noisy.astype(np.uint8)) > 0.3
+    (True, True)
     """
     import cv2
 
-    out = np.zeros((len(crops), 3, LINE_HEIGHT, DIRECTION_WIDTH), np.float32)
-    for row, crop in enumerate(crops):
-        w = min(DIRECTION_WIDTH, crop.shape[1])
-        fitted = crop if w == crop.shape[1] and crop.shape[0] == LINE_HEIGHT else cv2.resize(crop, (w, LINE_HEIGHT))
-        out[row, :, :, :w] = (fitted.astype(np.float32) * (2.0 / 255.0) - 1.0).transpose(2, 0, 1)
-    return out
+    gray = np.ascontiguousarray(image[..., 0] if image.ndim == 3 else image)
+    median = cv2.medianBlur(gray, 5)
+    resid = np.abs(gray.astype(np.int16) - median.astype(np.int16))[median >= 200]
+    return float((resid >= 3).mean()) if resid.size else 0.0
+
+
+def smooth_line(crop: np.ndarray, *, sigma: float) -> np.ndarray:
+    """A Gaussian blur of ``sigma`` px on a 48 px line crop of a noisy page (:func:`noise_level`).
+
+    On scan-like pages (noise, JPEG) the recogniser drops spaces between
+    words; a blur of about 1 px on the crop brings most of them back (on a
+    Debian FAQ page: CER 0.063 -> 0.034 against the clean page's reading).
+    """
+    import cv2
+
+    return cv2.GaussianBlur(crop, (0, 0), sigma) if sigma > 0 else crop
+
+
+def direction_input(crops: Sequence[np.ndarray], *, windows: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    """Inputs for the direction classifier: ``(N, 3, 48, 192)`` float32 windows of the 48 px crops, and the
+    crop each window comes from.
+
+    A crop up to 192 columns wide is one window, right-padded with 0. A wider
+    one gives up to ``windows`` windows of 192 columns at its own scale (start,
+    middle, end), not the whole line squeezed into 192 columns as PP-OCR does:
+    squeezed, a long line's glyphs are a few pixels wide, and the classifier
+    then called one line in four of a clean manual page upside down.
+
+    >>> x, owner = direction_input([np.zeros((48, 96, 3), np.uint8), np.zeros((48, 960, 3), np.uint8)])
+    >>> x.shape, owner.tolist()
+    ((4, 3, 48, 192), [0, 1, 1, 1])
+    """
+    parts: list[np.ndarray] = []
+    owner: list[int] = []
+    for i, crop in enumerate(crops):
+        w = crop.shape[1]
+        starts = [0] if w <= DIRECTION_WIDTH else np.linspace(0, w - DIRECTION_WIDTH, windows).astype(int).tolist()
+        for start in starts:
+            parts.append(crop[:, start : start + DIRECTION_WIDTH])
+            owner.append(i)
+    out = np.zeros((len(parts), 3, LINE_HEIGHT, DIRECTION_WIDTH), np.float32)
+    for row, part in enumerate(parts):
+        out[row, :, :, : part.shape[1]] = (part.astype(np.float32) * (2.0 / 255.0) - 1.0).transpose(2, 0, 1)
+    return out, np.array(owner, np.int64)
 
 
 def plan_line_batches(widths: Sequence[int] | np.ndarray, *, batch_size: int, sort_by_width: bool = True,

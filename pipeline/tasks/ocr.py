@@ -71,6 +71,11 @@ class OcrConfig(TaskConfig):
         True, description="PP-OCR's text-direction classifier (the model folder's *cls*.onnx) turns upside-down "
         "lines; a page whose lines are mostly upside down is read in its turned order")
     direction_threshold: float = Field(0.9, gt=0, lt=1, description="least classifier score to turn a line")
+    denoise_sigma: float = Field(
+        1.0, ge=0, description="Gaussian blur (px, on the 48 px crop) of the line crops of a noisy page: scans "
+        "lose fewer spaces between words; 0 turns it off")
+    denoise_threshold: float = Field(
+        0.25, ge=0, le=1, description="a page is noisy when this share of its background pixels is off by 3+ levels")
     reference_column: str | None = Field(
         None, description="a column with the expected text (e.g. from pdftotext); adds a per-row `cer` "
         "and the overall character error rate to the summary")
@@ -206,18 +211,22 @@ class OcrTask(ImageTask):
                                           box_threshold=c.box_threshold, unclip_ratio=c.unclip_ratio)
 
     def directions(self, loaded: LoadedOcr, crops: list[np.ndarray]) -> np.ndarray:
-        """For each crop, True when the direction classifier says it is upside down (score >= threshold)."""
+        """For each crop, the direction classifier's probability that it is upside down (mean over its windows);
+        all 0 without a classifier."""
         from pipeline.images.ocr_steps import direction_input
 
-        flipped = np.zeros(len(crops), bool)
+        upside_down = np.zeros(len(crops), np.float64)
         if loaded.cls is None or not crops:
-            return flipped
+            return upside_down
         name = loaded.cls.get_inputs()[0].name
-        step = max(self.batching.batch_size, 1) * 4  # fixed 192-column inputs: big batches cost no padding
+        step = max(self.batching.batch_size, 1) * 2
         for start in range(0, len(crops), step):
-            probs = loaded.cls.run(None, {name: direction_input(crops[start : start + step])})[0]
-            flipped[start : start + step] = (probs.argmax(axis=1) == 1) & (probs.max(axis=1) >= self.config.direction_threshold)
-        return flipped
+            windows, owner = direction_input(crops[start : start + step])
+            probs = np.concatenate([loaded.cls.run(None, {name: windows[k : k + 64]})[0]
+                                    for k in range(0, len(windows), 64)])
+            sums = np.bincount(owner, weights=probs[:, 1], minlength=len(crops[start : start + step]))
+            upside_down[start : start + step] = sums / np.bincount(owner, minlength=len(sums))
+        return upside_down
 
     def recognize(self, loaded: LoadedOcr, crops: list[np.ndarray], counts: WorkerCounts | None = None
                   ) -> list[tuple[str, float]]:
@@ -244,19 +253,22 @@ class OcrTask(ImageTask):
     def read_pages(self, loaded: LoadedOcr, images: list[np.ndarray], counts: WorkerCounts | None = None,
                    timer: "_StageTimer | None" = None) -> list[list[dict[str, Any]]]:
         """The recognised lines of each page, in reading order: ``{"text", "box", "quad", "confidence"}``."""
-        from pipeline.images.ocr_steps import crop_line, reading_order
+        from pipeline.images.ocr_steps import crop_line, noise_level, reading_order, smooth_line
 
         timer = timer or _StageTimer()
         boxes_per_page = [self.detect(loaded, image, timer) for image in images]
         crops, owners, flat_boxes = [], [], []
         with timer("crops"):
             for page, (image, boxes) in enumerate(zip(images, boxes_per_page)):
+                noisy = bool(boxes) and self.config.denoise_sigma > 0 and (
+                    noise_level(image) > self.config.denoise_threshold)
                 for box in boxes:
-                    crops.append(crop_line(image, box, max_width=self.config.max_line_width))
+                    crop = crop_line(image, box, max_width=self.config.max_line_width)
+                    crops.append(smooth_line(crop, sigma=self.config.denoise_sigma) if noisy else crop)
                     owners.append(page)
                     flat_boxes.append(box)
         with timer("direction"):
-            flipped = self.directions(loaded, crops)
+            flipped = self._turned_lines(self.directions(loaded, crops), np.array(owners, np.int64), len(images))
             for i in np.flatnonzero(flipped):
                 crops[i] = np.ascontiguousarray(crops[i][::-1, ::-1])
         with timer("recognize"):
@@ -282,6 +294,17 @@ class OcrTask(ImageTask):
             counts.add("ocr_lines", len(crops))
             counts.add("ocr_lines_turned", int(flipped.sum()))
         return lines
+
+    def _turned_lines(self, upside_down: np.ndarray, owners: np.ndarray, pages: int) -> np.ndarray:
+        """Which lines to turn: all lines of a page that the classifier finds upside down on the whole (mean
+        probability over its lines above 0.5), and any line whose own probability reaches
+        ``task.direction_threshold``; on an upright page only the latter."""
+        turned = upside_down >= self.config.direction_threshold
+        for page in range(pages):
+            mine = owners == page
+            if mine.any() and upside_down[mine].mean() > 0.5:
+                turned[mine] = upside_down[mine] > 1 - self.config.direction_threshold
+        return turned
 
     def run_group(self, loaded: LoadedOcr, images: list[DecodedImage], counts: WorkerCounts) -> list[dict[str, Any]]:
         timer = _StageTimer()
