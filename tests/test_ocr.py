@@ -229,3 +229,26 @@ def test_real_models_read_an_upside_down_page_and_a_photo_at_an_angle(real_ocr):
     assert counts.counts["ocr_lines_turned"] == 4  # the upside-down page's lines, and none of the photo's
     assert char_error_rate("\n".join(line["text"] for line in out[1]), expected) < 0.05
     assert all(len(line["quad"]) == 8 for line in out[1])
+
+
+def test_real_models_on_a_big_scan_a_blank_page_and_a_multipage_tiff(real_ocr):
+    """A page with a 600 dpi scan's line heights (the detector sees it capped at det_max_side, lines over 96 px
+    high are shrunk with area averaging), a blank page (ok, no lines) and a 2-page TIFF (first page, flagged)."""
+    import io
+
+    from PIL import Image
+
+    task, loaded = real_ocr
+    task = OcrTask(task.config.model_copy(update={"det_max_side": 1280}), model=task.model, batching=task.batching)
+    big = samples.text_page(size=(2400, 1100), font_size=90)
+    blank = io.BytesIO()
+    Image.new("RGB", (900, 420), "white").save(blank, "PNG")
+    tiff = io.BytesIO()
+    first, second = (Image.open(io.BytesIO(samples.text_page(lines))) for lines in (samples.DOC_LINES, ["other"]))
+    first.save(tiff, "TIFF", save_all=True, append_images=[second])
+    chunk = pa.RecordBatch.from_arrays([pa.array([big, blank.getvalue(), tiff.getvalue()], pa.binary())],
+                                       names=["content"])
+    out = task.process(loaded, chunk, WorkerCounts()).to_pydict()
+    assert out["status"] == ["ok", "ok", "ok"] and out["n_lines"][1] == 0 and out["text"][1] == ""
+    assert out["text"][0] == out["text"][2] == "\n".join(samples.DOC_LINES)
+    assert out["image_notes"][2] == "animated:first of 2 frames"

@@ -373,6 +373,13 @@ def crop_line(image: np.ndarray, box: LineBox, *, max_width: int, height: int = 
     length = max(math.dist(a, b), math.dist(d, c))
     thickness = max(math.dist(a, d), math.dist(b, c), 1.0)
     width = max(1, min(max_width, int(math.ceil(height * length / thickness))))
+    if thickness > 2 * height:
+        # a big line (a 600 dpi scan, a heading): warp at its own size, then shrink with area averaging, which
+        # a one-step bilinear warp would alias
+        import cv2
+
+        native = _warp(image, corners, max(1, int(round(length))), int(round(thickness)))
+        return cv2.resize(native, (width, height), interpolation=cv2.INTER_AREA)
     return _warp(image, corners, width, height)
 
 
