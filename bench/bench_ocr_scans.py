@@ -3,7 +3,7 @@
 Usage (numbers recorded in docs/benchmarks_images.md)::
 
     PYTHONPATH=. python bench/bench_ocr_scans.py [--debs .cache/debs] [--pages-per-pdf 1] [--repeats 3]
-        [--threads 2] [--out bench/results_ocr_scans.json]
+        [--packages developers-reference debian-policy] [--threads 2] [--out bench/results_ocr_scans.json]
 
 Pages: PDF manuals of three Debian packages (debian-faq, developers-reference,
 debian-policy's FHS; ``apt-get download``, no root), rendered by ``pdftoppm``
@@ -66,11 +66,14 @@ def cpu_info() -> dict[str, Any]:
             "loadavg": open("/proc/loadavg").read().split()[:3]}
 
 
-def prepare_pages(debs: Path, work: Path, *, pages_per_pdf: int, dpi: int) -> list[dict[str, str]]:
+def prepare_pages(debs: Path, work: Path, *, pages_per_pdf: int, dpi: int, packages: list[str] | None
+                  ) -> list[dict[str, str]]:
     from pipeline.images.demo_data import debian_pdfs, render_pages
 
     rows = []
     for pdf in debian_pdfs(debs):
+        if packages and pdf.stem not in packages:
+            continue
         rows += render_pages(pdf, work / "clean", pages=pages_per_pdf, dpi=dpi)
     return rows
 
@@ -110,6 +113,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--debs", default=".cache/debs", help="where the Debian packages are downloaded")
     parser.add_argument("--pages-per-pdf", type=int, default=1)
+    parser.add_argument("--packages", nargs="*", help="only these Debian packages' manuals (default: all three)")
     parser.add_argument("--dpi", type=int, default=150)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
@@ -148,7 +152,8 @@ def main() -> int:
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        pages = prepare_pages(Path(args.debs), work, pages_per_pdf=args.pages_per_pdf, dpi=args.dpi)
+        pages = prepare_pages(Path(args.debs), work, pages_per_pdf=args.pages_per_pdf, dpi=args.dpi,
+                              packages=args.packages)
         results["pages"] = [p["page_id"] for p in pages]
         results["reference_chars"] = sum(len(normalize_text(p["reference_text"])) for p in pages)
         print(f"{len(pages)} pages: {results['pages']} ({results['reference_chars']:,} reference chars)", flush=True)
