@@ -93,9 +93,9 @@ def run_tesseract(path: Path, threads: int) -> tuple[str, float, float]:
 def run_project(task: Any, loaded: Any, path: Path) -> tuple[str, float, float, dict[str, float]]:
     """``(text, wall seconds, CPU seconds, seconds per stage)`` of the project's OCR on one file."""
     from pipeline.images.decode import decode_image
-    from pipeline.tasks.ocr import _StageTimer
+    from pipeline.tasks.ocr import StageTimer
 
-    timer = _StageTimer()
+    timer = StageTimer()
     cpu, started = time.process_time(), time.perf_counter()
     with timer("decode"):
         image = decode_image(path.read_bytes()).array

@@ -41,7 +41,7 @@ from pipeline.registry import ModelInfo, TaskJob, register_task
 from pipeline.models.files import PACKAGE_PREFIX, files_revision, package_folder
 from pipeline.tasks._images import ImageTask
 
-__all__ = ["LoadedOcr", "OcrConfig", "OcrJob", "OcrTask", "STAGES", "find_direction_model", "find_ocr_models"]
+__all__ = ["LoadedOcr", "OcrConfig", "OcrJob", "OcrTask", "STAGES", "StageTimer", "find_direction_model", "find_ocr_models"]
 
 # the stages whose seconds each worker counts (``ocr_<stage>_seconds``)
 STAGES = ("detect", "boxes", "crops", "direction", "recognize")
@@ -197,11 +197,11 @@ class OcrTask(ImageTask):
         return LoadedOcr(det, rec, characters, det.get_providers()[0], cls=cls, threads=threads)
 
     # -- the steps ------------------------------------------------------------------------------
-    def detect(self, loaded: LoadedOcr, image: np.ndarray, timer: "_StageTimer | None" = None) -> list[Any]:
+    def detect(self, loaded: LoadedOcr, image: np.ndarray, timer: "StageTimer | None" = None) -> list[Any]:
         """Rotated line boxes of one page, in reading order."""
         from pipeline.images.ocr_steps import boxes_from_probability, detection_input, detection_size
 
-        timer = timer or _StageTimer()
+        timer = timer or StageTimer()
         c = self.config
         with timer("detect"):
             size = detection_size(image.shape[0], image.shape[1], min_side=c.det_min_side, max_side=c.det_max_side)
@@ -251,11 +251,11 @@ class OcrTask(ImageTask):
         return results
 
     def read_pages(self, loaded: LoadedOcr, images: list[np.ndarray], counts: WorkerCounts | None = None,
-                   timer: "_StageTimer | None" = None) -> list[list[dict[str, Any]]]:
+                   timer: "StageTimer | None" = None) -> list[list[dict[str, Any]]]:
         """The recognised lines of each page, in reading order: ``{"text", "box", "quad", "confidence"}``."""
         from pipeline.images.ocr_steps import crop_line, noise_level, reading_order, smooth_line
 
-        timer = timer or _StageTimer()
+        timer = timer or StageTimer()
         boxes_per_page = [self.detect(loaded, image, timer) for image in images]
         crops, owners, flat_boxes = [], [], []
         with timer("crops"):
@@ -307,7 +307,7 @@ class OcrTask(ImageTask):
         return turned
 
     def run_group(self, loaded: LoadedOcr, images: list[DecodedImage], counts: WorkerCounts) -> list[dict[str, Any]]:
-        timer = _StageTimer()
+        timer = StageTimer()
         lines = self.read_pages(loaded, [im.array for im in images], counts, timer)
         counts.add("images_inferred", len(images))
         for stage, seconds in timer.seconds.items():
@@ -319,7 +319,7 @@ class OcrTask(ImageTask):
         return out
 
 
-class _StageTimer:
+class StageTimer:
     """Seconds per named stage, summed: ``with timer("detect"): ...``."""
 
     def __init__(self) -> None:
