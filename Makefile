@@ -117,6 +117,8 @@ demo-images-data: warehouse/demo/images/pages/_delta_log
 demo-images: demo-images-data
 	$(IMG_SUBMIT) jobs/classify_images.py --conf conf/classify_images.yaml $(ARGS)
 	$(IMG_SUBMIT) jobs/ocr_pages.py --conf conf/ocr_pages.yaml $(ARGS)
+	@command -v tesseract >/dev/null && $(PY) jobs/demo_compare_ocr.py \
+		|| echo "install tesseract-ocr to see its CER beside the job's on the same pages"
 
 # Nightly recommendation refresh: MovieLens-100K -> Delta, train the two-tower model
 # (prints HitRate@10 / Recall@10 against popularity), then refresh top-K per user.

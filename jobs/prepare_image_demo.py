@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipeline.images.demo_data import copy_photos, debian_pdfs, render_pages, write_pages_table
+from pipeline.images.demo_data import add_scan_variants, copy_photos, debian_pdfs, render_pages, write_pages_table
 
 
 def main() -> int:
@@ -25,8 +25,9 @@ def main() -> int:
     rows = []
     for pdf in pdfs:
         rows += render_pages(pdf, out / "page_images", pages=min(per_pdf, args.pages - len(rows)))
+    rows += add_scan_variants(rows, out / "page_images")
     version = write_pages_table(str(out / "pages"), rows)
-    print(f"wrote {len(rows)} rendered pages of {[p.stem for p in pdfs]} to Delta table {out / 'pages'} "
+    print(f"wrote {len(rows)} rendered and scan-like pages of {[p.stem for p in pdfs]} to Delta table {out / 'pages'} "
           f"(version {version})")
     return 0
 

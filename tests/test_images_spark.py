@@ -153,3 +153,4 @@ def test_real_ocr_models_on_spark_with_cer(spark, tmp_path):
     assert [line["text"] for line in rows["p1"]["lines"]] == samples.DOC_LINES
     text = out.getvalue()
     assert re.search(r"character error rate\s*: 0.0000", text) and "recogniser padding" in text
+    assert re.search(r"seconds per page\s*: detect \d", text) and len(rows["p1"]["lines"][0]["quad"]) == 8

@@ -11,12 +11,17 @@ Pages: PDF manuals from Debian packages (``apt-get download``, unpacked with
 ``dpkg-deb``; no root needed), rendered with ``pdftoppm`` (poppler-utils) and
 paired with ``pdftotext``'s text of the same page, written to a Delta table of
 ``page_id``, ``path`` (the PNG) and ``reference_text`` for the ``ocr_pages``
-job, which reports the character error rate against it.
+job, which reports the character error rate against it. Each page also gets
+a scan-like twin (``page_id`` ending in ``:scan``; skewed, noisy, blurred,
+grey, JPEG q50: :func:`pipeline.images.scans.scan_like`), and
+:func:`compare_with_tesseract` prints the job's CER beside tesseract's on the
+same files.
 """
 
 from __future__ import annotations
 
 import gzip
+import os
 import re
 import shutil
 import subprocess
@@ -24,7 +29,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-__all__ = ["DEBIAN_MANUALS", "copy_photos", "debian_pdfs", "render_pages", "write_pages_table"]
+__all__ = ["DEBIAN_MANUALS", "add_scan_variants", "compare_with_tesseract", "copy_photos", "debian_pdfs", "render_pages",
+           "write_pages_table"]
 
 # package -> PDF inside it (gzipped or not)
 DEBIAN_MANUALS = {
@@ -112,3 +118,51 @@ def write_pages_table(path: str, rows: list[dict[str, str]]) -> int:
                                                          ("reference_text", pa.string())]))
     write_deltalake(path, table, mode="overwrite")
     return DeltaTable(path).version()
+
+
+def add_scan_variants(rows: list[dict[str, str]], out: Path, *, seed: int = 0) -> list[dict[str, str]]:
+    """A scan-like JPEG twin of each rendered page (same reference text, ``page_id`` + ``:scan``), in ``out``."""
+    from pipeline.images.decode import decode_image
+    from pipeline.images.scans import scan_like
+
+    out.mkdir(parents=True, exist_ok=True)
+    twins = []
+    for i, row in enumerate(rows):
+        data, _ = scan_like(decode_image(Path(row["path"]).read_bytes()).array, seed=seed + i)
+        path = out / (Path(row["path"]).stem + "-scan.jpg")
+        path.write_bytes(data)
+        twins.append({"page_id": row["page_id"] + ":scan", "path": str(path.resolve()),
+                      "reference_text": row["reference_text"]})
+    return twins
+
+
+def compare_with_tesseract(pages_table: str, text_table: str) -> dict[str, dict[str, float]]:
+    """The OCR job's character error rate beside tesseract's on the same page files, clean and scan-like.
+
+    Reads the pages table (``page_id``, ``path``, ``reference_text``) and the
+    job's output (``page_id``, ``text``), runs Debian's ``tesseract`` CLI on
+    each page file, and returns ``{variant: {"pages", "project_cer", "tesseract_cer"}}``
+    (errors over reference characters, pages pooled).
+    """
+    from deltalake import DeltaTable
+
+    from pipeline.images.ocr_steps import char_error_rate, normalize_text
+
+    pages = DeltaTable(pages_table).to_pyarrow_table(columns=["page_id", "path", "reference_text"]).to_pylist()
+    texts = DeltaTable(text_table).to_pyarrow_table(columns=["page_id", "text"]).to_pylist()
+    ours = {row["page_id"]: row["text"] or "" for row in texts}
+    tally: dict[str, dict[str, float]] = {}
+    for page in pages:
+        if page["page_id"] not in ours:
+            continue
+        variant = "scan" if page["page_id"].endswith(":scan") else "clean"
+        tess = subprocess.run(["tesseract", page["path"], "stdout"], check=True, capture_output=True, text=True,
+                              env={**os.environ, "OMP_THREAD_LIMIT": "1"}).stdout
+        ref, n = page["reference_text"], len(normalize_text(page["reference_text"]))
+        t = tally.setdefault(variant, {"pages": 0, "chars": 0, "project": 0.0, "tesseract": 0.0})
+        t["pages"] += 1
+        t["chars"] += n
+        t["project"] += char_error_rate(ours[page["page_id"]], ref) * n
+        t["tesseract"] += char_error_rate(tess, ref) * n
+    return {v: {"pages": t["pages"], "project_cer": t["project"] / max(t["chars"], 1),
+                "tesseract_cer": t["tesseract"] / max(t["chars"], 1)} for v, t in tally.items()}

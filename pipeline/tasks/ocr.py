@@ -3,25 +3,32 @@
 The models are the ones shipped inside the ``rapidocr-onnxruntime`` wheel
 (``model.path: package:rapidocr_onnxruntime``), or any folder holding a
 ``*det*.onnx`` detector and a ``*rec*.onnx`` recogniser with its character
-list in the ONNX metadata (``character``). rapidocr's own Python code is not
-used (it needs OpenCV): pre- and post-processing are the numpy/scipy steps of
-:mod:`pipeline.images.ocr_steps`. Both sessions are created once per Python
-worker, on the CUDA provider when the task has a GPU and onnxruntime offers
-it, else on the CPU with the task's threads.
+list in the ONNX metadata (``character``), and optionally a ``*cls*.onnx``
+text-direction classifier (0 or 180 degrees). Pre- and post-processing are
+the OpenCV/pyclipper steps of :mod:`pipeline.images.ocr_steps` (PP-OCR's DB
+post-processing, rotated boxes, perspective crops, a skew- and column-aware
+reading order). The sessions are created once per Python worker, on the CUDA
+provider when the task has a GPU and onnxruntime offers it, else on the CPU
+with the task's cores as intra-op threads and full graph optimisation.
 
 Per group of pages (``task.pages_per_group``): each page is detected alone
 (pages differ in shape); all its line crops, resized to 48 px high, join one
-pool; the pool is **sorted by width and cut into ``batching.batch_size``-line
-batches**, each padded to its widest line (``task.width_bucketing: false``
-keeps arrival order, for comparison). Padding efficiency (real / padded pixel
-columns) is counted like tokens and shown in the run summary.
+pool; the direction classifier turns upside-down lines (and a page whose
+lines are mostly upside down is read in its turned order); the pool is
+**sorted by width and cut into ``batching.batch_size``-line batches**, each
+padded to its widest line (``task.width_bucketing: false`` keeps arrival
+order, for comparison). Padding efficiency (real / padded pixel columns) is
+counted like tokens, and the seconds of each stage (detect, boxes, crops,
+direction, recognise) are counted per worker; both show in the run summary.
 """
 
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Iterator, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -34,7 +41,10 @@ from pipeline.registry import ModelInfo, TaskJob, register_task
 from pipeline.models.files import PACKAGE_PREFIX, files_revision, package_folder
 from pipeline.tasks._images import ImageTask
 
-__all__ = ["LoadedOcr", "OcrConfig", "OcrJob", "OcrTask", "find_ocr_models"]
+__all__ = ["LoadedOcr", "OcrConfig", "OcrJob", "OcrTask", "STAGES", "StageTimer", "find_direction_model", "find_ocr_models"]
+
+# the stages whose seconds each worker counts (``ocr_<stage>_seconds``)
+STAGES = ("detect", "boxes", "crops", "direction", "recognize")
 
 
 class OcrConfig(TaskConfig):
@@ -57,6 +67,15 @@ class OcrConfig(TaskConfig):
     min_confidence: float = Field(
         0.5, ge=0, le=1, description="recognised lines below this confidence are dropped (PP-OCR's text_score)")
     max_line_width: int = Field(3200, gt=0, description="widest line crop, in pixels at 48 px height")
+    use_direction: bool = Field(
+        True, description="PP-OCR's text-direction classifier (the model folder's *cls*.onnx) turns upside-down "
+        "lines; a page whose lines are mostly upside down is read in its turned order")
+    direction_threshold: float = Field(0.9, gt=0, lt=1, description="least classifier score to turn a line")
+    denoise_sigma: float = Field(
+        1.0, ge=0, description="Gaussian blur (px, on the 48 px crop) of the line crops of a noisy page: scans "
+        "lose fewer spaces between words; 0 turns it off")
+    denoise_threshold: float = Field(
+        0.25, ge=0, le=1, description="a page is noisy when this share of its background pixels is off by 3+ levels")
     reference_column: str | None = Field(
         None, description="a column with the expected text (e.g. from pdftotext); adds a per-row `cer` "
         "and the overall character error rate to the summary")
@@ -70,6 +89,8 @@ class LoadedOcr:
     rec: Any
     characters: list[str]
     provider: str
+    cls: Any = None
+    threads: int = 1
 
     @property
     def load_counts(self) -> dict[str, Any]:
@@ -92,6 +113,12 @@ def find_ocr_models(folder: Path) -> tuple[Path, Path]:
     return det[0], rec[0]
 
 
+def find_direction_model(folder: Path) -> Path | None:
+    """The folder's ``*cls*.onnx`` text-direction classifier, if it has exactly one."""
+    found = sorted(folder.glob("*cls*.onnx")) if folder.is_dir() else []
+    return found[0] if len(found) == 1 else None
+
+
 class OcrTask(ImageTask):
     """Detect lines per page, recognise all lines of a group of pages in width-sorted fixed-size batches."""
 
@@ -104,7 +131,7 @@ class OcrTask(ImageTask):
 
     def result_fields(self) -> list[pa.Field]:
         line = pa.struct([pa.field("text", pa.string()), pa.field("box", pa.list_(pa.int32())),
-                          pa.field("confidence", pa.float32())])
+                          pa.field("quad", pa.list_(pa.int32())), pa.field("confidence", pa.float32())])
         fields = [pa.field("text", pa.string()), pa.field("lines", pa.list_(line)), pa.field("n_lines", pa.int32())]
         if self.config.reference_column:
             fields.append(pa.field("cer", pa.float32()))
@@ -142,35 +169,64 @@ class OcrTask(ImageTask):
         import onnxruntime as ort
 
         det_path, rec_path = find_ocr_models(model_dir)
+        cls_path = find_direction_model(model_dir) if self.config.use_direction else None
         options = ort.SessionOptions()
         options.log_severity_level = 3
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         providers: list[Any] = ["CPUExecutionProvider"]
+        threads = _task_threads()
         if device.startswith("cuda") and "CUDAExecutionProvider" in ort.get_available_providers():
             index = int(device.split(":")[1]) if ":" in device else 0
             providers = [("CUDAExecutionProvider", {"device_id": index}), "CPUExecutionProvider"]
         else:
-            options.intra_op_num_threads = _task_threads()
+            # one intra-op pool as wide as the task's cores; no inter-op pool (the graphs are sequential), and
+            # its threads do not spin between runs (they would steal cycles from the post-processing)
+            options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         det = ort.InferenceSession(str(det_path), sess_options=options, providers=providers)
         rec = ort.InferenceSession(str(rec_path), sess_options=options, providers=providers)
+        cls = ort.InferenceSession(str(cls_path), sess_options=options, providers=providers) if cls_path else None
         meta = rec.get_modelmeta().custom_metadata_map
         if "character" not in meta:
             from pipeline.models.loading import ModelError
 
             raise ModelError(f"recogniser {rec_path} has no 'character' list in its ONNX metadata")
         characters = ["<blank>", *meta["character"].splitlines(), " "]
-        return LoadedOcr(det, rec, characters, det.get_providers()[0])
+        return LoadedOcr(det, rec, characters, det.get_providers()[0], cls=cls, threads=threads)
 
     # -- the steps ------------------------------------------------------------------------------
-    def detect(self, loaded: LoadedOcr, image: np.ndarray) -> list[Any]:
-        """Line boxes of one page, in reading order."""
+    def detect(self, loaded: LoadedOcr, image: np.ndarray, timer: "StageTimer | None" = None) -> list[Any]:
+        """Rotated line boxes of one page, in reading order."""
         from pipeline.images.ocr_steps import boxes_from_probability, detection_input, detection_size
 
+        timer = timer or StageTimer()
         c = self.config
-        size = detection_size(image.shape[0], image.shape[1], min_side=c.det_min_side, max_side=c.det_max_side)
-        prob = loaded.det.run(None, {loaded.det.get_inputs()[0].name: detection_input(image, size)})[0][0, 0]
-        return boxes_from_probability(prob, page_size=image.shape[:2], threshold=c.det_threshold,
-                                      box_threshold=c.box_threshold, unclip_ratio=c.unclip_ratio)
+        with timer("detect"):
+            size = detection_size(image.shape[0], image.shape[1], min_side=c.det_min_side, max_side=c.det_max_side)
+            prob = loaded.det.run(None, {loaded.det.get_inputs()[0].name: detection_input(image, size)})[0][0, 0]
+        with timer("boxes"):
+            return boxes_from_probability(prob, page_size=image.shape[:2], threshold=c.det_threshold,
+                                          box_threshold=c.box_threshold, unclip_ratio=c.unclip_ratio)
+
+    def directions(self, loaded: LoadedOcr, crops: list[np.ndarray]) -> np.ndarray:
+        """For each crop, the direction classifier's probability that it is upside down (mean over its windows);
+        all 0 without a classifier."""
+        from pipeline.images.ocr_steps import direction_input
+
+        upside_down = np.zeros(len(crops), np.float64)
+        if loaded.cls is None or not crops:
+            return upside_down
+        name = loaded.cls.get_inputs()[0].name
+        step = max(self.batching.batch_size, 1) * 2
+        for start in range(0, len(crops), step):
+            windows, owner = direction_input(crops[start : start + step])
+            probs = np.concatenate([loaded.cls.run(None, {name: windows[k : k + 64]})[0]
+                                    for k in range(0, len(windows), 64)])
+            sums = np.bincount(owner, weights=probs[:, 1], minlength=len(crops[start : start + step]))
+            upside_down[start : start + step] = sums / np.bincount(owner, minlength=len(sums))
+        return upside_down
 
     def recognize(self, loaded: LoadedOcr, crops: list[np.ndarray], counts: WorkerCounts | None = None
                   ) -> list[tuple[str, float]]:
@@ -194,28 +250,88 @@ class OcrTask(ImageTask):
                                  padded_tokens=batch.padded_tokens)
         return results
 
-    def run_group(self, loaded: LoadedOcr, images: list[DecodedImage], counts: WorkerCounts) -> list[dict[str, Any]]:
-        from pipeline.images.ocr_steps import crop_line
+    def read_pages(self, loaded: LoadedOcr, images: list[np.ndarray], counts: WorkerCounts | None = None,
+                   timer: "StageTimer | None" = None) -> list[list[dict[str, Any]]]:
+        """The recognised lines of each page, in reading order: ``{"text", "box", "quad", "confidence"}``."""
+        from pipeline.images.ocr_steps import crop_line, noise_level, reading_order, smooth_line
 
-        boxes_per_page = [self.detect(loaded, im.array) for im in images]
-        crops, owners = [], []
-        for page, (im, boxes) in enumerate(zip(images, boxes_per_page)):
-            for box in boxes:
-                crops.append(crop_line(im.array, box, max_width=self.config.max_line_width))
-                owners.append(page)
-        recognised = self.recognize(loaded, crops, counts) if crops else []
-        counts.add("images_inferred", len(images))
-        counts.add("ocr_lines", len(crops))
+        timer = timer or StageTimer()
+        boxes_per_page = [self.detect(loaded, image, timer) for image in images]
+        crops, owners, flat_boxes = [], [], []
+        with timer("crops"):
+            for page, (image, boxes) in enumerate(zip(images, boxes_per_page)):
+                noisy = bool(boxes) and self.config.denoise_sigma > 0 and (
+                    noise_level(image) > self.config.denoise_threshold)
+                for box in boxes:
+                    crop = crop_line(image, box, max_width=self.config.max_line_width)
+                    crops.append(smooth_line(crop, sigma=self.config.denoise_sigma) if noisy else crop)
+                    owners.append(page)
+                    flat_boxes.append(box)
+        with timer("direction"):
+            flipped = self._turned_lines(self.directions(loaded, crops), np.array(owners, np.int64), len(images))
+            for i in np.flatnonzero(flipped):
+                crops[i] = np.ascontiguousarray(crops[i][::-1, ::-1])
+        with timer("recognize"):
+            recognised = self.recognize(loaded, crops, counts) if crops else []
+        owners_arr = np.array(owners, dtype=np.int64)
         lines: list[list[dict[str, Any]]] = [[] for _ in images]
-        flat_boxes = [b for boxes in boxes_per_page for b in boxes]
-        for page, box, (text, conf) in zip(owners, flat_boxes, recognised):
-            if text.strip() and conf >= self.config.min_confidence:
-                lines[page].append({"text": text, "box": [box.x0, box.y0, box.x1, box.y1], "confidence": conf})
+        for page, (image, boxes) in enumerate(zip(images, boxes_per_page)):
+            index = np.flatnonzero(owners_arr == page)
+            order = list(range(len(boxes)))
+            if index.size and flipped[index].mean() > 0.5:
+                # most lines upside down: the page is, so it reads in the order of the page turned over
+                turned = [b.rotated_180(image.shape[:2]) for b in boxes]
+                position = {id(b): k for k, b in enumerate(turned)}
+                order = [position[id(b)] for b in reading_order(turned)]
+            for k in order:
+                i = int(index[k])
+                text, conf = recognised[i]
+                if text.strip() and conf >= self.config.min_confidence:
+                    box = flat_boxes[i]
+                    lines[page].append({"text": text, "box": [box.x0, box.y0, box.x1, box.y1],
+                                        "quad": box.as_ints(), "confidence": conf})
+        if counts is not None:
+            counts.add("ocr_lines", len(crops))
+            counts.add("ocr_lines_turned", int(flipped.sum()))
+        return lines
+
+    def _turned_lines(self, upside_down: np.ndarray, owners: np.ndarray, pages: int) -> np.ndarray:
+        """Which lines to turn: all lines of a page that the classifier finds upside down on the whole (mean
+        probability over its lines above 0.5), and any line whose own probability reaches
+        ``task.direction_threshold``; on an upright page only the latter."""
+        turned = upside_down >= self.config.direction_threshold
+        for page in range(pages):
+            mine = owners == page
+            if mine.any() and upside_down[mine].mean() > 0.5:
+                turned[mine] = upside_down[mine] > 1 - self.config.direction_threshold
+        return turned
+
+    def run_group(self, loaded: LoadedOcr, images: list[DecodedImage], counts: WorkerCounts) -> list[dict[str, Any]]:
+        timer = StageTimer()
+        lines = self.read_pages(loaded, [im.array for im in images], counts, timer)
+        counts.add("images_inferred", len(images))
+        for stage, seconds in timer.seconds.items():
+            counts.add(f"ocr_{stage}_seconds", seconds)
         out = []
         for page_lines in lines:
             text = "\n".join(line["text"] for line in page_lines)
             out.append({"text": text, "lines": page_lines, "n_lines": len(page_lines), "n_tokens": len(text)})
         return out
+
+
+class StageTimer:
+    """Seconds per named stage, summed: ``with timer("detect"): ...``."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - started
 
 
 def _task_threads() -> int:
@@ -233,8 +349,9 @@ class OcrJob(TaskJob):
     def model_info(self, config: JobConfig, task: Any) -> ModelInfo:
         folder = task.resolve_model_dir(config.model.path)
         det, rec = find_ocr_models(folder)
-        name = config.model.name or f"{det.stem.replace('_det_infer', '')}+rec"
-        return ModelInfo(config.model.path, name, files_revision([det, rec]))
+        cls = find_direction_model(folder) if config.task.use_direction else None
+        name = config.model.name or f"{det.stem.replace('_det_infer', '')}+rec" + ("+cls" if cls else "")
+        return ModelInfo(config.model.path, name, files_revision([det, rec] + ([cls] if cls else [])))
 
     def summary_lines(self, spark: Any, config: JobConfig, counts: dict[str, Any],
                       model: ModelInfo) -> dict[str, str]:
@@ -246,6 +363,11 @@ class OcrJob(TaskJob):
                           f"{int(counts.get('ocr_lines', 0)):,} lines detected",
             "recogniser padding": f"{eff:.3f} ({real:,} real / {padded:,} padded columns, {sort})",
         }
+        stage_seconds = {s: float(counts.get(f"ocr_{s}_seconds", 0.0)) for s in STAGES}
+        if any(stage_seconds.values()):
+            pages = max(int(counts.get("images_inferred", 0)), 1)
+            lines["seconds per page"] = ", ".join(f"{s} {v / pages:.2f}" for s, v in stage_seconds.items()) + (
+                f" (worker seconds; {int(counts.get('ocr_lines_turned', 0)):,} lines turned upside up)")
         ref_chars = float(counts.get("cer_reference_chars", 0))
         if ref_chars:
             lines["character error rate"] = (f"{counts.get('cer_errors', 0) / ref_chars:.4f} against "
