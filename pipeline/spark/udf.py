@@ -14,8 +14,10 @@ reach the output, so neither do its counts.
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
+from collections import deque
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Iterator
@@ -108,20 +110,35 @@ def score_partition(
     if ctx is not None and ctx.attemptNumber() > 0:
         counts.add("task_retries")  # this attempt succeeds only if its rows reach the output
     task = plan.build_task()
-    loaded = None
     keep = ("id", *plan.keep_columns)
+    batches = iter(batches)
+    first = next(batches, None)
+    if first is None:
+        return  # an empty task loads nothing
+    loaded = _load_for_task(task, plan, ctx, worker, counts)
+    if progress is not None:
+        progress.restart()  # rates from the first batch on, not from the model load
+    taken: deque[pa.RecordBatch] = deque()
+
+    def task_inputs() -> Iterator[pa.RecordBatch]:
+        for batch in itertools.chain([first], batches):
+            taken.append(batch)  # its id and kept columns join its results, in order
+            yield pa.RecordBatch.from_arrays([batch.column(c) for c in plan.input_columns],
+                                             names=list(plan.input_columns))
+
+    results = _results(task, loaded, task_inputs(), counts, ctx.cpus() if ctx else 1)
     held: pa.RecordBatch | None = None
-    for n, batch in enumerate(batches):
-        if loaded is None:
-            loaded = _load_for_task(task, plan, ctx, worker, counts)
-            if progress is not None:
-                progress.restart()  # rates from the first batch on, not from the model load
+    n = 0
+    while True:
         t0 = time.perf_counter()
-        inputs = pa.RecordBatch.from_arrays([batch.column(c) for c in plan.input_columns], names=list(plan.input_columns))
-        result = task.process(loaded, inputs, counts)
+        result = next(results, None)
+        # the time this thread spends in the task for the chunk (chunks ahead read and tokenised included)
+        counts.add("infer_seconds", time.perf_counter() - t0)
+        if result is None:
+            break
+        batch = taken.popleft()
         arrays = [batch.column(c) for c in keep] + list(result.columns)
         names = list(keep) + result.schema.names
-        counts.add("infer_seconds", time.perf_counter() - t0)
         counts.merge({"rows_per_worker": {worker: batch.num_rows}})
         out = pa.RecordBatch.from_arrays(arrays, names=names)
         if plan.faults and ctx is not None:
@@ -137,8 +154,20 @@ def score_partition(
             held = out
         if n == 0 and plan.faults and ctx is not None:
             faults.on_task_start(ctx.partitionId(), ctx.attemptNumber())
+        n += 1
     if held is not None:
         yield _with_metrics(held, plan.metrics_column, json.dumps(counts.counts))
+
+
+def _results(task: Any, loaded: Any, inputs: Iterator[pa.RecordBatch], counts: WorkerCounts,
+             cpus: int) -> Iterator[pa.RecordBatch]:
+    """The task's result chunks, in input order: its own stream (text tasks overlap the model), else chunk by chunk."""
+    stream = getattr(task, "process_stream", None)
+    if stream is not None:
+        yield from stream(loaded, inputs, counts, cpus=max(1, int(cpus or 1)))
+    else:
+        for chunk in inputs:
+            yield task.process(loaded, chunk, counts)
 
 
 def _load_for_task(task: Any, plan: InferencePlan, ctx: Any, worker: str, counts: WorkerCounts) -> Any:
