@@ -19,7 +19,7 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
 .PHONY: venv jars venv-vllm demo demo-s3 demo-data report demo-generate demo-generate-vllm demo-recs demo-images demo-images-data test \
-	test-vllm bench bench-batching bench-gpu bench-generate bench-generate-width bench-scaling bench-images lock lock-vllm \
+	test-vllm bench bench-batching bench-gpu bench-generate bench-generate-width bench-scaling bench-images bench-feed lock lock-vllm \
 	clean
 
 $(STAMP): requirements.lock requirements-data.lock pyproject.toml
@@ -171,6 +171,13 @@ bench-generate-width: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
 # rows (BENCH_ARGS=--full adds 10M), the per-task sweep and synthetic commits of up to 100,000 files.
 bench-scaling: demo-data
 	PYTHONPATH=. $(PY) bench/bench_scaling.py $(BENCH_ARGS)
+
+# Keep a GPU busy (docs/benchmarks.md, "Keeping a GPU busy"): device busy fraction and docs/s on a simulated GPU
+# (bench/sim_device.py) at 2,000/10,000/50,000 docs/s, inline vs overlapped worker, three layouts, reviews and
+# news-length documents; 3 repeats -> bench/results_feed.json. About 6 minutes on 2 cores at FEED_ROWS=2000.
+FEED_ROWS ?= 2000
+bench-feed: demo-data
+	PYTHONPATH=. $(PY) bench/bench_feed.py --rows $(FEED_ROWS) $(BENCH_ARGS)
 
 # Image benchmark (docs/benchmarks_images.md): images/s of the pipeline vs a single-process loop, and the
 # OCR recogniser's padding with and without width bucketing.
