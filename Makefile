@@ -19,7 +19,8 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
 .PHONY: venv jars venv-vllm demo demo-s3 demo-data report demo-generate demo-generate-vllm demo-recs demo-images demo-images-data test \
-	test-vllm bench bench-batching bench-gpu bench-generate bench-generate-width bench-scaling bench-small-jobs bench-images lock lock-vllm \
+	test-vllm bench bench-batching bench-gpu bench-generate bench-generate-width bench-scaling bench-small-jobs bench-images \
+	bench-feed lock lock-vllm \
 	clean
 
 $(STAMP): requirements.lock requirements-data.lock pyproject.toml
@@ -178,6 +179,13 @@ bench-scaling: demo-data
 # rows, cold (a new process) and warm (a second run_job in the same session).
 bench-small-jobs: demo-data jars
 	PYTHONPATH=. $(PY) bench/small_jobs.py $(BENCH_ARGS)
+
+# Keep a GPU busy (docs/benchmarks.md, "Keeping a GPU busy"): device busy fraction and docs/s on a simulated GPU
+# (bench/sim_device.py) at 2,000/10,000/50,000 docs/s, inline vs overlapped worker, three layouts, reviews and
+# news-length documents; 3 repeats -> bench/results_feed.json. About 6 minutes on 2 cores at FEED_ROWS=2000.
+FEED_ROWS ?= 2000
+bench-feed: demo-data
+	PYTHONPATH=. $(PY) bench/bench_feed.py --rows $(FEED_ROWS) $(BENCH_ARGS)
 
 # Image benchmark (docs/benchmarks_images.md): images/s of the pipeline vs a single-process loop, and the
 # OCR recogniser's padding with and without width bucketing.

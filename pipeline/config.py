@@ -215,6 +215,9 @@ class BatchingConfig(_Model):
     pad_to_multiple_of: Union[Literal["auto"], Annotated[int, Field(gt=0)]] = Field(
         "auto", description="`auto`: 8 on CUDA, 1 on CPU (rounding only adds padding on CPU)")
     sort_by_length: bool = Field(True, description="sort each chunk by token count")
+    chunks_ahead: int = Field(
+        1, ge=0, description="text tasks: chunks read and tokenised while the model runs the current one "
+        "(its batches on a device thread); 0: the inline worker, one chunk at a time. Same results either way")
 
 
 class SinkConfig(_Model):

@@ -51,6 +51,7 @@ CHANGES_NOTHING = {
     "token_budget": dict(batching={"token_budget": 4096}),
     "bucket_shapes": dict(batching={"bucket_shapes": [32, 64, 128, 256]}),
     "sort_by_length": dict(batching={"sort_by_length": False}),
+    "chunks_ahead": dict(batching={"chunks_ahead": 0}),
     "pad_to_multiple_of": dict(batching={"pad_to_multiple_of": 8}),
     "model folder moved": dict(model={"path": "/mnt/elsewhere/a"}),
     "device": dict(model={"device": "cpu"}),

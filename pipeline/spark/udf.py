@@ -14,8 +14,10 @@ reach the output, so neither do its counts.
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
+from collections import deque
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Iterator
@@ -110,32 +112,54 @@ def score_partition(
     if ctx is not None and ctx.attemptNumber() > 0:
         counts.add("task_retries")  # this attempt succeeds only if its rows reach the output
     task = plan.build_task()
-    loaded = None
     keep = ("id", *plan.keep_columns)
+    batches = iter(batches)
+    first = next(batches, None)
+    if first is None:
+        return  # an empty task loads nothing
+    loaded = _load_for_task(task, plan, ctx, worker, counts)
+    if progress is not None:
+        progress.restart()  # rates from the first batch on, not from the model load
+    task_schema = task.output_schema()
+    # (rows with an id, rows without one already flagged or None) per chunk, in input order
+    taken: deque[tuple[pa.RecordBatch, pa.RecordBatch | None]] = deque()
+
+    def task_inputs() -> Iterator[pa.RecordBatch]:
+        for batch in itertools.chain([first], batches):
+            valid, invalid = _split_null_ids(batch, task_schema, plan, counts)
+            taken.append((valid, invalid))  # its id and kept columns join its results, in order
+            if valid.num_rows or invalid is None:  # a chunk of rows without ids only never reaches the model
+                yield pa.RecordBatch.from_arrays([valid.column(c) for c in plan.input_columns],
+                                                 names=list(plan.input_columns))
+
+    results = _results(task, loaded, task_inputs(), counts, ctx.cpus() if ctx else 1)
+
+    def outputs() -> Iterator[pa.RecordBatch]:
+        """Each chunk's kept columns beside its results (its rows without an id after them), in input order."""
+        while True:
+            t0 = time.perf_counter()
+            result = next(results, None)
+            # the time this thread spends in the task for the chunk (chunks ahead read and tokenised included)
+            counts.add("infer_seconds", time.perf_counter() - t0)
+            while taken and taken[0][0].num_rows == 0 and taken[0][1] is not None:
+                yield taken.popleft()[1]  # rows without ids only: no result of the task's
+            if result is None:
+                break
+            valid, invalid = taken.popleft()
+            out = pa.RecordBatch.from_arrays([valid.column(c) for c in keep] + list(result.columns),
+                                             names=list(keep) + result.schema.names)
+            if invalid is not None:
+                rows = pa.Table.from_batches([out])
+                flagged = pa.Table.from_batches([invalid.select(out.schema.names)]).cast(out.schema)
+                out = pa.concat_tables([rows, flagged]).combine_chunks().to_batches()[0]
+            yield out
+        for _, invalid in taken:  # the task's stream ended: what is left holds rows without ids only
+            if invalid is not None:
+                yield invalid
+
     held: pa.RecordBatch | None = None
-    for n, batch in enumerate(batches):
-        if loaded is None:
-            loaded = _load_for_task(task, plan, ctx, worker, counts)
-            if progress is not None:
-                progress.restart()  # rates from the first batch on, not from the model load
-        t0 = time.perf_counter()
-        task_schema = task.output_schema()
-        batch, invalid = _split_null_ids(batch, task_schema, plan, counts)
-        inputs = pa.RecordBatch.from_arrays([batch.column(c) for c in plan.input_columns], names=list(plan.input_columns))
-        result = task.process(loaded, inputs, counts) if batch.num_rows or invalid is None else None
-        names = list(keep) + (result.schema.names if result is not None else task_schema.names)
-        if result is None:  # only rows without an id: the model is not asked
-            arrays = [invalid.column(c) for c in names]
-        elif invalid is None:
-            arrays = [batch.column(c) for c in keep] + list(result.columns)
-        else:
-            valid = pa.Table.from_batches([pa.RecordBatch.from_arrays(
-                [batch.column(c) for c in keep] + list(result.columns), names=names)])
-            flagged = pa.Table.from_batches([invalid.select(names)]).cast(valid.schema)
-            arrays = pa.concat_tables([valid, flagged]).combine_chunks().to_batches()[0].columns
-        counts.add("infer_seconds", time.perf_counter() - t0)
-        counts.merge({"rows_per_worker": {worker: batch.num_rows}})
-        out = pa.RecordBatch.from_arrays(arrays, names=names)
+    for n, out in enumerate(outputs()):
+        counts.merge({"rows_per_worker": {worker: out.num_rows}})
         if plan.faults and ctx is not None:
             out = faults.on_output(out, ctx.partitionId(), n)
         if plan.metrics_column is None:
@@ -186,6 +210,17 @@ def _split_null_ids(batch: pa.RecordBatch, schema: pa.Schema, plan: InferencePla
                                          names=[*keep, *schema.names])
     counts.add_status({INVALID_ID: n})
     return batch.filter(pc.invert(missing)), invalid
+
+
+def _results(task: Any, loaded: Any, inputs: Iterator[pa.RecordBatch], counts: WorkerCounts,
+             cpus: int) -> Iterator[pa.RecordBatch]:
+    """The task's result chunks, in input order: its own stream (text tasks overlap the model), else chunk by chunk."""
+    stream = getattr(task, "process_stream", None)
+    if stream is not None:
+        yield from stream(loaded, inputs, counts, cpus=max(1, int(cpus or 1)))
+    else:
+        for chunk in inputs:
+            yield task.process(loaded, chunk, counts)
 
 
 def _load_for_task(task: Any, plan: InferencePlan, ctx: Any, worker: str, counts: WorkerCounts) -> Any:

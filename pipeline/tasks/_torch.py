@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["forward", "label_columns", "label_map_array", "list_array"]
+__all__ = ["forward", "label_columns", "label_map_array", "list_array", "to_device"]
 
 
 def forward(model: Any, input_ids: np.ndarray, attention_mask: np.ndarray, *, precision: str) -> Any:
@@ -21,12 +21,29 @@ def forward(model: Any, input_ids: np.ndarray, attention_mask: np.ndarray, *, pr
     from pipeline.models.precision import autocast_dtype
 
     device = next(model.parameters()).device
-    ids = torch.from_numpy(input_ids).to(device, non_blocking=True)
-    mask = torch.from_numpy(attention_mask).to(device, non_blocking=True)
+    ids, mask = to_device(input_ids, device), to_device(attention_mask, device)
     dtype = autocast_dtype(precision, device.type)
     autocast: Any = torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
     with torch.inference_mode(), autocast:
         return model(input_ids=ids, attention_mask=mask)
+
+
+def to_device(array: np.ndarray, device: Any) -> Any:
+    """``array`` as a tensor on ``device``; on CUDA through page-locked host memory, copied asynchronously.
+
+    A copy from ordinary (pageable) memory makes the calling thread wait for it;
+    from pinned memory it is a DMA the GPU does while this thread queues the
+    forward's kernels behind it on the same stream (``non_blocking``), and
+    torch's caching host allocator keeps the pinned block until the copy is
+    done. UNTESTED on a GPU: no GPU runs in this project's tests; run
+    ``bench/gpu.sh`` where one is lent. On CPU: a zero-copy view, as before.
+    """
+    import torch
+
+    tensor = torch.from_numpy(array)
+    if device.type == "cuda":
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
 
 
 def list_array(values: np.ndarray | None, valid: np.ndarray, value_type: Any) -> Any:

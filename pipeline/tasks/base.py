@@ -24,7 +24,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import Any, ClassVar, Hashable, Protocol, Sequence
+from typing import Any, ClassVar, Hashable, Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -34,7 +34,8 @@ from pipeline.config import BatchingConfig, ModelConfig
 from pipeline.metrics import WorkerCounts
 
 __all__ = [
-    "MALFORMED", "NO_CONTENT", "STATUS_FIELDS", "LoadedText", "Task", "TextTask", "TokenizedChunk", "carries_content",
+    "MALFORMED", "NO_CONTENT", "STATUS_FIELDS", "ChunkWork", "LoadedText", "Task", "TextTask", "TokenizedChunk",
+    "carries_content",
     "content_free", "malformed_rows", "special_token_ids",
 ]
 
@@ -121,6 +122,22 @@ class TokenizedChunk:
         return token_lengths(self.token_ids)
 
 
+@dataclass
+class ChunkWork:
+    """One chunk between its CPU sides: statuses so far, the rows to score, their tokens, batches and results."""
+
+    n: int
+    status: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=object))
+    error: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=object))
+    n_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    truncated: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    tok: TokenizedChunk | None = None
+    batches: list[Batch] = field(default_factory=list)
+    results: dict[str, np.ndarray] = field(default_factory=dict)
+    errors: dict[int, str] = field(default_factory=dict)
+
+
 def token_lengths(token_ids: Sequence[Sequence[int]]) -> np.ndarray:
     return np.fromiter((len(t) for t in token_ids), dtype=np.int64, count=len(token_ids))
 
@@ -198,13 +215,14 @@ def _describe(exc: BaseException, limit: int = 500) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def tokenize_rows(tokenizer: Any, texts: Sequence[str], *, max_length: int) -> tuple[list[list[int] | None], np.ndarray, dict[int, str]]:
+def tokenize_rows(tokenizer: Any, texts: Sequence[str], *, max_length: int,
+                  threads: int = 1) -> tuple[list[list[int] | None], np.ndarray, dict[int, str]]:
     """Like :func:`tokenize`, but a text the tokenizer rejects becomes an error instead of failing all.
 
     Returns ``(ids, truncated, errors)``; ``ids[i]`` is None for rows in ``errors``.
     """
     try:
-        ids, truncated = tokenize(tokenizer, texts, max_length=max_length)
+        ids, truncated = tokenize(tokenizer, texts, max_length=max_length, threads=threads)
         return list(ids), truncated, {}
     except Exception:  # noqa: BLE001 - find the offending rows one by one
         ids_out: list[list[int] | None] = []
@@ -221,14 +239,19 @@ def tokenize_rows(tokenizer: Any, texts: Sequence[str], *, max_length: int) -> t
         return ids_out, trunc, errors
 
 
-def tokenize(tokenizer: Any, texts: Sequence[str], *, max_length: int) -> tuple[list[list[int]], np.ndarray]:
-    """Token ids truncated to ``max_length`` (special tokens included) and a per-row truncation flag."""
+def tokenize(tokenizer: Any, texts: Sequence[str], *, max_length: int,
+             threads: int = 1) -> tuple[list[list[int]], np.ndarray]:
+    """Token ids truncated to ``max_length`` (special tokens included) and a per-row truncation flag.
+
+    ``threads`` > 1 (the task's cores) encodes slices of ``texts`` in parallel threads; each text's
+    ids do not depend on its neighbours, so the result is the same.
+    """
     if not texts:  # transformers' own call fails on an empty list
         return [], np.zeros(0, dtype=bool)
     cap = max_length * _CHARS_PER_TOKEN_CAP
     cut = np.fromiter((len(t) > cap for t in texts), dtype=bool, count=len(texts))
     clipped = [t[:cap] if c else t for t, c in zip(texts, cut)]
-    encodings = _encode(tokenizer, clipped, max_length=max_length)
+    encodings = _encode(tokenizer, clipped, max_length=max_length, threads=threads)
     ids = [e.ids for e in encodings]
     truncated = np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(ids))
     # A clipped text that still fits was clipped in whitespace or markup only;
@@ -239,7 +262,7 @@ def tokenize(tokenizer: Any, texts: Sequence[str], *, max_length: int) -> tuple[
     return ids, truncated
 
 
-def _encode(tokenizer: Any, texts: list[str], *, max_length: int) -> list[Any]:
+def _encode(tokenizer: Any, texts: list[str], *, max_length: int, threads: int = 1) -> list[Any]:
     """The fast tokenizer's encodings of ``texts``, as ``tokenizer(texts, truncation=True, ...)`` makes them.
 
     The transformers call sets the Rust tokenizer up (truncation, no padding, special
@@ -249,13 +272,26 @@ def _encode(tokenizer: Any, texts: list[str], *, max_length: int) -> list[Any]:
     rest goes straight to it; ``encode_batch_fast`` also skips character offsets.
     On 20,000 documents with MiniLM's tokenizer: 1.80 s -> 1.31 s (one thread).
     Same ids and overflow (``tests/test_tokenize.py``).
+
+    With ``threads`` > 1 the rest is cut into that many slices encoded by a thread
+    each: the Rust call releases the GIL, so a task given several cores
+    (``spark.task.cpus``) tokenises on all of them; each slice stays in order.
     """
     backend = getattr(tokenizer, "_tokenizer", None)
     if len(texts) <= 1 or backend is None or not _plain_fast_call(type(tokenizer)):
         return tokenizer(texts, truncation=True, max_length=max_length, add_special_tokens=True).encodings
     head = tokenizer(texts[:1], truncation=True, max_length=max_length, add_special_tokens=True).encodings
     encode = getattr(backend, "encode_batch_fast", None) or backend.encode_batch
-    return [*head, *encode(texts[1:], add_special_tokens=True)]
+    rest = texts[1:]
+    if threads <= 1 or len(rest) < 2 * threads:
+        return [*head, *encode(rest, add_special_tokens=True)]
+    from concurrent.futures import ThreadPoolExecutor
+
+    step = -(-len(rest) // threads)
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sbi-tokenize") as pool:
+        parts = pool.map(lambda start: encode(rest[start : start + step], add_special_tokens=True),
+                         range(0, len(rest), step))
+        return [*head, *(e for part in parts for e in part)]
 
 
 _CALL_PATH = ("__call__", "_call_one", "_encode_plus", "_batch_encode_plus")
@@ -348,17 +384,52 @@ class TextTask:
         raise NotImplementedError
 
     # -- the chunk loop -----------------------------------------------------------------------
-    def process(self, loaded: Any, chunk: pa.RecordBatch, counts: WorkerCounts) -> pa.RecordBatch:
+    def process(self, loaded: Any, chunk: pa.RecordBatch, counts: WorkerCounts, *, cpus: int = 1) -> pa.RecordBatch:
+        """Results for every row of ``chunk``, in order: prepare (CPU), run the batches (model), finish (CPU)."""
+        work = self._prepare(loaded, chunk, cpus=cpus)
+        self._run_work(loaded, work, counts)
+        return self._finish(loaded, work, counts)
+
+    def process_stream(
+        self, loaded: Any, chunks: Iterable[pa.RecordBatch], counts: WorkerCounts, *, cpus: int = 1
+    ) -> Iterator[pa.RecordBatch]:
+        """:meth:`process` for each chunk of a Spark task, in order, with the model kept busy.
+
+        With ``batching.chunks_ahead`` > 0 the model's batches run on one device
+        thread (``pipeline.tasks._feed``) while this thread reads and tokenises
+        the next chunk and builds the previous one's columns; the same batches
+        run in the same order, so every result is the inline worker's. 0 is the
+        inline worker: one chunk at a time.
+        """
+        ahead = getattr(self.batching, "chunks_ahead", 0)
+        if ahead <= 0:
+            for chunk in chunks:
+                yield self.process(loaded, chunk, counts, cpus=cpus)
+            return
+        from pipeline.tasks._feed import LockedCounts, overlapped
+
+        shared = LockedCounts(counts)
+        yield from overlapped(
+            chunks,
+            prepare=lambda chunk: self._prepare(loaded, chunk, cpus=cpus),
+            run=lambda work: self._run_work(loaded, work, shared),
+            finish=lambda work: self._finish(loaded, work, shared),
+            ahead=ahead,
+        )
+
+    def _prepare(self, loaded: Any, chunk: pa.RecordBatch, *, cpus: int = 1) -> "ChunkWork":
+        """Statuses, tokens and the batch plan of one chunk: its CPU side before the model."""
         n = chunk.num_rows
         texts_col = chunk.column(chunk.schema.get_field_index("text"))
         texts: list[str | None] = texts_col.to_pylist()
         if pa.types.is_binary(texts_col.type) or pa.types.is_large_binary(texts_col.type):
             # raw bytes (logs): invalid UTF-8 becomes U+FFFD rather than failing the row
             texts = [None if b is None else b.decode("utf-8", errors="replace") for b in texts]
-        status = np.full(n, "ok", dtype=object)
-        error = np.full(n, None, dtype=object)
-        n_tokens = np.zeros(n, dtype=np.int32)
-        truncated = np.zeros(n, dtype=bool)
+        work = ChunkWork(
+            n=n, status=np.full(n, "ok", dtype=object), error=np.full(n, None, dtype=object),
+            n_tokens=np.zeros(n, dtype=np.int32), truncated=np.zeros(n, dtype=bool),
+        )
+        status, error = work.status, work.error
 
         malformed = malformed_rows(chunk)
         valid = []
@@ -374,63 +445,74 @@ class TextTask:
             else:
                 valid.append(i)
         rows = np.asarray(valid, dtype=np.int64)
+        work.rows = rows
+        if not rows.size:
+            return work
+        tokenizer = loaded.tokenizer
+        valid_texts = [texts[i] for i in rows]
+        token_ids, trunc, tok_errors = tokenize_rows(tokenizer, valid_texts, max_length=self.batching.max_length,
+                                                     threads=cpus)
+        for i, message in tok_errors.items():
+            status[rows[i]], error[rows[i]] = "error", message
+        # only special and unknown tokens: nothing for the model to score (flagged, not run)
+        special = special_token_ids(tokenizer)
+        for i, ids in enumerate(token_ids):
+            if ids is not None and content_free(ids, special):
+                status[rows[i]] = NO_CONTENT
+        keep = np.array([i not in tok_errors and status[rows[i]] != NO_CONTENT for i in range(rows.size)],
+                        dtype=bool)
+        work.rows = rows[keep]
+        work.tok = TokenizedChunk(
+            work.rows, [t for t, k in zip(valid_texts, keep) if k],
+            [t for t, k in zip(token_ids, keep) if k], trunc[keep],
+        )
+        work.batches = self._plan(loaded, work.tok)
+        return work
 
-        results: dict[str, np.ndarray | None] = {}
-        if rows.size:
-            tokenizer = loaded.tokenizer
-            valid_texts = [texts[i] for i in rows]
-            token_ids, trunc, tok_errors = tokenize_rows(tokenizer, valid_texts, max_length=self.batching.max_length)
-            for i, message in tok_errors.items():
-                status[rows[i]], error[rows[i]] = "error", message
-            # only special and unknown tokens: nothing for the model to score (flagged, not run)
-            special = special_token_ids(tokenizer)
-            for i, ids in enumerate(token_ids):
-                if ids is not None and content_free(ids, special):
-                    status[rows[i]] = NO_CONTENT
-            keep = np.array([i not in tok_errors and status[rows[i]] != NO_CONTENT for i in range(rows.size)],
-                            dtype=bool)
-            rows = rows[keep]
-            tok = TokenizedChunk(
-                rows, [t for t, k in zip(valid_texts, keep) if k],
-                [t for t, k in zip(token_ids, keep) if k], trunc[keep],
-            )
-            results, batch_errors = self._run_batches(loaded, tok, counts)
-            n_tokens[rows] = tok.lengths
-            truncated[rows] = tok.truncated
+    def _run_work(self, loaded: Any, work: "ChunkWork", counts: WorkerCounts) -> None:
+        """Forward every planned batch of ``work`` (results scattered to its token order; poison rows in ``errors``)."""
+        if work.tok is None:
+            return
+        pad_id = pad_token_id(loaded.tokenizer)
+        for batch in work.batches:
+            self._run_guarded(loaded, work.tok, batch.indices, pad_id, work.results, work.errors, counts)
+
+    def _finish(self, loaded: Any, work: "ChunkWork", counts: WorkerCounts) -> pa.RecordBatch:
+        """Statuses and result columns of a chunk whose batches have run: its CPU side after the model."""
+        status, error, rows, results = work.status, work.error, work.rows, work.results
+        if work.tok is not None:
+            tok = work.tok
+            work.n_tokens[rows] = tok.lengths
+            work.truncated[rows] = tok.truncated
             status[rows[tok.truncated]] = "truncated"
-            if batch_errors:
-                failed = np.fromiter(batch_errors, dtype=np.int64)
-                for i, message in batch_errors.items():
+            if work.errors:
+                failed = np.fromiter(work.errors, dtype=np.int64)
+                for i, message in work.errors.items():
                     status[rows[i]], error[rows[i]] = "error", message
                 ok = np.ones(rows.size, dtype=bool)
                 ok[failed] = False
                 results = {name: arr[ok] for name, arr in results.items()}
                 rows = rows[ok]
 
-        valid_mask = np.zeros(n, dtype=bool)
+        valid_mask = np.zeros(work.n, dtype=bool)
         valid_mask[rows] = True
         columns = self.build_columns(loaded, results, valid_mask)
-        counts.add("rows", n)
+        counts.add("rows", work.n)
         counts.add("chunks")
         counts.add_status({str(s): int(c) for s, c in zip(*np.unique(status.astype(str), return_counts=True))})
         columns += [
-            pa.array(n_tokens, pa.int32()),
-            pa.array(truncated, pa.bool_()),
+            pa.array(work.n_tokens, pa.int32()),
+            pa.array(work.truncated, pa.bool_()),
             pa.array(status.tolist(), pa.string()),
             pa.array(error.tolist(), pa.string()),
         ]
         return pa.RecordBatch.from_arrays(columns, schema=self.output_schema())
 
-    def _run_batches(
-        self, loaded: Any, tok: TokenizedChunk, counts: WorkerCounts
-    ) -> tuple[dict[str, np.ndarray], dict[int, str]]:
-        """Forward every batch; results scattered to ``tok`` order, plus ``{position: error}`` for poison rows."""
-        tokenizer = loaded.tokenizer
-        lengths = tok.lengths
+    def _plan(self, loaded: Any, tok: TokenizedChunk) -> list[Batch]:
         device_type = next(loaded.model.parameters()).device.type
         self._multiple = pad_multiple(self.batching.pad_to_multiple_of, device_type)
-        batches: list[Batch] = plan_batches(
-            lengths,
+        return plan_batches(
+            tok.lengths,
             batch_size=self.batching.batch_size,
             pad_to_multiple_of=self._multiple,
             max_length=self.batching.max_length,
@@ -438,12 +520,6 @@ class TextTask:
             token_budget=self.batching.token_budget,
             bucket_shapes=self.batching.bucket_shapes,
         )
-        pad_id = pad_token_id(tokenizer)
-        out: dict[str, np.ndarray] = {}
-        errors: dict[int, str] = {}
-        for batch in batches:
-            self._run_guarded(loaded, tok, batch.indices, pad_id, out, errors, counts)
-        return out, errors
 
     def _run_guarded(
         self, loaded: LoadedText, tok: TokenizedChunk, indices: np.ndarray, pad_id: int,
