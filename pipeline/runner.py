@@ -157,6 +157,12 @@ def _run_rows_remain(spark: "SparkSession", config: JobConfig, *, by: str | None
         return False
 
 
+def _uses_object_store(config: JobConfig) -> bool:
+    """Whether the job names an ``s3a://``/``s3://`` location (a session built for it needs the S3A jars)."""
+    locations = [config.source.path, config.sink.path, config.sink.quarantine_path, config.run.runs_path]
+    return any(str(loc).startswith(("s3a://", "s3://")) for loc in locations if loc)
+
+
 def _kind_and_task(config: JobConfig, task: Any = None) -> tuple[TaskKind, Any]:
     """The registered kind of ``config.task``, and ``task`` (built from the config only when not given)."""
     kind = get_task_kind(config.task.kind)
@@ -455,7 +461,7 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     clock.lap("model check")
     if spark is None:  # a metastore or object store endpoint nobody answers fails in seconds, not minutes
         check_job_addresses(config, timeout_s=config.spark.connect_timeout_s)
-    spark = spark or get_session(config.spark)
+    spark = spark or get_session(config.spark, object_stores=_uses_object_store(config))
     recorder.note(spark=spark)
     clock.lap("session")
     check_locations(spark, config)  # a remote path the session cannot reach fails here, before any work

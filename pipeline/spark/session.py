@@ -14,7 +14,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from pipeline.config import SparkConfig
-from pipeline.spark.jars import session_jar_confs
+from pipeline.spark.jars import GROUPS, session_jar_confs
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -93,12 +93,15 @@ def apply_session_settings(spark: "SparkSession", config: SparkConfig, *, out: A
                   file=out or sys.stderr, flush=True)
 
 
-def get_session(config: SparkConfig) -> "SparkSession":
+def get_session(config: SparkConfig, *, object_stores: bool = True) -> "SparkSession":
     """A Spark Connect session (``spark.remote`` / ``SPARK_REMOTE``), the active session, or a new local one.
 
     Our runtime SQL settings are applied in every case. Under spark-submit the
     master and resources come from spark-submit; here ``spark.master`` is only
-    set when Python started Spark itself.
+    set when Python started Spark itself. ``object_stores=False`` leaves the
+    cached S3A jars off a session built here (the runner passes it for a job
+    with no ``s3a://`` location: 690 MB of AWS SDK on the classpath cost about
+    4 s of every start on 2 cores).
     """
     url = remote_url(config)
     if url:
@@ -128,9 +131,10 @@ def get_session(config: SparkConfig) -> "SparkSession":
         "spark.sql.execution.pyspark.udf.faulthandler.enabled": "true",
     }
     # the Delta connector and S3A jars fetched once by `make jars` (pipeline.spark.jars), when cached
-    jars = session_jar_confs()
+    jars = session_jar_confs(GROUPS if object_stores else tuple(g for g in GROUPS if g != "s3"))
     if jars and config.conf.get("spark.jars"):
         jars["spark.jars"] = f"{config.conf['spark.jars']},{jars['spark.jars']}"
+    defaults.update(_local_delta_defaults(config))
     for key, value in {**defaults, **session_settings(config), **config.conf, **jars}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
@@ -138,6 +142,21 @@ def get_session(config: SparkConfig) -> "SparkSession":
     quiet_task_failure_logs(spark)
     _warn_single_attempt(spark)
     return spark
+
+
+def _local_delta_defaults(config: SparkConfig) -> dict[str, str]:
+    """On a local master: the Delta connector replays a table's log in as many partitions as there are cores.
+
+    Its default, 50, is sized for clusters: on 2 local cores every read of a small table's snapshot ran 50
+    tasks, and a 100-row job spent 25 of its seconds there (bench/small_jobs.py). ``spark.conf`` overrides.
+    """
+    from pipeline.spark.planning import cores_from_settings
+
+    master = with_local_task_attempts(config.master, config.local_task_attempts)
+    if not master.startswith("local") or os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return {}
+    cores = cores_from_settings({"spark.master": master}, local_cpus=os.cpu_count() or 1) or 1
+    return {"spark.databricks.delta.snapshotPartitions": str(max(1, min(cores, 50)))}
 
 
 def quiet_task_failure_logs(spark: "SparkSession") -> None:
