@@ -191,33 +191,45 @@ def test_output_columns_and_the_grammar_is_compiled_once_per_load(model_dir):
 
 # -- Spark, Delta, quarantine --------------------------------------------------------------------------------
 
-def test_extract_job_on_spark_writes_typed_fields_and_quarantines_invalid_output(any_spark, tmp_path, model_dir):
-    """Through run_job into Delta (classic and Spark Connect): the fields struct is typed from the schema, rows
-    cut off at their budget are quarantined as invalid_output, and rows in = written + quarantined."""
+@pytest.fixture
+def connect_spark(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """The Spark Connect session only: the classic path runs the same glue in the generate task's Spark test, and
+    each extra Spark job costs minutes on a loaded 2-core machine."""
+    from .conftest import CONNECT_MODE
+
+    session = request.getfixturevalue("spark_connect")
+    monkeypatch.setenv(CONNECT_MODE, "1")
+    return session
+
+
+def test_extract_job_on_spark_connect_writes_typed_fields_and_quarantines_invalid_output(connect_spark, tmp_path,
+                                                                                          model_dir):
+    """Through run_job into Delta on Spark Connect: the fields struct is typed from the schema, a row cut off at
+    its budget is quarantined as invalid_output (counted against the error budget), rows in = written +
+    quarantined."""
     from deltalake import DeltaTable
 
     from pipeline.runner import run_job
 
-    texts = TEXTS * 2
-    # a per-row budget of 4 tokens cuts rows 1 and 9 off mid-JSON: invalid_output
-    budgets = pa.array([4 if i in (1, 9) else None for i in range(len(texts))], pa.int64())
-    config = generate_job(tmp_path, model_dir, texts, kind="extract", columns={"budget": budgets}, task={
+    # a per-row budget of 4 tokens cuts row 1 off mid-JSON: invalid_output
+    budgets = pa.array([4 if i == 1 else None for i in range(len(TEXTS))], pa.int64())
+    config = generate_job(tmp_path, model_dir, TEXTS, kind="extract", columns={"budget": budgets}, task={
         "backend": "transformers", "template": "Review: {text}", "output_schema": SHORT, "schema_in_prompt": False,
         "max_input_tokens": 32, "max_new_tokens": 64, "max_new_tokens_column": "budget", "slots": 3,
     }, run={"max_error_fraction": 0.5})
-    summary = run_job(config, spark=any_spark)
+    summary = run_job(config, spark=connect_spark)
     table = DeltaTable(str(tmp_path / "out"))
     fields_type = pa.schema(table.schema().to_arrow()).field("fields").type
     assert fields_type == pa.struct([("sentiment", pa.string()), ("spoiler", pa.bool_()), ("rating", pa.int64())])
     rows = {r["doc_id"]: r for r in table.to_pyarrow_table().to_pylist()}
     quarantine = {r["doc_id"]: r for r in DeltaTable(str(tmp_path / "out_quarantine")).to_pyarrow_table().to_pylist()}
-    assert len(rows) + len(quarantine) == len(texts) and summary.rows_out == len(rows)
-    assert {k for k, q in quarantine.items() if q["status"] == "invalid_output"} >= {"g01", "g09"}
-    assert "cut off at its 4-token budget" in quarantine["g01"]["error"]
+    assert len(rows) + len(quarantine) == summary.rows_in == len(TEXTS) and summary.rows_out == len(rows)
+    assert quarantine["g01"]["status"] == "invalid_output" and "cut off at its 4-token budget" in quarantine["g01"]["error"]
+    assert summary.status.get("invalid_output") == summary.rows_quarantined == len(quarantine)
     validator = Draft202012Validator(SHORT)
-    ok = [r for r in rows.values() if r["status"] == "ok"]
-    assert len(ok) >= len(texts) // 2
-    for r in ok:
+    done = [r for r in rows.values() if r["status"] in ("ok", "truncated")]
+    assert len(done) >= 5
+    for r in done:
         assert not list(validator.iter_errors(json.loads(r["completion"], strict=False)))
         assert r["fields"] == json.loads(r["completion"], strict=False)
     assert rows["g07"]["status"] == "skipped_empty" and rows["g07"]["fields"] is None

@@ -50,8 +50,8 @@ class ExtractTaskConfig(GenerateTaskConfig):
     kind: Literal["extract"] = "extract"  # type: ignore[assignment]
     output_schema: Union[dict[str, Any], str] = Field(
         ..., description="JSON Schema of the fields (inline, or a .json file path read at config time); objects "
-        "with string, integer, number, boolean and enum properties, arrays (`maxItems`), nested objects, "
-        "`required`, `minimum`/`maximum`, `[\"<type>\", \"null\"]`")
+        "with string (`maxLength`), integer, number, boolean and enum properties, arrays (`maxItems`), nested "
+        "objects, `required`, `minimum`/`maximum`, `[\"<type>\", \"null\"]`")
     constrained: bool = Field(
         True, description="constrain decoding to the schema (xgrammar; vLLM: its structured outputs); "
         "false: free decoding, checked afterwards (for measuring what the constraint buys)")
