@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 
 def main() -> None:
@@ -33,14 +34,14 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     job = load_config(args.conf)
-    model_dir = args.model or job.model.path
+    model_dir = Path(args.model or job.model.path)
     docs = (DeltaTable(job.source.path).to_pyarrow_table(columns=["doc_id", "source", "label", "text"])
             .filter(pa.compute.equal(pa.compute.field("source"), "rotten_tomatoes")).slice(0, args.rows))
     chunk = pa.RecordBatch.from_pydict({"text": docs.column("text").to_pylist()})
     labels = docs.column("label").to_pylist()
     for constrained in (True, False):
         cfg = job.task.model_copy(update={"constrained": constrained, "backend": args.backend})
-        task = build_task(cfg, model=job.model.model_copy(update={"path": model_dir}), batching=job.batching)
+        task = build_task(cfg, model=job.model.model_copy(update={"path": str(model_dir)}), batching=job.batching)
         started = time.perf_counter()
         loaded = task.load(model_dir, "cpu")
         load_s = time.perf_counter() - started
