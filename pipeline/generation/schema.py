@@ -29,7 +29,9 @@ from typing import Any, Mapping
 
 import pyarrow as pa
 
-__all__ = ["SCALAR_TYPES", "SUPPORTED_KEYWORDS", "arrow_type", "check_schema", "load_schema", "parse_completion"]
+from pipeline.errors import ConfigError
+
+__all__ = ["SCALAR_TYPES", "SUPPORTED_KEYWORDS", "SchemaError", "arrow_type", "check_schema", "load_schema", "parse_completion"]
 
 SCALAR_TYPES = {"string": pa.string(), "integer": pa.int64(), "number": pa.float64(), "boolean": pa.bool_()}
 # annotations that change nothing in the output, and the keywords each type takes
@@ -45,7 +47,7 @@ _BY_TYPE = {
 SUPPORTED_KEYWORDS = frozenset({"type", "enum"} | _ANNOTATIONS | set().union(*_BY_TYPE.values()))
 
 
-class SchemaError(ValueError):
+class SchemaError(ConfigError):
     """An output schema this task cannot follow (the message names the keyword and where it is)."""
 
 
