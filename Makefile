@@ -108,8 +108,8 @@ demo-generate-vllm: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
 EXTRACT_ROWS ?= 48
 EXTRACT_SUBMIT = --master 'local[*,4]' --driver-memory 2g --conf spark.ui.enabled=false --conf spark.log.level=WARN \
 	  jobs/extract_fields.py --conf conf/extract_fields.yaml --set source.limit=$(EXTRACT_ROWS)
-demo-extract: demo-data $(LLM_DIR)/model.safetensors
-	$(VENV)/bin/spark-submit $(EXTRACT_SUBMIT) --set task.backend=transformers $(ARGS)
+demo-extract: demo-data jars $(LLM_DIR)/model.safetensors
+	$(VENV)/bin/spark-submit $(JAR_ARGS) $(EXTRACT_SUBMIT) --set task.backend=transformers $(ARGS)
 
 # The same job on the vllm backend (vLLM's structured outputs), from the vLLM environment.
 demo-extract-vllm: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
@@ -118,9 +118,9 @@ demo-extract-vllm: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
 
 # Log lines: component, severity and error code per line of LOG_FILES (any text logs) into warehouse/demo/log_fields.
 LOG_FILES ?= /var/log/postgresql/*.log
-demo-extract-logs: $(LLM_DIR)/model.safetensors
+demo-extract-logs: jars $(LLM_DIR)/model.safetensors
 	mkdir -p warehouse/demo/logs && cp $(LOG_FILES) warehouse/demo/logs/
-	$(VENV)/bin/spark-submit --master 'local[*,4]' --driver-memory 2g --conf spark.ui.enabled=false \
+	$(VENV)/bin/spark-submit $(JAR_ARGS) --master 'local[*,4]' --driver-memory 2g --conf spark.ui.enabled=false \
 	  --conf spark.log.level=WARN jobs/extract_fields.py --conf conf/extract_log_fields.yaml \
 	  --set task.backend=transformers $(ARGS)
 
