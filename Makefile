@@ -18,7 +18,8 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: venv jars venv-vllm demo demo-s3 demo-data report demo-generate demo-generate-vllm demo-recs demo-images demo-images-data test \
+.PHONY: venv jars venv-vllm demo demo-s3 demo-data report demo-generate demo-generate-vllm demo-extract demo-extract-vllm \
+	demo-extract-logs bench-extract demo-recs demo-images demo-images-data test \
 	test-vllm bench bench-batching bench-gpu bench-generate bench-generate-width bench-scaling bench-small-jobs bench-images \
 	bench-feed lock lock-vllm \
 	clean
@@ -102,6 +103,33 @@ demo-generate: demo-data $(LLM_DIR)/model.safetensors
 demo-generate-vllm: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
 	$(VLLM_SPARK_ENV) \
 	  $(VLLM_VENV)/bin/spark-submit $(GEN_SUBMIT) --set task.backend=vllm $(ARGS)
+
+# Structured extraction demo: sentiment enum, 1-5 rating and up to three aspects per review, constrained to the
+# JSON Schema in conf/extract_fields.yaml, into the typed `fields` struct of warehouse/demo/review_fields.
+EXTRACT_ROWS ?= 48
+EXTRACT_SUBMIT = --master 'local[*,4]' --driver-memory 2g --conf spark.ui.enabled=false --conf spark.log.level=WARN \
+	  jobs/extract_fields.py --conf conf/extract_fields.yaml --set source.limit=$(EXTRACT_ROWS)
+demo-extract: demo-data jars $(LLM_DIR)/model.safetensors
+	$(VENV)/bin/spark-submit $(JAR_ARGS) $(EXTRACT_SUBMIT) --set task.backend=transformers $(ARGS)
+
+# The same job on the vllm backend (vLLM's structured outputs), from the vLLM environment.
+demo-extract-vllm: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
+	$(VLLM_SPARK_ENV) \
+	  $(VLLM_VENV)/bin/spark-submit $(EXTRACT_SUBMIT) --set task.backend=vllm $(ARGS)
+
+# Log lines: component, severity and error code per line of LOG_FILES (any text logs) into warehouse/demo/log_fields.
+LOG_FILES ?= /var/log/postgresql/*.log
+demo-extract-logs: jars $(LLM_DIR)/model.safetensors
+	mkdir -p warehouse/demo/logs && cp $(LOG_FILES) warehouse/demo/logs/
+	$(VENV)/bin/spark-submit $(JAR_ARGS) --master 'local[*,4]' --driver-memory 2g --conf spark.ui.enabled=false \
+	  --conf spark.log.level=WARN jobs/extract_fields.py --conf conf/extract_log_fields.yaml \
+	  --set task.backend=transformers $(ARGS)
+
+# Constrained against free decoding on the labelled reviews: rows that parse, sentiment accuracy, tokens/s;
+# and xgrammar against lm-format-enforcer (mask time per token, compile time).
+bench-extract: demo-data $(LLM_DIR)/model.safetensors
+	$(PY) bench/bench_extract.py --rows $(EXTRACT_ROWS) $(BENCH_ARGS)
+	$(PY) bench/bench_grammar_libs.py --model $(LLM_DIR) --rows 8
 
 # Image demo: sample photos (scikit-image wheel) + bad images -> classify_images (EfficientNet-Lite0) -> Delta;
 # pages of Debian PDF manuals (apt-get download, pdftoppm) -> ocr_pages (PP-OCRv4, onnxruntime) -> Delta,

@@ -110,20 +110,23 @@ def save_mismatched_folder(path: Path, **shape: int) -> Path:
     return path
 
 
-def generate_job(tmp_path: Path, model_dir: Path, texts: list, task: dict, *, id_prefix: str = "g"):
-    """A ``generate`` job over a Delta table of ``texts`` (ids ``<prefix>00``...), writing to ``tmp_path/out``."""
+def generate_job(tmp_path: Path, model_dir: Path, texts: list, task: dict, *, id_prefix: str = "g",
+                 kind: str = "generate", columns: dict | None = None, run: dict | None = None):
+    """A ``generate`` (or ``kind``) job over a Delta table of ``texts`` (ids ``<prefix>00``...) and any other
+    ``columns``, writing to ``tmp_path/out``; ``run`` adds run settings."""
     import pyarrow as pa
     from deltalake import write_deltalake
 
     from pipeline.config import build_config
 
     ids = [f"{id_prefix}{i:02d}" for i in range(len(texts))]
-    write_deltalake(str(tmp_path / "reviews"), pa.table({"doc_id": ids, "text": pa.array(texts, pa.string())}))
+    write_deltalake(str(tmp_path / "reviews"),
+                    pa.table({"doc_id": ids, "text": pa.array(texts, pa.string()), **(columns or {})}))
     return build_config({
         "job": "generate_test",
         "source": {"format": "delta", "path": str(tmp_path / "reviews"), "id_column": "doc_id"},
         "model": {"path": str(model_dir), "name": model_dir.name},
-        "task": {"kind": "generate", **task},
+        "task": {"kind": kind, **task},
         "sink": {"path": str(tmp_path / "out"), "mode": "overwrite_partition"},
-        "run": {"progress": False, "ds": "2026-11-30"},
+        "run": {"progress": False, "ds": "2026-11-30", **(run or {})},
     })

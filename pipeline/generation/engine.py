@@ -14,6 +14,11 @@ they differ only in when prompts are admitted:
 
 Greedy results of both modes equal ``model.generate`` on each prompt alone
 (same positions, same masking; see ``kv.py``); results come back in input order.
+
+With a ``constraint`` (``pipeline.generation.grammar.JsonConstraint``) each row
+carries its own grammar state, created when the row is admitted and advanced
+by each of its tokens, so rows that join or leave the batch at any step are
+masked by their own position in the grammar.
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ class _Row:
     generator: Any
     started: float
     tokens: list[int] = field(default_factory=list)
+    matcher: Any = None  # this row's grammar state (constrained decoding only)
 
 
 class BatchGenerator:
@@ -92,6 +98,7 @@ class BatchGenerator:
         slots: int = 8,
         max_seq_len: int = 2048,
         sampling: SamplingParams = SamplingParams(),
+        constraint: Any = None,
     ) -> None:
         if mode not in ("static", "continuous"):
             raise ValueError(f"mode must be 'static' or 'continuous', got {mode!r}")
@@ -103,6 +110,7 @@ class BatchGenerator:
         self.slots = slots
         self.max_seq_len = max_seq_len
         self.sampling = sampling
+        self.constraint = constraint
         self.eos_ids = eos_ids(model, tokenizer)
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (min(self.eos_ids) if self.eos_ids else 0))
@@ -112,7 +120,7 @@ class BatchGenerator:
     def one_at_a_time(self) -> "BatchGenerator":
         """A one-slot static generator over the same model: for retrying rows alone after a batch failed."""
         return BatchGenerator(self.model, self.tokenizer, mode="static", slots=1, max_seq_len=self.max_seq_len,
-                              sampling=self.sampling)
+                              sampling=self.sampling, constraint=self.constraint)
 
     def generate(self, requests: Sequence[GenerationRequest], *,
                  on_finish: Callable[[int, GenerationResult], None] | None = None) -> list[GenerationResult]:
@@ -151,7 +159,8 @@ class BatchGenerator:
         """Prefill newcomers (in length-similar groups), choose their first tokens, merge the unfinished ones."""
         for group in prefill_groups([len(r.prompt_ids) for r in reqs]):
             now = time.perf_counter()
-            rows = [_Row(indices[g], reqs[g], None if self.sampling.greedy else make_generator(reqs[g].seed), now)
+            rows = [_Row(indices[g], reqs[g], None if self.sampling.greedy else make_generator(reqs[g].seed), now,
+                         matcher=self.constraint.matcher() if self.constraint is not None else None)
                     for g in group]
             newcomers, logits = SlotBatch.prefill(
                 self.model, rows, [reqs[g].prompt_ids for g in group], pad_id=self.pad_id
@@ -172,10 +181,17 @@ class BatchGenerator:
     def _advance(self, batch: SlotBatch, logits: Any, results: list[GenerationResult | None]) -> SlotBatch | None:
         """Append each row's next token; rows that finish get their result and leave the batch."""
         rows: list[_Row] = batch.rows
+        if self.constraint is not None:
+            started = time.perf_counter()
+            logits = logits.float().contiguous()
+            self.constraint.mask(logits, [r.matcher for r in rows])
+            self._count("grammar_s", time.perf_counter() - started)
         tokens = choose_tokens(logits, [r.generator for r in rows], self.sampling)
         keep = []
         for b, (row, token) in enumerate(zip(rows, tokens)):
             row.tokens.append(int(token))
+            if row.matcher is not None:
+                self.constraint.accept(row.matcher, token)
             done = self._finish(row)
             if done is None:
                 keep.append(b)

@@ -146,8 +146,9 @@ class VllmGenerator:
     """
 
     def __init__(self, llm: Any, tokenizer: Any, *, sampling: SamplingParams, max_seq_len: int,
-                 eos_ids: frozenset[int] = frozenset()) -> None:
+                 eos_ids: frozenset[int] = frozenset(), json_schema: dict[str, Any] | None = None) -> None:
         self.llm = llm
+        self.json_schema = json_schema
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
         self.sampling = sampling
@@ -192,6 +193,7 @@ class VllmGenerator:
                     # the finished row only (no per-step cumulative outputs); vLLM detokenizes
                     # only to find stop strings: the completion text is decoded once, in _result
                     output_kind=RequestOutputKind.FINAL_ONLY, detokenize=bool(params.stop),
+                    **self._structured(),
                 )
                 engine.add_request(request_id, prompt, sampling)
             while engine.has_unfinished_requests():
@@ -220,6 +222,15 @@ class VllmGenerator:
 
     def _count(self, name: str, value: float = 1) -> None:
         self.stats[name] = self.stats.get(name, 0) + value
+
+    def _structured(self) -> dict[str, Any]:
+        """``SamplingParams`` arguments that constrain a row to ``json_schema`` (vLLM's structured outputs)."""
+        if self.json_schema is None:
+            return {}
+        from vllm.sampling_params import StructuredOutputsParams
+
+        # vLLM compiles each distinct schema once and caches it (xgrammar backend by default)
+        return {"structured_outputs": StructuredOutputsParams(json=self.json_schema, disable_any_whitespace=True)}
 
     def _result(self, out: Any, prompt_tokens: int, started: float) -> GenerationResult:
         completion = out.outputs[0]
@@ -253,6 +264,7 @@ def load_vllm(
     sampling: SamplingParams,
     gpu_addresses: Sequence[str] = (),
     max_kv_cache_mb: float | None = None,
+    json_schema: dict[str, Any] | None = None,
 ) -> tuple[Any, VllmGenerator]:
     """``(tokenizer, generator)`` for a Hugging Face causal LM folder, with the engine built from ``config``.
 
@@ -260,7 +272,8 @@ def load_vllm(
     config) is shut down first. ``gpu_addresses`` are the GPUs Spark gave this
     task: they become ``CUDA_VISIBLE_DEVICES`` (before CUDA starts in this
     worker) and, with ``tensor_parallel_size: auto``, the tensor-parallel
-    degree. ``max_kv_cache_mb`` refuses a planned KV cache above it.
+    degree. ``max_kv_cache_mb`` refuses a planned KV cache above it. ``json_schema``
+    constrains every row to that schema (vLLM's structured outputs).
     """
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
@@ -296,7 +309,8 @@ def load_vllm(
     except OSError:  # no generation_config.json: derived from config.json, as vLLM does
         generation = GenerationConfig.from_model_config(AutoConfig.from_pretrained(str(model_dir)))
     eos = eos_ids(SimpleNamespace(generation_config=generation), tokenizer)
-    generator = VllmGenerator(llm, tokenizer, sampling=sampling, max_seq_len=max_seq_len, eos_ids=eos)
+    generator = VllmGenerator(llm, tokenizer, sampling=sampling, max_seq_len=max_seq_len, eos_ids=eos,
+                              json_schema=json_schema)
     _engine["current"] = generator
     return tokenizer, generator
 

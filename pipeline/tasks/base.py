@@ -6,8 +6,9 @@ Spark glue in ``pipeline.spark.udf`` only finds the cached model, hands each
 chunk to :meth:`Task.process` and yields the result.
 
 Every result carries ``status`` (``ok``, ``truncated``, ``skipped_null``,
-``skipped_empty``, ``skipped_no_content``, ``error``) and ``error`` (a message, or
-null), so no input row is ever dropped.
+``skipped_empty``, ``skipped_no_content``, ``error``; ``extract`` adds
+``invalid_output``) and ``error`` (a message, or null), so no input row is ever
+dropped.
 
 ``skipped_no_content`` marks text that is not blank but gives the model nothing
 to read: only control or format characters and U+FFFD (NUL bytes, invalid UTF-8

@@ -187,7 +187,7 @@ class GenerateTask:
             precision = weights_precision(generator.model)
         prompts = PromptBuilder(
             tokenizer, template=cfg.template, use_chat_template=cfg.use_chat_template,
-            system_prompt=cfg.system_prompt, max_input_tokens=cfg.max_input_tokens, truncation=cfg.truncation,
+            system_prompt=self.system_prompt(), max_input_tokens=cfg.max_input_tokens, truncation=cfg.truncation,
         )
         vocab = read_model_config(model_dir).get("vocab_size")
         return LoadedGenerator(tokenizer, prompts, generator, backend=backend, precision=precision,
@@ -206,7 +206,7 @@ class GenerateTask:
             check_kv_budget(need, cfg.max_kv_cache_mb, what=f"{cfg.slots} slots x {self.max_seq_len} tokens",
                             knob="task.slots")
         generator = BatchGenerator(model, tokenizer, mode=cfg.mode, slots=cfg.slots, max_seq_len=self.max_seq_len,
-                                   sampling=sampling)
+                                   sampling=sampling, constraint=self.constraint(tokenizer, model))
         return tokenizer, generator
 
     def _load_vllm(self, model_dir: Path, device: str, sampling: SamplingParams) -> tuple[Any, Any]:
@@ -221,7 +221,8 @@ class GenerateTask:
         cache.discard(lambda obj: isinstance(obj, LoadedGenerator) and obj.backend == "vllm")
         gpus = task_gpu_addresses() if device.startswith("cuda") else ()
         return load_vllm(model_dir, config=cfg.vllm, precision=self.model.precision, max_seq_len=self.max_seq_len,
-                         sampling=sampling, gpu_addresses=gpus, max_kv_cache_mb=cfg.max_kv_cache_mb)
+                         sampling=sampling, gpu_addresses=gpus, max_kv_cache_mb=cfg.max_kv_cache_mb,
+                         json_schema=self.vllm_json_schema())
 
     def process(self, loaded: LoadedGenerator, chunk: pa.RecordBatch, counts: WorkerCounts) -> pa.RecordBatch:
         missing = [c for c in self.input_columns if c not in chunk.schema.names]
@@ -274,6 +275,7 @@ class GenerateTask:
             results[i] = result
             if result.finish_reason == "error":
                 status[i], error[i] = "error", result.error
+        leading = self.check_outputs(results, status, error)
 
         counts.add("rows", n)
         counts.add("chunks")
@@ -283,7 +285,25 @@ class GenerateTask:
             if result is not None:
                 reasons[result.finish_reason] = reasons.get(result.finish_reason, 0) + 1
         counts.merge({"finish_reasons": reasons})
-        return self._to_batch(results, truncated, status, error)
+        return self._to_batch(results, truncated, status, error, leading=leading)
+
+    # -- what a subclass (the extract kind) changes ----------------------------------------------
+    def system_prompt(self) -> str | None:
+        """The system message inside the chat template."""
+        return self.config.system_prompt
+
+    def constraint(self, tokenizer: Any, model: Any) -> Any:
+        """The transformers backend's decoding constraint (a ``JsonConstraint``), or None: free text."""
+        return None
+
+    def vllm_json_schema(self) -> dict[str, Any] | None:
+        """The JSON Schema vLLM's structured outputs constrain each row to, or None: free text."""
+        return None
+
+    def check_outputs(self, results: list[GenerationResult | None], status: np.ndarray,
+                      error: np.ndarray) -> list[pa.Array]:
+        """Check the completions (may flag rows in ``status``/``error``); returns columns put before the results."""
+        return []
 
     # -- helpers ------------------------------------------------------------------------------
     def _has_content(self, tokenizer: Any, value: str, special: frozenset[int]) -> bool:
@@ -388,12 +408,13 @@ class GenerateTask:
         shutdown_engine()
 
     def _to_batch(self, results: list[GenerationResult | None], truncated: np.ndarray, status: np.ndarray,
-                  error: np.ndarray) -> pa.RecordBatch:
+                  error: np.ndarray, *, leading: Sequence[pa.Array] = ()) -> pa.RecordBatch:
         def col(get: Any) -> list[Any]:
             return [None if r is None else get(r) for r in results]
 
         prompt_tokens = col(lambda r: r.prompt_tokens)
         columns = [
+            *leading,
             pa.array(col(lambda r: None if r.finish_reason == "error" else r.completion), pa.string()),
             pa.array(prompt_tokens, pa.int32()),
             pa.array(col(lambda r: r.completion_tokens), pa.int32()),
