@@ -192,10 +192,13 @@ def test_incremental_runs_rescore_rows_whose_fingerprint_changed(spark, tmp_path
     assert {k for k, r in latest.items() if (r["task_fingerprint"], r["run_id"]) == (fp, second.run_id)} == (
         set(latest) - {"d05"})
     assert latest["d05"]["run_id"] == first.run_id  # its new score failed: the old one stays the latest
-    # the failed row is in quarantine with the run's fingerprint, and the next run retries only it
+    # the failed row is in quarantine with the run's fingerprint: the next run skips it as known-bad,
+    # and retries only it when asked to
     quarantine = pa.table(DeltaTable(str(tmp_path / "scores_quarantine")).to_pyarrow_table()).to_pylist()
     assert [(r["doc_id"], r["task_fingerprint"]) for r in quarantine] == [("d05", fp)]
-    assert _pending(spark, labels, revision) == 1
+    assert _pending(spark, labels, revision) == 0
+    retry = labels.model_copy(update={"run": labels.run.model_copy(update={"retry_quarantined": True})})
+    assert _pending(spark, retry, revision) == 1
 
     # an output written before fingerprints existed: a clear error, and the advice in it works
     old = read_scores(tmp_path).drop_columns(["task_fingerprint"])
