@@ -62,6 +62,12 @@ def test_end_to_end_append_then_partition_overwrite(any_spark, tmp_path, tiny_em
     assert summary.tasks == 2 and sum(summary.rows_per_worker.values()) == 200
     assert sum(summary.batch_sizes[k] * int(k) for k in summary.batch_sizes) == 198  # null/blank: no batch
     assert "rows per worker" in out.getvalue()
+    # where the driver's time went, stage by stage, in the order they ran (the session was given: ~0 s)
+    stages = list(summary.stage_seconds)
+    assert stages[:2] == ["runs table", "model check"] and "driver stages           : " in out.getvalue()
+    assert [s for s in stages if s in ("planning", "inference and check", "commit", "read-back")] == [
+        "planning", "inference and check", "commit", "read-back"]
+    assert summary.stage_seconds["inference and check"] > 0 and all(v >= 0 for v in summary.stage_seconds.values())
 
     table = read_scores(tmp_path)
     assert summary.tokens == sum(table["n_tokens"].to_pylist()) > 0  # the counts match the rows written
