@@ -80,6 +80,7 @@ JAR_ARGS = $$($(PY) -m pipeline.spark.jars submit-args)
 demo: demo-data jars
 	$(VENV)/bin/spark-submit $(JAR_ARGS) --master 'local[*,4]' --driver-memory 2g \
 	  --conf spark.ui.enabled=false --conf spark.ui.showConsoleProgress=false --conf spark.log.level=WARN \
+	  --conf spark.databricks.delta.snapshotPartitions=$$(nproc) \
 	  jobs/score_documents.py --conf conf/score_documents.yaml --set source.limit=$(DEMO_ROWS) $(ARGS)
 
 # The demo through the Delta connector into s3a://demo/document_scores on a local S3 server (moto, loopback),
