@@ -23,3 +23,16 @@ def test_runtime_settings_apply_on_both_kinds(any_spark, request):
         assert any_spark.conf.get("spark.sql.shuffle.partitions") == "3"
     finally:
         apply_session_settings(any_spark, SparkConfig(arrow_max_records_per_batch=int(before), shuffle_partitions=4))
+
+
+def test_a_local_master_replays_the_delta_log_in_as_many_partitions_as_cores():
+    """Delta's default of 50 partitions cost a 100-row job 25 s on 2 local cores (docs/benchmarks.md)."""
+    import os
+
+    from pipeline.spark.session import _local_delta_defaults
+
+    key = "spark.databricks.delta.snapshotPartitions"
+    assert _local_delta_defaults("local[2,4]") == {key: "2"}
+    assert _local_delta_defaults("local-cluster[2, 1, 2048]") == {key: "2"}
+    assert _local_delta_defaults("local[*,4]") == {key: str(min(os.cpu_count() or 1, 50))}
+    assert _local_delta_defaults("yarn") == {} and _local_delta_defaults("spark://host:7077") == {}

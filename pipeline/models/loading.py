@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 import os
@@ -75,24 +74,12 @@ def model_revision(path: Path) -> str:
     Two folders with the same files get the same revision wherever they live,
     so it identifies what scored a row in the output's lineage.
     """
-    from pipeline.models.files import cached_by_files
+    from pipeline.models.files import cached_by_files, files_revision
 
-    files = sorted(
-        p for p in path.iterdir()
-        if p.is_file() and (p.suffix in _WEIGHT_SUFFIXES or p.name in _FINGERPRINT_FILES)
-    )
-
-    def sha256() -> str:
-        digest = hashlib.sha256()
-        for file in files:
-            digest.update(file.name.encode())
-            with file.open("rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    digest.update(block)
-        return digest.hexdigest()[:16]
-
+    files = [p for p in path.iterdir()
+             if p.is_file() and (p.suffix in _WEIGHT_SUFFIXES or p.name in _FINGERPRINT_FILES)]
     # reading every weight byte costs seconds per GB: kept by the files' metadata (pipeline.models.files)
-    return cached_by_files("model_revision v1", files, sha256)[0]
+    return cached_by_files("model_revision v1", files, lambda: files_revision(files))[0]
 
 
 def check_weights(path: Path) -> None:

@@ -118,8 +118,10 @@ def get_session(config: SparkConfig, *, object_stores: bool = True) -> "SparkSes
     # Workers must run this interpreter (the venv), not whatever python3 is first on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(config.app_name)
+    master = None
     if not os.environ.get("PYSPARK_GATEWAY_PORT"):  # not launched by spark-submit
-        builder = builder.master(with_local_task_attempts(config.master, config.local_task_attempts))
+        master = with_local_task_attempts(config.master, config.local_task_attempts)
+        builder = builder.master(master)
     defaults = {
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
@@ -134,7 +136,8 @@ def get_session(config: SparkConfig, *, object_stores: bool = True) -> "SparkSes
     jars = session_jar_confs(GROUPS if object_stores else tuple(g for g in GROUPS if g != "s3"))
     if jars and config.conf.get("spark.jars"):
         jars["spark.jars"] = f"{config.conf['spark.jars']},{jars['spark.jars']}"
-    defaults.update(_local_delta_defaults(config))
+    if master is not None:
+        defaults.update(_local_delta_defaults(master))
     for key, value in {**defaults, **session_settings(config), **config.conf, **jars}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
@@ -144,19 +147,18 @@ def get_session(config: SparkConfig, *, object_stores: bool = True) -> "SparkSes
     return spark
 
 
-def _local_delta_defaults(config: SparkConfig) -> dict[str, str]:
-    """On a local master: the Delta connector replays a table's log in as many partitions as there are cores.
+def _local_delta_defaults(master: str) -> dict[str, str]:
+    """On a local ``master`` Python starts: the Delta connector replays a table's log in as many partitions as there are cores.
 
     Its default, 50, is sized for clusters: on 2 local cores every read of a small table's snapshot ran 50
     tasks, and a 100-row job spent 25 of its seconds there (bench/small_jobs.py). ``spark.conf`` overrides.
     """
     from pipeline.spark.planning import cores_from_settings
 
-    master = with_local_task_attempts(config.master, config.local_task_attempts)
-    if not master.startswith("local") or os.environ.get("PYSPARK_GATEWAY_PORT"):
+    if not master.startswith("local"):
         return {}
     cores = cores_from_settings({"spark.master": master}, local_cpus=os.cpu_count() or 1) or 1
-    return {"spark.databricks.delta.snapshotPartitions": str(max(1, min(cores, 50)))}
+    return {"spark.databricks.delta.snapshotPartitions": str(min(cores, 50))}
 
 
 def quiet_task_failure_logs(spark: "SparkSession") -> None:
