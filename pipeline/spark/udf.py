@@ -133,32 +133,8 @@ def score_partition(
                                                  names=list(plan.input_columns))
 
     results = _results(task, loaded, task_inputs(), counts, ctx.cpus() if ctx else 1)
-
-    def outputs() -> Iterator[pa.RecordBatch]:
-        """Each chunk's kept columns beside its results (its rows without an id after them), in input order."""
-        while True:
-            t0 = time.perf_counter()
-            result = next(results, None)
-            # the time this thread spends in the task for the chunk (chunks ahead read and tokenised included)
-            counts.add("infer_seconds", time.perf_counter() - t0)
-            while taken and taken[0][0].num_rows == 0 and taken[0][1] is not None:
-                yield taken.popleft()[1]  # rows without ids only: no result of the task's
-            if result is None:
-                break
-            valid, invalid = taken.popleft()
-            out = pa.RecordBatch.from_arrays([valid.column(c) for c in keep] + list(result.columns),
-                                             names=list(keep) + result.schema.names)
-            if invalid is not None:
-                rows = pa.Table.from_batches([out])
-                flagged = pa.Table.from_batches([invalid.select(out.schema.names)]).cast(out.schema)
-                out = pa.concat_tables([rows, flagged]).combine_chunks().to_batches()[0]
-            yield out
-        for _, invalid in taken:  # the task's stream ended: what is left holds rows without ids only
-            if invalid is not None:
-                yield invalid
-
     held: pa.RecordBatch | None = None
-    for n, out in enumerate(outputs()):
+    for n, out in enumerate(_outputs(results, taken, keep, counts)):
         counts.merge({"rows_per_worker": {worker: out.num_rows}})
         if plan.faults and ctx is not None:
             out = faults.on_output(out, ctx.partitionId(), n)
@@ -175,6 +151,35 @@ def score_partition(
             faults.on_task_start(ctx.partitionId(), ctx.attemptNumber())
     if held is not None:
         yield _with_metrics(held, plan.metrics_column, json.dumps(counts.counts))
+
+
+def _outputs(results: Iterator[pa.RecordBatch], taken: "deque[tuple[pa.RecordBatch, pa.RecordBatch | None]]",
+             keep: tuple[str, ...], counts: WorkerCounts) -> Iterator[pa.RecordBatch]:
+    """Each chunk's kept columns beside its results (its rows without an id after them), in input order.
+
+    ``taken`` holds each chunk read so far as (rows with an id, rows without one flagged or None);
+    ``results`` has one result per chunk that had rows with an id.
+    """
+    while True:
+        t0 = time.perf_counter()
+        result = next(results, None)
+        # the time this thread spends in the task for the chunk (chunks ahead read and tokenised included)
+        counts.add("infer_seconds", time.perf_counter() - t0)
+        while taken and taken[0][0].num_rows == 0 and taken[0][1] is not None:
+            yield taken.popleft()[1]  # rows without ids only: no result of the task's
+        if result is None:
+            break
+        valid, invalid = taken.popleft()
+        out = pa.RecordBatch.from_arrays([valid.column(c) for c in keep] + list(result.columns),
+                                         names=list(keep) + result.schema.names)
+        if invalid is not None:
+            rows = pa.Table.from_batches([out])
+            flagged = pa.Table.from_batches([invalid.select(out.schema.names)]).cast(out.schema)
+            out = pa.concat_tables([rows, flagged]).combine_chunks().to_batches()[0]
+        yield out
+    for _, invalid in taken:  # the task's stream ended: what is left holds rows without ids only
+        if invalid is not None:
+            yield invalid
 
 
 INVALID_ID = "invalid_id"
