@@ -20,7 +20,7 @@ export HF_HUB_OFFLINE := 1
 
 .PHONY: venv jars venv-vllm demo demo-s3 demo-data report demo-generate demo-generate-vllm demo-extract demo-extract-vllm \
 	demo-extract-logs bench-extract demo-recs demo-images demo-images-data test \
-	test-vllm bench bench-batching bench-gpu bench-generate bench-generate-width bench-scaling bench-small-jobs bench-images \
+	test-vllm bench bench-batching bench-gpu bench-generate bench-generate-width bench-scaling bench-row-keys bench-small-jobs bench-images \
 	bench-feed lock lock-vllm \
 	clean
 
@@ -198,6 +198,11 @@ bench-generate: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
 bench-generate-width: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
 	PYTHONPATH=. $(VLLM_PY) bench/bench_generate.py --backends static,vllm --rows 64 --vllm-widths 8,16,32,64 \
 	  --repeats 3 --json bench/results_generate_width.json $(BENCH_ARGS)
+
+# What keying appends on their rows costs (docs/benchmarks.md, "Row keys"): a 100,000-row append into a day
+# holding 100,000 and 10,000,000 rows, keyed against blind, and the commit-time check of an overlapping run.
+bench-row-keys: demo-data
+	PYTHONPATH=. $(PY) bench/bench_row_keys.py $(BENCH_ARGS)
 
 # The cost of everything but the model (docs/scaling.md): run_job with a model-free task over 100k and 1M
 # rows (BENCH_ARGS=--full adds 10M), the per-task sweep and synthetic commits of up to 100,000 files.

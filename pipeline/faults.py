@@ -13,6 +13,8 @@ executor's environment after Spark started would not). Keys:
 ``fail_write_partitions``  these partitions fail their first attempt after writing a Parquet file
 ``lose_and_duplicate_partitions`` these partitions drop their first row and emit their second twice
                            (every attempt): a lost row and a duplicated one that a row count cannot see
+``lose_row_at_commit``     the output commit leaves out the row with this id (a writer that loses a row after
+                           the checks before the commit): only the read-back after the commit can see it
 ``fail_after_quarantine_commit`` the driver fails right after committing the quarantine table,
                            before the output (a crash between the two commits)
 ``exit_write_partitions``  these partitions' Python worker dies (``os._exit``) in the middle of ``write()``,
@@ -20,6 +22,8 @@ executor's environment after Spark started would not). Keys:
 ``commit_barrier``         ``{"dir": folder, "parties": n, "timeout_s": s}``: the ``sbi_delta`` commit touches
                            ``<dir>/<write id>.ready`` once it has read the table, then waits until ``n`` such
                            files exist (or ``<dir>/release`` does, or ``s`` seconds pass) before committing
+``quarantine_barrier``     the same, for the driver right after its quarantine commit (``<dir>/<run id>.ready``):
+                           overlapping runs interleave their quarantine and output commits
 
 Example: ``SBI_FAULTS='{"fail_infer_partitions": [0], "fail_write_partitions": [1]}'``.
 
@@ -36,8 +40,8 @@ from typing import Any, Mapping, Sequence
 
 from pipeline.errors import InjectedFaultError, SimulatedOutOfMemoryError
 
-__all__ = ["InjectedFaultError", "SimulatedOutOfMemoryError", "activate", "after_quarantine_commit", "check_batch",
-           "from_env", "on_commit", "on_output", "on_task_start", "on_write"]
+__all__ = ["InjectedFaultError", "SimulatedOutOfMemoryError", "activate", "after_quarantine_commit", "at_output_commit",
+           "check_batch", "from_env", "on_commit", "on_output", "on_task_start", "on_write"]
 
 ENV = "SBI_FAULTS"
 _active: dict[str, Any] = {}
@@ -118,24 +122,42 @@ def on_output(batch: Any, partition: int, chunk: int) -> Any:
     return batch.take(pa.array([1, 1, *range(2, batch.num_rows)]))
 
 
-def after_quarantine_commit(faults: Mapping[str, Any], *, version: int | None) -> None:
-    """Driver-side fault: the job dies between the quarantine commit and the output commit."""
+def after_quarantine_commit(faults: Mapping[str, Any], *, version: int | None, run_id: str = "") -> None:
+    """Driver-side faults between the quarantine commit and the output commit: the job dies there
+    (``fail_after_quarantine_commit``), or waits for other runs to get there (``quarantine_barrier``)."""
+    if faults.get("quarantine_barrier"):
+        _wait_at(faults["quarantine_barrier"], run_id or "run")
     if faults.get("fail_after_quarantine_commit"):
         raise InjectedFaultError(f"injected driver failure after the quarantine commit (version {version}), "
                                  "before the output commit")
 
 
+def at_output_commit(rows: Any, faults: Mapping[str, Any], *, id_column: str) -> Any:
+    """Driver-side fault (``lose_row_at_commit``): the DataFrame the output commit writes, less one id."""
+    lost = faults.get("lose_row_at_commit")
+    if lost is None:
+        return rows
+    from pyspark.sql import functions as F
+
+    return rows.where(~F.col(id_column).eqNullSafe(F.lit(lost)))
+
+
 def on_commit(write_id: str, faults: Mapping[str, Any]) -> None:
     """Commit-side fault (``commit_barrier``): called by the driver-side commit after it read the table."""
+    barrier = faults.get("commit_barrier")
+    if barrier:
+        _wait_at(barrier, write_id)
+
+
+def _wait_at(barrier: Mapping[str, Any], name: str) -> None:
+    """Touch ``<dir>/<name>.ready`` and wait until ``parties`` such files exist (or ``<dir>/release`` does,
+    or ``timeout_s`` passes)."""
     import time
     from pathlib import Path
 
-    barrier = faults.get("commit_barrier")
-    if not barrier:
-        return
     folder = Path(barrier["dir"])
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{write_id}.ready").touch()
+    (folder / f"{name}.ready").touch()
     deadline = time.monotonic() + float(barrier.get("timeout_s", 60))
     parties = int(barrier.get("parties", 1))
     while time.monotonic() < deadline and not (folder / "release").exists():

@@ -80,7 +80,7 @@ def _incremental_filter(spark: "SparkSession", inputs: "DataFrame", config: JobC
     ``notes["known_bad"]``, lazily, to be counted) unless ``run.retry_quarantined``, so one poison row
     left in the source neither fails every night's error budget nor grows the quarantine.
     """
-    from pipeline.io.sources import SourceError, read_delta
+    from pipeline.io.sources import SourceError, read_delta, table_version
 
     if not config.sink.path:
         raise JobError("run.incremental needs sink.path (the output Delta table to compare against)")
@@ -91,8 +91,11 @@ def _incremental_filter(spark: "SparkSession", inputs: "DataFrame", config: JobC
             if notes is not None:
                 notes["known_bad"] = inputs.join(bad, on=on, how="left_semi")
             inputs = inputs.join(bad, on=on, how="left_anti")
+    version = table_version(spark, config.sink.path)
+    if notes is not None:  # the commit writes only keys no commit since this version wrote
+        notes["read_version"] = version
     try:
-        done = read_delta(spark, config.sink.path)
+        done = read_delta(spark, config.sink.path, version=version)
     except SourceError:
         return inputs  # no output yet: everything is new
     missing = [c for c in ("content_hash", "task_fingerprint") if c not in done.columns]
@@ -107,15 +110,18 @@ def _incremental_filter(spark: "SparkSession", inputs: "DataFrame", config: JobC
                        & (inputs["content_hash"] == done["_done_hash"]), how="left_anti")
 
 
-def _done_keys(spark: "SparkSession", path: str, id_column: str, ds: dt.date) -> "DataFrame | None":
-    """The ids the table at ``path`` holds for run date ``ds`` (all its ids without a ``ds`` column);
-    None when there is no table. Read at the table's current version, pinned."""
+def _done_keys(spark: "SparkSession", path: str, id_column: str, ds: dt.date,
+               version: int | None) -> "DataFrame | None":
+    """The ids the table at ``path`` holds for run date ``ds`` (all its ids without a ``ds`` column) at
+    ``version``; None when there is no table."""
     from pyspark.sql import functions as F
 
     from pipeline.io.sources import SourceError, read_delta
 
+    if version is None:
+        return None
     try:
-        table = read_delta(spark, path)
+        table = read_delta(spark, path, version=version)
     except SourceError:
         return None
     if id_column not in table.columns:
@@ -125,17 +131,21 @@ def _done_keys(spark: "SparkSession", path: str, id_column: str, ds: dt.date) ->
     return table.select(F.col(id_column).alias("_done_id"))
 
 
-def _append_key_filter(spark: "SparkSession", inputs: "DataFrame", config: JobConfig,
-                       ds: dt.date) -> tuple["DataFrame", int | None]:
+def _append_key_filter(spark: "SparkSession", inputs: "DataFrame", config: JobConfig, ds: dt.date,
+                       notes: dict[str, Any]) -> tuple["DataFrame", int | None]:
     """``inputs`` without the rows whose key (id, ds) the output already holds; and the row count before
-    (None when there was nothing to compare against).
+    (None when there was nothing to compare against). ``notes["read_version"]``: the output's version
+    compared against, from which the commit checks what overlapping runs wrote since.
 
     An append is keyed on the row, not the run: a retry with another setting (a smaller batch after
     an out-of-memory error), or a rerun after part of the day went, writes only the keys missing.
     The id compares null-safely. (The quarantine is not consulted: a retry scores a failed row again,
     and its quarantine commit, keyed on the run, finds the earlier try's.)
     """
-    done = _done_keys(spark, config.sink.path, config.source.id_column, ds) if config.sink.path else None
+    from pipeline.io.sources import table_version
+
+    notes["read_version"] = version = table_version(spark, config.sink.path) if config.sink.path else None
+    done = _done_keys(spark, config.sink.path, config.source.id_column, ds, version) if config.sink.path else None
     if done is None:
         return inputs, None
     done = done.distinct()
@@ -343,6 +353,58 @@ def _rows_written(spark: "SparkSession", path: str, run_id: str, ds: dt.date | N
     return written
 
 
+def _check_quarantine_pair(spark: "SparkSession", path: str, *, run_id: str, ds: dt.date, version: int,
+                           when: str) -> None:
+    """An ``overwrite_partition`` run's output and quarantine replace the day in two commits: raise when
+    another run replaced the day's quarantine after this run's (at ``version``), so the two tables never
+    silently hold two runs' rows. A quarantine with no later commit passes without a scan."""
+    from pyspark.sql import functions as F
+
+    from pipeline.io.sources import read_delta, table_version
+
+    if table_version(spark, path) == version:
+        return
+    day = F.col("ds") == F.lit(ds).cast("date")
+    now = read_delta(spark, path).where(day)
+    others = sorted(r[0] for r in now.where(F.col("run_id") != F.lit(run_id)).select("run_id").distinct()
+                    .limit(3).collect())
+    if not others and now.count() == read_delta(spark, path, version=version).where(day).count():
+        return
+    by = f"run {', '.join(others)}" if others else "another job"
+    raise JobError(f"conflict: {by} replaced the quarantine of ds {ds} in {path} after this run's quarantine "
+                   f"commit; {when}")
+
+
+def _commit_keys(config: JobConfig, sink: Any) -> tuple[str, ...]:
+    """What makes an output row the same row, for the commit: (id, ds) for an append (the id alone when
+    the table has no ds column, as the key filter before scoring compares); (id, content hash,
+    task fingerprint) for an incremental run; none for the modes that replace (their commit is the
+    replace). Rows whose output is not one row per input (recommendations) are not keyed."""
+    if sink.mode != "append" or not sink.path:
+        return ()
+    if config.run.incremental:
+        return (config.source.id_column, "content_hash", "task_fingerprint")
+    return (config.source.id_column, "ds") if "ds" in sink.partition_by else (config.source.id_column,)
+
+
+def _rows_of_keys(spark: "SparkSession", path: str, in_keys: "DataFrame", config: JobConfig,
+                  ds: dt.date | None, *, version: int | None, fingerprint: str) -> "DataFrame":
+    """The rows the table at ``path`` holds (at ``version``) for this run's input ids, whichever run wrote
+    them: after an overlapping run committed some keys first, they stand for this run's."""
+    from pyspark.sql import functions as F
+
+    from pipeline.io.sources import read_delta
+
+    table = read_delta(spark, path, version=version)
+    if ds is not None:
+        table = table.where(F.col("ds") == F.lit(ds).cast("date"))
+    if config.run.incremental:
+        table = table.where(F.col("task_fingerprint") == F.lit(fingerprint))
+    ids = in_keys.select(F.col("_key_id").alias("_in_id")).distinct()  # key_counts' ids, as strings
+    return table.join(ids, on=table[config.source.id_column].cast("string").eqNullSafe(ids["_in_id"]),
+                      how="left_semi")
+
+
 def _check_before_commit(check: Any, scored: "DataFrame", config: JobConfig) -> None:
     """Refuse to commit scored rows that lost or duplicated input rows, or that failed beyond the error budget."""
     from pipeline.spark.checks import error_budget, top_errors
@@ -491,7 +553,7 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     known_bad = notes["known_bad"].count() if "known_bad" in notes else 0
     rows_before = None
     if config.sink.mode == "append" and not config.run.incremental:
-        inputs, rows_before = _append_key_filter(spark, inputs, config, ds)
+        inputs, rows_before = _append_key_filter(spark, inputs, config, ds, notes)
     rows_in = inputs.count()
     if rows_before is not None and rows_before > rows_in:
         print(f"[{config.job}] run {run_id}: {rows_before - rows_in:,} of {rows_before:,} row(s) already in "
@@ -543,13 +605,23 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
                 if q.already_committed:  # an earlier try of this run committed them: read back its rows
                     earlier = committed_run_via(spark, quarantine_path, app_id)
                     quarantine_run = (earlier and earlier[1]) or run_id
-                fault_hooks.after_quarantine_commit(faults, version=q.version)
+                fault_hooks.after_quarantine_commit(faults, version=q.version, run_id=run_id)
                 clock.lap("quarantine commit")
+            if pairs := (sink.mode == "overwrite_partition" and quarantine_version is not None):
+                _check_quarantine_pair(spark, quarantine_path, run_id=run_id, ds=ds, version=quarantine_version,
+                                       when="this run committed no output, so the pair agrees once that run's "
+                                            "output commit lands")
             to_write = scored.drop(METRICS_COLUMN).where(~F.col("status").isin(*QUARANTINED_STATUSES))
+            to_write = fault_hooks.at_output_commit(to_write, faults, id_column=id_col)
             result = write_sink(
                 kind.job.shape_output(to_write, config), sink,
                 partition_values={"ds": ds}, commit_metadata=metadata, faults=faults, txn_app_id=app_id,
+                key_columns=_commit_keys(config, sink), read_version=notes.get("read_version"),
             )
+            if pairs:
+                _check_quarantine_pair(spark, quarantine_path, run_id=run_id, ds=ds, version=quarantine_version,
+                                       when=f"this run's output (version {result.version}) and that quarantine "
+                                            f"now hold different runs' rows: rerun ds {ds}")
             clock.lap("commit")
             if result.already_committed:  # a concurrent try of this very run committed first
                 return _already_committed(config, run_id=run_id, ds=ds, model=model, version=result.version,
@@ -564,6 +636,12 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
 
         partition_ds = ds if "ds" in sink.partition_by else None
         written = _rows_written(spark, result.output, run_id, partition_ds, version=result.version)
+        if result.overlapped:  # keys an overlapping run wrote first: their rows stand for this run's
+            print(f"[{config.job}] run {run_id}: {result.overlapped:,} row(s) were committed meanwhile by an "
+                  f"overlapping run (key: {', '.join(_commit_keys(config, sink))}); written once, by that run",
+                  file=out, flush=True)
+            written = _rows_of_keys(spark, result.output, in_keys, config, partition_ds, version=result.version,
+                                    fingerprint=task_fingerprint(config, revision=revision))
         quarantined = None
         if quarantine_version is not None:
             quarantined = _rows_written(spark, quarantine_path, quarantine_run, partition_ds,

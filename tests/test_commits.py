@@ -290,6 +290,123 @@ def test_two_appends_to_different_days_at_once_both_land(spark, tmp_path):
     assert on_disk(path) == in_log(path)
 
 
+def _table_rows(spark, path: Path) -> list[dict]:
+    from pipeline.io.sources import read_delta
+
+    return [r.asDict() for r in read_delta(spark, str(path)).collect()]
+
+
+def test_two_overlapping_keyed_appends_write_each_key_once(spark, tmp_path, writer):
+    """Two runs read the day's keys at the same version (both saw none of the other's), scored overlapping
+    rows, and commit one after the other: the second writes only the keys the first did not."""
+    from pipeline.io.sources import table_version
+
+    path = tmp_path / "t"
+    sink = sink_config(path=str(path), mode="append", partition_by=["ds"])
+    write_sink(_frame(spark, range(3), D1, writer="seed"), sink, partition_values={"ds": D1},
+               key_columns=("id", "ds"), read_version=None)
+    read_at = table_version(spark, str(path))
+    first = write_sink(_frame(spark, range(3, 12), D1, writer="a"), sink, partition_values={"ds": D1},
+                       key_columns=("id", "ds"), read_version=read_at)
+    second = write_sink(_frame(spark, range(8, 20), D1, writer="b"), sink, partition_values={"ds": D1},
+                        key_columns=("id", "ds"), read_version=read_at)
+    # the other day's same ids are other keys
+    other_day = write_sink(_frame(spark, range(5), D2, writer="c"), sink, partition_values={"ds": D2},
+                           key_columns=("id", "ds"), read_version=read_at)
+    assert (first.overlapped, second.overlapped, other_day.overlapped) == (0, 4, 0)
+    rows = _table_rows(spark, path)
+    keys = sorted((r["ds"], r["id"]) for r in rows)
+    assert keys == sorted(set(keys)), "each key once"
+    assert keys == sorted([(D1, i) for i in range(20)] + [(D2, i) for i in range(5)])
+    assert {r["id"]: r["writer"] for r in rows if r["ds"] == D1 and 8 <= r["id"] < 12} == dict.fromkeys(range(8, 12), "a")
+    if writer == "deltalake":
+        assert on_disk(path) - in_log(path) == set(), "the rewritten file's original is swept"
+
+
+def test_overlapping_keyed_appends_that_commit_at_once_write_each_key_once(spark, tmp_path):
+    """Both commits read the table before either commits (the barrier): the second loses the race on the day's
+    conflict token, checks the winner's keys, and commits only the rest. Nothing fails, nothing doubles."""
+    path, barrier = tmp_path / "t", tmp_path / "barrier"
+    sink = SinkConfig(path=str(path), mode="append", partition_by=["ds"])
+    write_sink(_frame(spark, [], D1), sink)
+    faults = {"commit_barrier": {"dir": str(barrier), "parties": 2, "timeout_s": 120}}
+    outcomes = _concurrently({
+        name: (lambda name=name, ids=ids: write_sink(
+            _frame(spark, ids, D1, writer=name), sink, partition_values={"ds": D1}, faults=faults,
+            key_columns=("id", "ds"), read_version=0))
+        for name, ids in (("a", range(0, 30)), ("b", range(20, 45)))
+    })
+    assert not [o for o in outcomes.values() if isinstance(o, SinkError)], outcomes
+    assert sorted(o.overlapped for o in outcomes.values()) == [0, 10]
+    rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    assert sorted(r["id"] for r in rows) == list(range(45)), "each key once"
+    assert len(list(barrier.glob("*.ready"))) == 2, "both had read the table before either committed"
+    assert DeltaTable(str(path)).version() == 2, "both committed: the seed, the winner, the rest of the loser"
+    assert on_disk(path) - in_log(path) == set(), "the loser's rewritten file's original is swept"
+
+
+def _two_runs_at_once(tmp_path, model, spark, **sections) -> tuple[dict, dict]:
+    outs = {"night": io.StringIO(), "backfill": io.StringIO()}
+    results: dict[str, object] = {}
+
+    def run(name):
+        try:
+            config = job_config(tmp_path, model, **{**sections, "run": {**sections.get("run", {}), "run_id": name}})
+            results[name] = run_job(config, spark=spark, out=outs[name])
+        except Exception as exc:  # noqa: BLE001 - asserted by the caller
+            results[name] = exc
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in outs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=800)
+    return results, {k: v.getvalue() for k, v in outs.items()}
+
+
+@pytest.mark.timeout(900)
+def test_two_overlapping_runs_of_one_day_write_each_row_once(spark, tmp_path, tiny_embed_model):
+    """Two whole runs of the same day (a backfill during the nightly run) score the same rows and meet at the
+    commit: one writes them, the other finds them written, and both runs' checks pass."""
+    write_delta(tmp_path / "docs", make_documents(16))
+    faults = {"commit_barrier": {"dir": str(tmp_path / "barrier"), "parties": 2, "timeout_s": 300}}
+    results, outs = _two_runs_at_once(tmp_path, tiny_embed_model, spark, run={"faults": faults})
+    assert all(getattr(r, "complete", False) for r in results.values()), (results, outs)
+    assert sorted(r.rows_in for r in results.values()) == [16, 16], "both scored the day: they overlapped"
+    assert [r.rows_out for r in results.values()] == [16, 16], "both account for every row"
+    ids = read_scores(tmp_path)["doc_id"].to_pylist()
+    assert sorted(ids) == [f"d{i:05d}" for i in range(16)], "each row once"
+    said = [name for name, o in outs.items() if "were committed meanwhile by an overlapping run" in o]
+    assert len(said) == 1, outs
+
+
+@pytest.mark.timeout(900)
+def test_overlapping_partition_overwrites_leave_the_output_and_its_quarantine_to_one_run(spark, tmp_path,
+                                                                                        tiny_embed_model):
+    """Run A commits its quarantine, run B replaces it, then both go on to the output: A stops with a conflict
+    before its output commit, B commits, and both tables hold B's rows (before, A's output could stand beside
+    B's quarantine: a failed row in neither table)."""
+    docs = make_documents(12)
+    texts = docs["text"].to_pylist()
+    texts[3] = "a POISON row"
+    write_delta(tmp_path / "docs", docs.set_column(1, "text", pa.array(texts)))
+    run = {"faults": {"poison_marker": "POISON", "quarantine_barrier": {"dir": str(tmp_path / "barrier"),
+                                                                         "parties": 2, "timeout_s": 120}},
+           "max_error_fraction": 0.2}
+    results, outs = _two_runs_at_once(tmp_path, tiny_embed_model, spark, sink={"mode": "overwrite_partition"},
+                                      run=run)
+    failed = {n: r for n, r in results.items() if isinstance(r, Exception)}
+    assert len(failed) == 1, (results, outs)
+    (loser, error), = failed.items()
+    winner = ({"night", "backfill"} - {loser}).pop()
+    assert results[winner].complete
+    assert f"conflict: run {winner} replaced the quarantine of ds 2026-11-28" in str(error), error
+    output = read_scores(tmp_path)
+    quarantine = DeltaTable(str(tmp_path / "scores_quarantine")).to_pyarrow_table()
+    assert set(output["run_id"].to_pylist()) == set(quarantine["run_id"].to_pylist()) == {winner}
+    assert sorted(output["doc_id"].to_pylist() + quarantine["doc_id"].to_pylist()) == [f"d{i:05d}" for i in range(12)]
+
+
 # ----------------------------------------------------------------------------- nested tables
 def test_a_quarantine_table_inside_the_output_folder_survives_the_next_nights_sweep(spark, tmp_path,
                                                                                    tiny_embed_model):

@@ -188,3 +188,16 @@ def test_read_back_is_at_this_runs_version_and_says_who_replaced_it(spark, tmp_p
     rendered = RunSummary(**{**first.__dict__, "replaced": "replaced by run b (version 1)"}).render()
     assert "since then              : replaced by run b (version 1) (this run's commit landed" in rendered
     assert "[OK: every input row written once]" in rendered
+
+
+def test_a_row_the_output_commit_loses_fails_the_read_back_check(spark, tmp_path, tiny_embed_model, writer):
+    """The checks before the commit see every row; the commit loses one (drill ``lose_row_at_commit``). Only the
+    read-back after the commit, at the version it made, can see that: the run fails naming the id."""
+    write_delta(tmp_path / "docs", make_documents(12))
+    config = job_config(tmp_path, tiny_embed_model, run={"run_id": "lossy", "faults": {"lose_row_at_commit": "d00004"}})
+    out = io.StringIO()
+    with pytest.raises(JobError, match=r"read back after the commit: .*1 input row\(s\) missing.*'d00004' \(in 1, "
+                                       r"written 0\)"):
+        run_job(config, spark=spark, out=out)
+    assert "every input row written once" not in out.getvalue()
+    assert sorted(read_scores(tmp_path)["doc_id"].to_pylist()) == [f"d{i:05d}" for i in range(12) if i != 4]

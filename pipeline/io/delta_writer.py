@@ -44,6 +44,7 @@ from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterComm
 __all__ = ["DeltaLakeDataSource", "DeltaWriteMessage", "FORMAT_NAME"]
 
 FORMAT_NAME = "sbi_delta"
+_KEYED_ATTEMPTS = 5
 WRITE_ID_KEY = "sbi.write_id"
 APP_ID_KEY = "sbi.app_id"
 
@@ -106,6 +107,10 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
         self.txn_app_id = options.get("txn_app_id") or None
         self.require_marker = options.get("require_marker") == "true"
         self.leftover_grace_s = float(options.get("leftover_grace_s", "900"))
+        # a keyed append: commit only the keys no commit since ``read_version`` wrote (pipeline.io.delta_keys)
+        self.key_columns: list[str] = json.loads(options.get("key_columns") or "[]")
+        read_version = options.get("read_version", "")
+        self.read_version = int(read_version) if read_version not in ("", "none", "None") else None
 
     # ---------------------------------------------------------------- executors
     def write(self, iterator: Iterator[pa.RecordBatch]) -> DeltaWriteMessage:
@@ -187,7 +192,9 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
                     return
             if self.require_marker:
                 leftovers.claim_for_commit(self.path, self.write_id)
-            if table is None:
+            if self.key_columns and not self.overwrite:
+                adds, facts["overlap_rows"] = self._commit_keyed(table, adds, schema, metadata, props)
+            elif table is None:
                 create_table_with_add_actions(
                     self.path, DeltaSchema.from_arrow(schema), actions, mode="append",
                     partition_by=self.partition_by or None, commit_properties=props,
@@ -223,6 +230,68 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
         except Exception as exc:  # noqa: BLE001 - the commit landed; a failed sweep is retried by the next job
             swept = {"error": f"{type(exc).__name__}: {exc}"[:300]}
         leftovers.finish_marker(self.path, self.write_id, swept=swept)
+
+    def _commit_keyed(self, table: Any, adds: list[dict[str, Any]], schema: pa.Schema,
+                      metadata: dict[str, Any], props: Any) -> tuple[list[dict[str, Any]], int]:
+        """Append ``adds`` without the keys that commits since ``read_version`` wrote; returns the adds
+        committed and the rows dropped. The commit carries the key's conflict token: when an overlapping
+        run's commit with the same token lands first, delta-rs rejects this one and the keys are checked
+        again against that commit (``pipeline.io.delta_keys``)."""
+        from deltalake import CommitProperties, DeltaTable
+        from deltalake import Schema as DeltaSchema
+        from deltalake.exceptions import CommitFailedError
+        from deltalake.transaction import AddAction, Transaction, create_table_with_add_actions
+
+        from pipeline.errors import SinkError
+        from pipeline.io import delta_keys
+
+        base, dropped = self.read_version, 0
+        for attempt in range(_KEYED_ATTEMPTS):
+            if table is not None:
+                _check_partitioning(table, self.partition_by, self.path)
+                current = table.version()
+                if base is None or current > base:
+                    added = delta_keys.files_added_since(table, self.path, base)
+                    taken = delta_keys.taken_keys(self.path, added, self.key_columns, self.partition_by)
+                    adds, n = delta_keys.drop_taken(self.path, adds, taken, self.key_columns, self.partition_by,
+                                                    rewrite=self._rewrite)
+                    dropped += n
+                base = current
+            tokens = sorted({delta_keys.key_token(self.key_columns, a["partition_values"]) for a in adds}
+                            or {delta_keys.key_token(self.key_columns, {})})
+            keyed = CommitProperties(
+                custom_metadata=metadata,
+                app_transactions=[*(props.app_transactions or []),
+                                  *(Transaction(t, (base or 0) + 1) for t in tokens)],
+            )
+            actions = [AddAction(**a) for a in adds]
+            try:
+                if table is None:
+                    create_table_with_add_actions(
+                        self.path, DeltaSchema.from_arrow(schema), actions, mode="append",
+                        partition_by=self.partition_by or None, commit_properties=keyed,
+                    )
+                else:
+                    table.create_write_transaction(actions, "append", schema,
+                                                   partition_by=self.partition_by or None, commit_properties=keyed)
+                return adds, dropped
+            except Exception as exc:  # noqa: BLE001 - a commit that lost the race: check the winner's keys
+                lost = isinstance(exc, CommitFailedError) or (table is None and DeltaTable.is_deltatable(self.path))
+                if not lost or attempt == _KEYED_ATTEMPTS - 1:
+                    if lost:
+                        raise SinkError(f"conflict: {_KEYED_ATTEMPTS} overlapping commits to {self.path} won the "
+                                        "race in a row; this job committed nothing. Rerun it: the keys already "
+                                        "written are not scored again") from None
+                    raise
+                table = DeltaTable(self.path)
+        raise AssertionError("unreachable")
+
+    def _rewrite(self, partition_values: dict[str, Any], rows: pa.Table) -> dict[str, Any]:
+        """A staged file again, with fewer rows (its old file is swept as an orphan after the commit)."""
+        key = tuple(partition_values.get(c) for c in self.partition_by)
+        part = _PartFile(self.path, self.partition_by, key, self.write_id, "keyed")
+        part.write(rows)
+        return part.close()
 
     def _check_inside_partition(self, adds: list[dict[str, Any]]) -> None:
         want = {c: _partition_string(v) for c, v in self.replace_where.items()}

@@ -55,6 +55,8 @@ class WriteResult:
     already_committed: bool = False
     # leftovers of dead writes the commit's sweep removed: files, bytes, markers (deltalake writer)
     swept: Mapping[str, Any] = field(default_factory=dict)
+    # a keyed write: rows left out because an overlapping run committed the same keys first
+    overlapped: int = 0
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,10 @@ class WritePlan:
     table: str | None = None
     path: str | None = None
     write_id: str = ""
+    # a keyed append: only keys the target lacks are inserted (the connector: an insert-only MERGE)
+    key_columns: tuple[str, ...] = ()
+    # the key's partition values, for the MERGE's partition pruning: {"ds": date}
+    key_scope: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def target(self) -> str:
@@ -140,6 +146,8 @@ def plan_write(
     faults: Mapping[str, Any] | None = None,
     write_id: str | None = None,
     txn_app_id: str | None = None,
+    key_columns: tuple[str, ...] = (),
+    read_version: int | None = None,
 ) -> WritePlan:
     """What writing to ``config`` (or to ``path`` with its settings) does; pure, no Spark.
 
@@ -162,7 +170,21 @@ def plan_write(
     ...                commit_metadata=None, connector=True, write_id="w1", txn_app_id="sbi-run-1")
     >>> p.options["txnAppId"], p.options["txnVersion"]
     ('sbi-run-1', '0')
+
+    ``key_columns`` keys an append on its rows (``("id", "ds")``; an incremental run's
+    ``("id", "content_hash", "task_fingerprint")``): only the keys the table lacks at commit time are
+    written, so two overlapping runs write each key once. ``read_version`` is the table version the
+    run left out the keys it already held at (None: there was no table). The connector inserts with
+    an insert-only ``MERGE`` (Delta's conflict checks reject an overlapping MERGE's commit, which is
+    then run again); the deltalake writer drops the keys committed since ``read_version`` and commits
+    with a conflict token (:mod:`pipeline.io.delta_keys`):
+
+    >>> p = plan_write(SinkConfig(path="s3://lake/scores", mode="append"), partition_values={"ds": "2026-11-29"},
+    ...                commit_metadata=None, connector=True, write_id="w1", key_columns=("id", "ds"))
+    >>> p.key_columns, dict(p.key_scope), "txnAppId" in p.options
+    (('id', 'ds'), {'ds': '2026-11-29'}, False)
     """
+    keyed = tuple(key_columns) if config.mode == "append" else ()
     writer = _choose_writer(config, connector=connector)
     table, location = _location(config, path, writer)
     replace = dict(partition_values or {}) if config.mode == "overwrite_partition" else {}
@@ -180,12 +202,14 @@ def plan_write(
         # a whole-table overwrite takes the new schema
         options = {"userMetadata": metadata,
                    **({"overwriteSchema": "true"} if config.mode == "overwrite" else {"mergeSchema": "true"})}
-        if txn_app_id and mode == "append":
+        if txn_app_id and mode == "append" and not keyed:
             # overwrites stay clean replaces (as with the deltalake writer), so a deliberate rerun still replaces
             options.update(txnAppId=txn_app_id, txnVersion="0")
         if replace:
             options["replaceWhere"] = " AND ".join(f"{c} = {_sql_literal(v)}" for c, v in replace.items())
-        return WritePlan("delta", "delta", mode, options, tuple(config.partition_by), table, location, write_id)
+        scope = {c: v for c, v in (partition_values or {}).items() if c in keyed}
+        return WritePlan("delta", "delta", mode, options, tuple(config.partition_by), table, location, write_id,
+                         keyed, scope)
 
     from pipeline.io.delta_writer import FORMAT_NAME
 
@@ -202,12 +226,16 @@ def plan_write(
         options["txn_app_id"] = txn_app_id
     if replace:
         options["replace_where"] = json.dumps(replace, default=str)
+    if keyed:
+        options.update(key_columns=json.dumps(list(keyed)), read_version="" if read_version is None else str(read_version))
     return WritePlan("deltalake", FORMAT_NAME, mode, options, tuple(config.partition_by), None, location, write_id)
 
 
 def execute_write(df: "DataFrame", plan: WritePlan) -> WriteResult:
     """Carry out ``plan`` on ``df``: one Delta commit; returns where, which writer and the version made."""
     spark = df.sparkSession
+    if plan.writer == "delta" and plan.key_columns:
+        return _merge_keyed(df, plan)
     if plan.writer == "delta":
         w = _plain_string_types(df).write.format(plan.format).mode(plan.mode).options(**plan.options)
         if plan.partition_by:
@@ -245,7 +273,86 @@ def execute_write(df: "DataFrame", plan: WritePlan) -> WriteResult:
         found = committed_run(path, plan.options.get("txn_app_id", ""))
         return WriteResult(plan.target, plan.writer, found[0] if found else None, plan.write_id,
                            already_committed=True, swept=swept)
-    return WriteResult(plan.target, plan.writer, _deltalake_version(path, plan.write_id), plan.write_id, swept=swept)
+    return WriteResult(plan.target, plan.writer, _deltalake_version(path, plan.write_id), plan.write_id, swept=swept,
+                       overlapped=int(facts.get("overlap_rows") or 0))
+
+
+# Delta's error classes for a commit that lost to a concurrent one whose files it should have read
+_CONCURRENT = ("ConcurrentAppend", "DELTA_CONCURRENT_APPEND", "ConcurrentWrite", "DELTA_CONCURRENT_WRITE",
+               "ConcurrentTransaction", "DELTA_CONCURRENT_TRANSACTION", "ProtocolChanged", "DELTA_PROTOCOL_CHANGED")
+_MERGE_ATTEMPTS = 5
+
+
+def _merge_keyed(df: "DataFrame", plan: WritePlan) -> WriteResult:
+    """A keyed append through the connector: ``MERGE ... WHEN NOT MATCHED THEN INSERT *`` on the key.
+
+    The MERGE reads the target's rows for the key's partition, so Delta rejects its commit when an
+    overlapping run's MERGE added rows there first (``ConcurrentAppendException``); it then runs again
+    against the new version and inserts only the keys still missing. A table that does not exist yet
+    is created by a plain append (a run that loses that race merges). ``df`` should be persisted: each
+    try reads it again. The commit carries ``userMetadata`` through the session setting Delta reads
+    for SQL commands.
+    """
+    spark = df.sparkSession
+    name = plan.table or f"delta.`{plan.path}`"
+    view = f"sbi_keyed_{plan.write_id}"
+    source = _plain_string_types(df)
+    if not _connector_table_exists(spark, name):
+        try:
+            w = source.write.format("delta").mode("append").options(**plan.options)
+            w = w.partitionBy(*plan.partition_by) if plan.partition_by else w
+            w.saveAsTable(plan.table) if plan.table else w.save(plan.path)
+            version = _connector_version(spark, plan.table, plan.target, "sbi.write_id", plan.write_id)
+            return WriteResult(plan.target, plan.writer, version, plan.write_id)
+        except Exception as exc:  # noqa: BLE001 - another run created it meanwhile: merge into it
+            if not _connector_table_exists(spark, name):
+                raise SinkError(_connector_failure(spark, plan, exc)) from exc
+    on = " AND ".join([f"t.`{c}` <=> s.`{c}`" for c in plan.key_columns]
+                      + [f"t.`{c}` = {_sql_literal(v)}" for c, v in plan.key_scope.items()])
+    settings = {"spark.databricks.delta.commitInfo.userMetadata": plan.options.get("userMetadata", ""),
+                "spark.databricks.delta.schema.autoMerge.enabled": "true"}
+    before = {k: spark.conf.get(k, None) for k in settings}
+    source.createOrReplaceTempView(view)
+    try:
+        for k, v in settings.items():
+            spark.conf.set(k, v)
+        for attempt in range(_MERGE_ATTEMPTS):
+            try:
+                spark.sql(f"MERGE INTO {name} t USING {view} s ON {on} WHEN NOT MATCHED THEN INSERT *").collect()
+                break
+            except Exception as exc:  # noqa: BLE001
+                if attempt < _MERGE_ATTEMPTS - 1 and any(c in str(exc) for c in _CONCURRENT):
+                    continue
+                raise SinkError(_connector_failure(spark, plan, exc)) from exc
+    finally:
+        for k, v in before.items():
+            spark.conf.unset(k) if v is None else spark.conf.set(k, v)
+        spark.catalog.dropTempView(view)
+    version = _connector_version(spark, plan.table, plan.target, "sbi.write_id", plan.write_id)
+    return WriteResult(plan.target, plan.writer, version, plan.write_id,
+                       overlapped=_merge_left_out(spark, name, version))
+
+
+def _connector_table_exists(spark: Any, name: str) -> bool:
+    try:
+        spark.sql(f"DESCRIBE HISTORY {name} LIMIT 1").collect()
+        return True
+    except Exception:  # noqa: BLE001 - no table there (or none readable)
+        return False
+
+
+def _merge_left_out(spark: Any, name: str, version: int | None) -> int:
+    """The source rows a MERGE did not insert because their key was there (its operation metrics)."""
+    if version is None:
+        return 0
+    from pyspark.sql import functions as F
+
+    rows = (spark.sql(f"DESCRIBE HISTORY {name}").where(F.col("version") == version)
+            .select("operationMetrics").collect())
+    metrics = dict(rows[0]["operationMetrics"] or {}) if rows else {}
+    source = int(metrics.get("numSourceRows", 0) or 0)
+    inserted = int(metrics.get("numTargetRowsInserted", source) or 0)
+    return max(0, source - inserted)
 
 
 def write_sink(
@@ -257,6 +364,8 @@ def write_sink(
     faults: Mapping[str, Any] | None = None,
     path: str | None = None,
     txn_app_id: str | None = None,
+    key_columns: tuple[str, ...] = (),
+    read_version: int | None = None,
 ) -> WriteResult:
     """Write ``df`` as configured; returns where, with which writer, and the Delta version made.
 
@@ -264,11 +373,13 @@ def write_sink(
     with ``mode: overwrite_partition`` exactly that partition is replaced.
     ``path`` writes to another folder with the same settings (the quarantine table).
     ``txn_app_id`` (:func:`run_app_id`): an append of a run the table already holds adds nothing
-    and returns ``already_committed``.
+    and returns ``already_committed``. ``key_columns`` and ``read_version``: a keyed append
+    (:func:`plan_write`); ``overlapped`` in the result counts the rows another run wrote first.
     """
     plan = plan_write(
         config, partition_values=partition_values, commit_metadata=commit_metadata, path=path,
         connector=has_delta_connector(df.sparkSession), faults=faults, txn_app_id=txn_app_id,
+        key_columns=key_columns, read_version=read_version,
     )
     return execute_write(df, plan)
 

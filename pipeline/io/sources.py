@@ -116,6 +116,22 @@ def latest_version(spark: "SparkSession", location: str) -> int | None:
     return int(rows[0]["version"]) if rows else None
 
 
+def table_version(spark: "SparkSession", path: str) -> int | None:
+    """The current version of the Delta table at ``path`` for whichever reader the session uses;
+    None when there is no table. Reading at this version then sees exactly that snapshot."""
+    if has_delta_connector(spark):
+        return latest_version(spark, resolve_location(path))
+    if not is_local(path):
+        return None
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        return DeltaTable(local_path(path)).version()
+    except TableNotFoundError:
+        return None
+
+
 def is_delta_table(spark: "SparkSession", path: str) -> bool:
     """Whether ``path`` holds a Delta table; no local path is made from a URI.
 
