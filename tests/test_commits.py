@@ -19,6 +19,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.parquet  # noqa: F401 - pa.parquet
 import pytest
 from deltalake import DeltaTable
 
@@ -470,3 +471,43 @@ def test_a_deleted_day_is_written_again_by_the_rerun_of_its_run(spark, tmp_path,
     again = run_job(job_config(tmp_path, tiny_embed_model, run={"run_id": "again"}), spark=spark, out=again_out)
     assert "12 of 12 row(s) already in" in again_out.getvalue() and again.rows_in == 0
     assert read_scores(tmp_path).num_rows == 12
+
+
+def test_incremental_keys_are_checked_across_days_at_commit(tmp_path):
+    """An incremental key (id, content_hash, task_fingerprint) has no day in it: a row another run committed
+    on any day since this run read its keys is left out of this run's files; rows with another hash stay."""
+    from deltalake import write_deltalake
+
+    from pipeline.io import delta_keys
+    from pipeline.io.delta_writer import _PartFile
+
+    root = str(tmp_path / "t")
+    keys = ["id", "content_hash", "task_fingerprint"]
+
+    def rows(ids, digest, ds):
+        return pa.table({"id": ids, "content_hash": [digest] * len(ids), "task_fingerprint": ["f1"] * len(ids),
+                         "ds": [ds] * len(ids)})
+
+    write_deltalake(root, rows(["a"], "h", "2026-11-27"), partition_by=["ds"])
+    base = DeltaTable(root).version()
+    write_deltalake(root, rows(["b", "c"], "h", "2026-11-29"), mode="append", partition_by=["ds"])  # the other run
+    staged = []
+    for ids, digest in ((["b", "x"], "h"), (["c"], "h2")):
+        part = _PartFile(root, ["ds"], ("2026-11-28",), "w1", "00000-a0")
+        part.write(rows(ids, digest, "2026-11-28").drop(["ds"]))
+        staged.append(part.close())
+    added = delta_keys.files_added_since(DeltaTable(root), root, base)
+    assert len(added) == 1 and added[0]["partition_values"] == {"ds": "2026-11-29"}
+    taken = delta_keys.taken_keys(root, added, keys, ["ds"])
+
+    def rewrite(values, table):
+        part = _PartFile(root, ["ds"], (values["ds"],), "w1", "keyed")
+        part.write(table)
+        return part.close()
+
+    kept, dropped = delta_keys.drop_taken(root, staged, taken, keys, ["ds"], rewrite=rewrite)
+    assert dropped == 1, "b with hash h was committed by the other run on another day"
+    left = sorted(r["id"] for add in kept for r in pa.parquet.read_table(os.path.join(root, add["path"])).to_pylist())
+    assert left == ["c", "x"], "c has another content hash: another key"
+    assert staged[1] in kept, "a file without a taken key is kept as it is"
+    assert delta_keys.key_token(keys, {"ds": "2026-11-28"}) == "sbi.keys", "one token for the whole table"
