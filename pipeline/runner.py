@@ -23,7 +23,7 @@ from pipeline.errors import JobError
 from pipeline.fingerprint import task_fingerprint
 from pipeline.metrics import RunSummary, StageClock, batch_metrics
 from pipeline.registry import ModelInfo, TaskKind, get_task_kind
-from pipeline.spark.checks import QUARANTINED_STATUSES
+from pipeline.rows import QUARANTINED_STATUSES
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pipeline.rows import QUARANTINED_STATUSES
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
@@ -34,10 +36,6 @@ __all__ = ["ErrorBudget", "IdentityCheck", "error_budget", "identity_check", "ke
 
 # the grouped key columns every key_counts frame has
 KEY_ID, KEY_HASH, KEY_N, KEY_ERRORS = "_key_id", "_key_hash", "_key_n", "_key_errors"
-# Row statuses that go to the quarantine table instead of the output: failed rows, unparsable source lines,
-# rows without an id (pipeline.spark.udf: they cannot be keyed, so they would be written every night), and
-# model outputs that do not follow the task's output schema (the extract kind).
-QUARANTINED_STATUSES = ("error", "malformed", "invalid_id", "invalid_output")
 
 
 def key_counts(df: "DataFrame", *, id_column: str, hash_column: str = "content_hash",

@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from pipeline.config import BatchingConfig, ModelConfig
 from pipeline.metrics import WorkerCounts, WorkerProgress
+from pipeline.rows import INVALID_ID
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -180,9 +181,6 @@ def _outputs(results: Iterator[pa.RecordBatch], taken: "deque[tuple[pa.RecordBat
     for _, invalid in taken:  # the task's stream ended: what is left holds rows without ids only
         if invalid is not None:
             yield invalid
-
-
-INVALID_ID = "invalid_id"
 
 
 def _split_null_ids(batch: pa.RecordBatch, schema: pa.Schema, plan: InferencePlan,
