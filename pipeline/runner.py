@@ -407,7 +407,7 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
     Every run, failed or not, leaves a row in the runs table (``pipeline.runs``).
     """
     # every run on the record (runs table, report, MLflow); recording never fails the run
-    from pipeline.runs import RunRecorder
+    from pipeline.recorder import RunRecorder
 
     run = config.run.model_copy(update={"run_id": config.run.resolved_run_id(), "ds": config.run.resolved_ds()})
     config = config.model_copy(update={"run": run})  # one run id and ds for the record and the run
@@ -510,14 +510,14 @@ def _prepare(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
              clock: StageClock) -> _Run:
     """Checks that fail in seconds before any Spark work: partitioning, the model, addresses, locations."""
     from pipeline import faults as fault_hooks
-    from pipeline.io.paths import check_locations
+    from pipeline.io.preflight import check_locations
     from pipeline.spark.reach import check_job_addresses
     from pipeline.spark.session import get_session
 
     _check_partitioning(config)
     kind, task = _kind_and_task(config)
     if config.model.path.startswith("models:/"):  # an alias is pinned to one version for every worker
-        from pipeline.tracking import pin_registry_model
+        from pipeline.models.mlflow_registry import pin_registry_model
 
         config = pin_registry_model(config)
     model = kind.job.model_info(config, task)  # before any Spark work: a bad model fails in seconds
@@ -528,7 +528,7 @@ def _prepare(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     spark = spark or get_session(config.spark, object_stores=_uses_object_store(config))
     recorder.note(spark=spark)
     clock.lap("session")
-    check_locations(spark, config)  # a remote path the session cannot reach fails here, before any work
+    check_locations(spark, source=config.source, sink=config.sink)  # a remote path the session cannot reach fails here, before any work
     clock.lap("pre-flight")
     return _Run(config=config, kind=kind, task=task, model=model, spark=spark,
                 run_id=config.run.resolved_run_id(), ds=config.run.resolved_ds(),
