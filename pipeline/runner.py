@@ -546,7 +546,8 @@ def _check_idempotency(run: _Run) -> RunSummary | None:
     config, spark, run_id, ds, out = run.config, run.spark, run.run_id, run.ds, run.out
     # one Delta transaction id per logical run: a fast path for a retry whose commit landed, taken only while
     # that run's rows are still in the output (appends are keyed on the rows themselves below)
-    app_id = run_app_id(config, model_revision=run.model.revision, source_snapshot=source_snapshot(config))
+    app_id = run_app_id(config.job, config.model_dump(mode="json"), model_revision=run.model.revision,
+                        source_snapshot=source_snapshot(config.source))
     if config.run.incremental or config.sink.mode == "append":
         done = committed_run_via(spark, config.sink.path, app_id) if config.sink.path else None
         if done and _run_rows_remain(spark, config, by=done[1], ds=ds):
@@ -729,7 +730,7 @@ def _summary_details(run: _Run, plan: _Scoring, counts: dict[str, Any]) -> dict[
 
 def _summarize(run: _Run, plan: _Scoring, *, committed: _Committed, read: _ReadBack) -> RunSummary:
     """The run's summary: counts, samples, whether every row is accounted for, and what replaced the output."""
-    from pipeline.spark.checks import replaced_by
+    from pipeline.io.delta_tables import replaced_by
 
     config, spark, kind, ds, run_id = run.config, run.spark, run.kind, run.ds, run.run_id
     result, counts = committed.result, committed.counts

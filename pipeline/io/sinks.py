@@ -28,7 +28,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Mapping
 
-from pipeline.config import SinkConfig
+from pipeline.config import SinkConfig, SourceConfig
 from pipeline.errors import SinkError
 from pipeline.io.paths import connector_hint, is_local, local_path, remote_refusal, resolve_location
 from pipeline.io.sources import has_delta_connector
@@ -349,23 +349,25 @@ _RUN_UNIQUE = {
 }
 
 
-def run_app_id(config: Any, *, model_revision: str, source_snapshot: str | None) -> str:
+def run_app_id(job: str, settings: Mapping[str, Any], *, model_revision: str, source_snapshot: str | None) -> str:
     """The Delta transaction app id of one LOGICAL run: the same for every retry of it, different otherwise.
 
     A hash of the job name, the output location, the run date, the model revision, the source
-    snapshot (:func:`source_snapshot`; None where unknown) and the config minus what differs between
-    tries (``run.run_id``, progress and reporting settings, fault drills, ``spark.*``).
+    snapshot (:func:`source_snapshot`; None where unknown) and the job's ``settings`` (the config as
+    JSON) minus what differs between tries (``run.run_id``, progress and reporting settings, fault
+    drills, ``spark.*``).
 
     >>> from pipeline.config import build_config
     >>> raw = {"job": "j", "source": {"path": "/d"}, "model": {"path": "/m"}, "task": {"kind": "embed"},
     ...        "sink": {"path": "/out"}, "run": {"ds": "2026-11-29", "run_id": "a"}}
-    >>> a = run_app_id(build_config(raw), model_revision="r1", source_snapshot="delta:3")
-    >>> retry = run_app_id(build_config({**raw, "run": {"ds": "2026-11-29", "run_id": "b"}}),
+    >>> def settings(data): return build_config(data).model_dump(mode="json")
+    >>> a = run_app_id("j", settings(raw), model_revision="r1", source_snapshot="delta:3")
+    >>> retry = run_app_id("j", settings({**raw, "run": {"ds": "2026-11-29", "run_id": "b"}}),
     ...                    model_revision="r1", source_snapshot="delta:3")
-    >>> a == retry, a == run_app_id(build_config(raw), model_revision="r1", source_snapshot="delta:4")
+    >>> a == retry, a == run_app_id("j", settings(raw), model_revision="r1", source_snapshot="delta:4")
     (True, False)
     """
-    dumped = config.model_dump(mode="json")
+    dumped = dict(settings)
     for section, keys in _RUN_UNIQUE.items():
         if keys is None:
             dumped.pop(section, None)
@@ -373,10 +375,10 @@ def run_app_id(config: Any, *, model_revision: str, source_snapshot: str | None)
             dumped[section] = {k: v for k, v in dumped.get(section, {}).items() if k not in keys}
     key = {"config": dumped, "model_revision": model_revision, "source_snapshot": source_snapshot}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
-    return f"sbi-{config.job}-{digest[:32]}"
+    return f"sbi-{job}-{digest[:32]}"
 
 
-def source_snapshot(config: Any) -> str | None:
+def source_snapshot(source: SourceConfig) -> str | None:
     """What identifies the source's content, where it can be known cheaply on the driver.
 
     A local Delta source: ``delta:<version>``. A local file source (parquet, json, text,
@@ -385,7 +387,6 @@ def source_snapshot(config: Any) -> str | None:
     """
     from pipeline.io.paths import is_local, local_path
 
-    source = config.source
     if not source.path or not is_local(source.path):
         return None
     path = local_path(source.path)

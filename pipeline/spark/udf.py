@@ -59,11 +59,10 @@ class InferencePlan:
     id_column: str = "id"
 
     def build_task(self) -> Any:
-        if self.task_class is not None:
-            return self.task_class(self.task, model=self.model, batching=self.batching)
-        from pipeline.tasks import build_task
-
-        return build_task(self.task, model=self.model, batching=self.batching)
+        if self.task_class is None:
+            raise TypeError("InferencePlan.task_class is not set: pass the registered kind's task class "
+                            "(pipeline.registry.get_task_kind(kind).task)")
+        return self.task_class(self.task, model=self.model, batching=self.batching)
 
 
 def output_schema(plan: InferencePlan, input_schema: pa.Schema) -> pa.Schema:
