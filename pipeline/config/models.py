@@ -320,7 +320,7 @@ class JobConfig(_Model):
 
         A value that came from ``${VAR}`` shows its ``${VAR}`` text, never the
         expanded value; a key named like a secret (password, token, ...) shows
-        ``***`` (as in the runs table, :func:`pipeline.redaction.redact_config`).
+        ``***`` (as in the runs table, :func:`pipeline.config.redaction.redact_config`).
         """
 
         def show(value: Any, where: str) -> Any:
