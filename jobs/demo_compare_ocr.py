@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.images.demo_data import compare_with_tesseract
+from pipeline.demo.images import compare_with_tesseract
 
 
 def main() -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.io.demo_data import load_demo_corpus, write_demo_table
+from pipeline.demo.text import load_demo_corpus, write_demo_table
 
 
 def main() -> int:

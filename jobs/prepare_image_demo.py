@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipeline.images.demo_data import add_scan_variants, copy_photos, debian_pdfs, render_pages, write_pages_table
+from pipeline.demo.images import add_scan_variants, copy_photos, debian_pdfs, render_pages, write_pages_table
 
 
 def main() -> int:

@@ -8,6 +8,7 @@ The public surface is small::
 
 from __future__ import annotations
 
+from pipeline import tasks  # noqa: F401 - the built-in task kinds register themselves before any config is validated
 from pipeline.config import ConfigError, JobConfig, load_config
 from pipeline.metrics import RunSummary
 from pipeline.runner import JobError, run_job

@@ -40,7 +40,7 @@ from typing import Any, Mapping, Sequence
 
 from pipeline.errors import InjectedFaultError, SimulatedOutOfMemoryError
 
-__all__ = ["InjectedFaultError", "SimulatedOutOfMemoryError", "activate", "after_quarantine_commit", "at_output_commit",
+__all__ = ["InjectedFaultError", "SimulatedOutOfMemoryError", "activate", "after_quarantine_commit", "lost_at_output_commit",
            "check_batch", "from_env", "on_commit", "on_output", "on_task_start", "on_write"]
 
 ENV = "SBI_FAULTS"
@@ -132,14 +132,9 @@ def after_quarantine_commit(faults: Mapping[str, Any], *, version: int | None, r
                                  "before the output commit")
 
 
-def at_output_commit(rows: Any, faults: Mapping[str, Any], *, id_column: str) -> Any:
-    """Driver-side fault (``lose_row_at_commit``): the DataFrame the output commit writes, less one id."""
-    lost = faults.get("lose_row_at_commit")
-    if lost is None:
-        return rows
-    from pyspark.sql import functions as F
-
-    return rows.where(~F.col(id_column).eqNullSafe(F.lit(lost)))
+def lost_at_output_commit(faults: Mapping[str, Any]) -> Any:
+    """Driver-side fault (``lose_row_at_commit``): the id the output commit leaves out, else None."""
+    return faults.get("lose_row_at_commit")
 
 
 def on_commit(write_id: str, faults: Mapping[str, Any]) -> None:

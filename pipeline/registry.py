@@ -3,7 +3,8 @@
 A task kind is one module under ``pipeline/tasks/`` (or anywhere importable)
 that defines its config model (a :class:`~pipeline.config.TaskConfig`), its
 task class (the :class:`~pipeline.tasks.base.Task` protocol) and, when the
-defaults do not fit, its driver-side hooks (a :class:`TaskJob`), and registers
+defaults do not fit, its driver-side hooks (a
+:class:`~pipeline.tasks.job.TaskJob`), and registers
 them once::
 
     class TranslateConfig(TaskConfig):
@@ -12,31 +13,29 @@ them once::
 
     register_task(TranslateConfig, TranslateTask)
 
-The job config's ``task`` (:class:`~pipeline.config.JobConfig`), the CLI, the
-README's config reference and the runner all read this registry; the modules
-of ``pipeline.tasks`` are imported on the first lookup, so nothing else lists
-the built-in kinds.
+The CLI, the README's config reference and the runner read this registry;
+each kind's config class also goes to :mod:`pipeline.config.kinds`, which the
+job config's ``task`` is validated against. The built-in kinds are the
+modules :mod:`pipeline.tasks` imports by name, and ``import pipeline`` imports
+that package, so they are registered before any config is validated.
 
-This module sits in the config layer: it imports no pyspark, torch or
-task module at import time. The :class:`TaskJob` defaults reach the io and
-model layers lazily, inside the methods the runner calls.
+This module sits on the registry floor, above config and below the
+engines, io and tasks: it imports none of them. The default driver-side
+hooks live with the tasks (:class:`pipeline.tasks.job.TaskJob`), which hand
+them in with :func:`set_default_job`.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 import threading
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
-from pipeline.config import JobConfig, TaskConfig
+from pipeline.config import TaskConfig
+from pipeline.config.kinds import add_task_config, remove_task_config
 from pipeline.fingerprint import check_declarations
 
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
-
-__all__ = ["ModelInfo", "TaskJob", "TaskKind", "get_task_kind", "register_task", "task_kinds"]
+__all__ = ["ModelInfo", "TaskKind", "get_task_kind", "register_task", "set_default_job", "task_kinds"]
 
 
 @dataclass(frozen=True)
@@ -53,60 +52,6 @@ class ModelInfo:
     revision: str
 
 
-class TaskJob:
-    """The driver-side parts of a task kind, called by :func:`pipeline.runner.run_job` in this order.
-
-    The defaults fit tasks that read one source row and write one output row
-    per input row (embed, classify, generate); a kind overrides only what
-    differs (the ``recommend`` kind reads users and interactions, explodes
-    top-K lists and refreshes a latest table).
-    """
-
-    def model_info(self, config: JobConfig, task: Any) -> ModelInfo:
-        """Check the model before any work and fingerprint it for lineage.
-
-        The folder, its weights (every weight of the architecture present and
-        used, safetensors unless ``model.allow_pickle``), the architecture
-        against the task, and the task's token length against the model's
-        positions (``pipeline.models.checks``).
-        """
-        from pipeline.models.checks import check_model
-        from pipeline.models.loading import model_revision, resolve_model_path
-
-        path = resolve_model_path(config.model.path, registry_uri=config.model.registry_uri)
-        needed = task.positions_needed() if hasattr(task, "positions_needed") else (None, "")
-        check_model(path, kind=getattr(task, "model_kind", task.kind), allow_pickle=config.model.allow_pickle,
-                    max_tokens=needed[0], max_tokens_key=needed[1])
-        return ModelInfo(config.model.path, config.model.name or path.name, model_revision(path))
-
-    def read_inputs(self, spark: "SparkSession", config: JobConfig, task: Any) -> "DataFrame":
-        """``id``, the task's input columns and the kept columns, checked against the source."""
-        from pipeline.io.sources import read_source, select_input
-
-        return select_input(read_source(spark, config.source), config.source, tuple(task.input_columns))
-
-    def shape_output(self, scored: "DataFrame", config: JobConfig) -> "DataFrame":
-        """The rows to write, from the scored rows (with lineage, without failed rows); default: as they are."""
-        return scored
-
-    def check_complete(self, *, rows_in: int, rows_out: int, rows_quarantined: int,
-                       counts: dict[str, Any]) -> str | None:
-        """None when every input row is accounted for; else what does not add up."""
-        if rows_in == rows_out + rows_quarantined:
-            return None
-        return f"{rows_in} rows in but {rows_out} written + {rows_quarantined} quarantined"
-
-    def after_commit(self, spark: "SparkSession", config: JobConfig, *, output: str, run_id: str,
-                     ds: Any) -> dict[str, str]:
-        """Work after the output committed (e.g. a latest table); returns summary lines ``{label: value}``."""
-        return {}
-
-    def summary_lines(self, spark: "SparkSession", config: JobConfig, counts: dict[str, Any],
-                      model: ModelInfo) -> dict[str, str]:
-        """Extra lines for the end-of-run summary, ``{label: value}``."""
-        return {}
-
-
 @dataclass(frozen=True)
 class TaskKind:
     """One registered task kind: its config model, its task class and its driver-side hooks."""
@@ -114,7 +59,12 @@ class TaskKind:
     kind: str
     config: type[TaskConfig]
     task: type
-    job: TaskJob = field(default_factory=TaskJob)
+    own_job: Any = None
+
+    @property
+    def job(self) -> Any:
+        """The kind's driver-side hooks (a :class:`pipeline.tasks.job.TaskJob`): its own, else the default."""
+        return self.own_job if self.own_job is not None else _default_job
 
     @property
     def summary(self) -> str:
@@ -123,11 +73,18 @@ class TaskKind:
 
 
 _kinds: dict[str, TaskKind] = {}
-_discovered = False
 _lock = threading.RLock()
+# the hooks of a kind registered without its own (pipeline.tasks.job sets the TaskJob defaults)
+_default_job: Any = None
 
 
-def register_task(config: type[TaskConfig], task: type, *, job: TaskJob | None = None) -> TaskKind:
+def set_default_job(job: Any) -> None:
+    """The driver-side hooks of every kind registered without its own (:class:`pipeline.tasks.job.TaskJob`)."""
+    global _default_job
+    _default_job = job
+
+
+def register_task(config: type[TaskConfig], task: type, *, job: Any = None) -> TaskKind:
     """Register a task kind; its name is the default of ``config.kind``. Returns the entry.
 
     Registering the same classes again (a module imported twice) is a no-op;
@@ -140,12 +97,13 @@ def register_task(config: type[TaskConfig], task: type, *, job: TaskJob | None =
     if not isinstance(kind, str) or not kind:
         raise TypeError(f"{config.__name__}.kind needs a default naming the kind, e.g. kind: Literal['x'] = 'x'")
     check_declarations(config)  # a fingerprint declaration naming a key the config lacks fails at import
-    entry = TaskKind(kind, config, task, job or TaskJob())
+    entry = TaskKind(kind, config, task, job)
     with _lock:
         old = _kinds.get(kind)
         if old is not None and (_qualname(old.config), _qualname(old.task)) != (_qualname(config), _qualname(task)):
             raise ValueError(f"task kind {kind!r} is already registered by {_qualname(old.task)}")
         _kinds[kind] = entry
+        add_task_config(kind, config)  # what JobConfig.task is validated against
     return entry
 
 
@@ -153,11 +111,11 @@ def unregister_task(kind: str) -> None:
     """Forget ``kind`` (tests that register throwaway kinds)."""
     with _lock:
         _kinds.pop(kind, None)
+        remove_task_config(kind)
 
 
 def get_task_kind(kind: str) -> TaskKind:
     """The registered entry for ``kind``; raises ``KeyError`` naming the known kinds."""
-    _discover()
     try:
         return _kinds[kind]
     except KeyError:
@@ -166,23 +124,7 @@ def get_task_kind(kind: str) -> TaskKind:
 
 def task_kinds() -> dict[str, TaskKind]:
     """Every registered kind by name (the built-in ones included)."""
-    _discover()
     return dict(_kinds)
-
-
-def _discover() -> None:
-    """Import every module of ``pipeline.tasks`` once; each registers its kind at import."""
-    global _discovered
-    if _discovered:
-        return
-    with _lock:
-        if _discovered:
-            return
-        package = importlib.import_module("pipeline.tasks")
-        for module in pkgutil.iter_modules(package.__path__):
-            if not module.name.startswith("_"):
-                importlib.import_module(f"pipeline.tasks.{module.name}")
-        _discovered = True
 
 
 def _qualname(obj: type) -> str:

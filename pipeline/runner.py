@@ -14,15 +14,16 @@ import datetime as dt
 import sys
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from pipeline.config import JobConfig
+from pipeline.config import JobConfig, SinkConfig
 from pipeline.errors import JobError
 from pipeline.fingerprint import task_fingerprint
 from pipeline.metrics import RunSummary, StageClock, batch_metrics
 from pipeline.registry import ModelInfo, TaskKind, get_task_kind
-from pipeline.spark.checks import QUARANTINED_STATUSES
+from pipeline.rows import QUARANTINED_STATUSES
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -353,8 +354,7 @@ def _rows_written(spark: "SparkSession", path: str, run_id: str, ds: dt.date | N
     return written
 
 
-def _check_quarantine_pair(spark: "SparkSession", path: str, *, run_id: str, ds: dt.date, version: int,
-                           when: str) -> None:
+def _check_quarantine_pair(run: _Run, plan: _Scoring, *, version: int, when: str) -> None:
     """An ``overwrite_partition`` run's output and quarantine replace the day in two commits: raise when
     another run replaced the day's quarantine after this run's (at ``version``), so the two tables never
     silently hold two runs' rows. A quarantine with no later commit passes without a scan."""
@@ -362,6 +362,7 @@ def _check_quarantine_pair(spark: "SparkSession", path: str, *, run_id: str, ds:
 
     from pipeline.io.sources import read_delta, table_version
 
+    spark, run_id, ds, path = run.spark, run.run_id, run.ds, plan.sink.resolved_quarantine_path()
     if table_version(spark, path) == version:
         return
     day = F.col("ds") == F.lit(ds).cast("date")
@@ -468,7 +469,7 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
     Every run, failed or not, leaves a row in the runs table (``pipeline.runs``).
     """
     # every run on the record (runs table, report, MLflow); recording never fails the run
-    from pipeline.runs import RunRecorder
+    from pipeline.recorder import RunRecorder
 
     run = config.run.model_copy(update={"run_id": config.run.resolved_run_id(), "ds": config.run.resolved_ds()})
     config = config.model_copy(update={"run": run})  # one run id and ds for the record and the run
@@ -487,22 +488,78 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
     return summary
 
 
+@dataclass
+class _Run:
+    """What the stages of one run hand each other: the config, its kind and task, the checked model,
+    the session, the run's identity and where its lines go."""
+
+    config: JobConfig
+    kind: TaskKind
+    task: Any
+    model: ModelInfo
+    spark: "SparkSession"
+    run_id: str
+    ds: dt.date
+    scored_at: dt.datetime
+    faults: dict[str, Any]
+    out: TextIO
+    clock: StageClock
+    app_id: str = ""
+
+
+@dataclass
+class _Scoring:
+    """The rows to score and the lazily scored rows, planned before any inference runs."""
+
+    inputs: "DataFrame"
+    scored: "DataFrame"
+    sink: SinkConfig
+    rows_in: int
+    tasks: int
+    known_bad: int
+    # the output version the keys were compared at: the commit writes only keys no commit since wrote
+    read_version: int | None = None
+
+
+@dataclass
+class _Committed:
+    """What the commits left: the output's write result, the quarantine's version and run, the counts."""
+
+    result: Any
+    counts: dict[str, Any]
+    seconds: float
+    quarantine_version: int | None
+    quarantine_run: str
+
+
+@dataclass
+class _ReadBack:
+    """The committed rows read back at their versions, and the counts they add up to."""
+
+    written: "DataFrame"
+    rows_out: int
+    rows_quarantined: int
+    incomplete: str | None
+    partition_ds: dt.date | None
+
+
 def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, recorder: Any,
              clock: StageClock) -> RunSummary:
-    from pyspark import StorageLevel
-    from pyspark.sql import functions as F
+    """The stages of one run, in order: prepare, idempotency, plan, score and commit, read back, summary."""
+    run = _prepare(config, spark=spark, out=out, recorder=recorder, clock=clock)
+    done = _check_idempotency(run)
+    if done is not None:
+        return done
+    plan = _plan_scoring(run)
+    committed = _score_and_commit(run, plan)
+    if isinstance(committed, RunSummary):
+        return committed
+    commit, read = committed
+    summary = _summarize(run, plan, committed=commit, read=read)
+    return _finish(run, summary, recorder=recorder)
 
-    from pipeline import faults as fault_hooks
-    from pipeline.io.paths import check_locations
-    from pipeline.io.sinks import committed_run_via, resolve_writer, run_app_id, source_snapshot, write_sink
-    from pipeline.io.sources import is_delta_table
-    from pipeline.spark.progress import JobProgress, stage_source
-    from pipeline.spark.reach import check_job_addresses
-    from pipeline.spark.checks import identity_check, key_counts, replaced_by
-    from pipeline.spark.run_metrics import observe_counts
-    from pipeline.spark.session import get_session
-    from pipeline.spark.udf import METRICS_COLUMN
 
+def _check_partitioning(config: JobConfig) -> None:
     other_parts = [c for c in config.sink.partition_by if c != "ds" and c not in config.source.keep_columns]
     if other_parts:
         raise JobError(
@@ -512,44 +569,71 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     if config.sink.mode == "overwrite_partition" and config.sink.partition_by != ["ds"]:
         raise JobError("sink.mode overwrite_partition replaces one run date: use sink.partition_by: [ds]")
 
+
+def _prepare(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, recorder: Any,
+             clock: StageClock) -> _Run:
+    """Checks that fail in seconds before any Spark work: partitioning, the model, addresses, locations."""
+    from pipeline import faults as fault_hooks
+    from pipeline.io.preflight import check_locations
+    from pipeline.spark.reach import check_job_addresses
+    from pipeline.spark.session import get_session
+
+    _check_partitioning(config)
     kind, task = _kind_and_task(config)
     if config.model.path.startswith("models:/"):  # an alias is pinned to one version for every worker
-        from pipeline.tracking import pin_registry_model
+        from pipeline.models.mlflow_registry import pin_registry_model
 
         config = pin_registry_model(config)
     model = kind.job.model_info(config, task)  # before any Spark work: a bad model fails in seconds
-    model_name, revision = model.name, model.revision
-    recorder.note(model_name=model_name, model_revision=revision)
+    recorder.note(model_name=model.name, model_revision=model.revision)
     clock.lap("model check")
     if spark is None:  # a metastore or object store endpoint nobody answers fails in seconds, not minutes
         check_job_addresses(config, timeout_s=config.spark.connect_timeout_s)
     spark = spark or get_session(config.spark, object_stores=_uses_object_store(config))
     recorder.note(spark=spark)
     clock.lap("session")
-    check_locations(spark, config)  # a remote path the session cannot reach fails here, before any work
+    check_locations(spark, source=config.source, sink=config.sink)  # a remote path the session cannot reach fails here, before any work
     clock.lap("pre-flight")
-    run_id = config.run.resolved_run_id()
-    ds = config.run.resolved_ds()
-    scored_at = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
-    faults = fault_hooks.from_env(config.run.faults)
+    return _Run(config=config, kind=kind, task=task, model=model, spark=spark,
+                run_id=config.run.resolved_run_id(), ds=config.run.resolved_ds(),
+                scored_at=dt.datetime.now(dt.timezone.utc).replace(microsecond=0),
+                faults=fault_hooks.from_env(config.run.faults), out=out, clock=clock)
+
+
+def _check_idempotency(run: _Run) -> RunSummary | None:
+    """The summary of a retry whose commit already landed (its rows still in the output), else None.
+
+    Sets the run's Delta transaction id (``run.app_id``) either way.
+    """
+    from pipeline.io.sinks import committed_run_via, resolve_writer, run_app_id, source_snapshot
+
+    config, spark, run_id, ds, out = run.config, run.spark, run.run_id, run.ds, run.out
     # one Delta transaction id per logical run: a fast path for a retry whose commit landed, taken only while
     # that run's rows are still in the output (appends are keyed on the rows themselves below)
-    app_id = run_app_id(config, model_revision=revision, source_snapshot=source_snapshot(config))
+    app_id = run_app_id(config.job, config.model_dump(mode="json"), model_revision=run.model.revision,
+                        source_snapshot=source_snapshot(config.source))
     if config.run.incremental or config.sink.mode == "append":
         done = committed_run_via(spark, config.sink.path, app_id) if config.sink.path else None
         if done and _run_rows_remain(spark, config, by=done[1], ds=ds):
-            return _already_committed(config, run_id=run_id, ds=ds, model=model, version=done[0], by=done[1], out=out,
-                                      writer=resolve_writer(spark, config.sink))
+            return _already_committed(config, run_id=run_id, ds=ds, model=run.model, version=done[0], by=done[1],
+                                      out=out, writer=resolve_writer(spark, config.sink))
         if done:
             # the transaction id outlived the rows (the day deleted, restored or overwritten since): the rows
             # missing by key are scored, under this try's own transaction id, or the commit would be skipped
             print(f"[{config.job}] run {run_id}: run {done[1]} committed at version {done[0]} but its rows are no "
                   f"longer in {config.sink.path}; scoring the rows missing by key", file=out, flush=True)
             app_id = f"{app_id}-{run_id}"
-    clock.lap("idempotency")
+    run.app_id = app_id
+    run.clock.lap("idempotency")
+    return None
 
+
+def _plan_scoring(run: _Run) -> _Scoring:
+    """The rows to score (new ones only for incremental runs and appends), their inference tasks, the
+    lazily scored rows and the sink they go to."""
+    config, spark, run_id, ds, out = run.config, run.spark, run.run_id, run.ds, run.out
     notes: dict[str, Any] = {}
-    inputs = prepare_inputs(spark, config, revision=revision, task=task, notes=notes)
+    inputs = prepare_inputs(spark, config, revision=run.model.revision, task=run.task, notes=notes)
     known_bad = notes["known_bad"].count() if "known_bad" in notes else 0
     rows_before = None
     if config.sink.mode == "append" and not config.run.incremental:
@@ -558,136 +642,207 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     if rows_before is not None and rows_before > rows_in:
         print(f"[{config.job}] run {run_id}: {rows_before - rows_in:,} of {rows_before:,} row(s) already in "
               f"{config.sink.path} for ds {ds} (key: id, ds): not scored again", file=out, flush=True)
-    tasks = plan_inference_tasks(spark, config, rows_in, task)
-    scored = score_inputs(inputs, config, tasks=tasks, run_id=run_id, ds=ds, scored_at=scored_at,
-                          model=model, faults=faults, task=task)
+    tasks = plan_inference_tasks(spark, config, rows_in, run.task)
+    scored = score_inputs(inputs, config, tasks=tasks, run_id=run_id, ds=ds, scored_at=run.scored_at,
+                          model=run.model, faults=run.faults, task=run.task)
     sink = config.sink
     if config.run.incremental and sink.mode != "append":
         # new rows join the run's partition; replacing it would drop the rows scored earlier today
         sink = sink.model_copy(update={"mode": "append"})
     mode_note = " incremental" if config.run.incremental else ""
-    print(f"[{config.job}] run {run_id}: scoring {rows_in:,}{mode_note} rows in {tasks} tasks with {model_name} "
-          f"@ {revision} -> {sink.path or sink.table} (ds {ds}, mode {sink.mode})", file=out, flush=True)
+    print(f"[{config.job}] run {run_id}: scoring {rows_in:,}{mode_note} rows in {tasks} tasks with {run.model.name} "
+          f"@ {run.model.revision} -> {sink.path or sink.table} (ds {ds}, mode {sink.mode})", file=out, flush=True)
+    return _Scoring(inputs=inputs, scored=scored, sink=sink, rows_in=rows_in, tasks=tasks, known_bad=known_bad,
+                    read_version=notes.get("read_version"))
 
+
+def _score_and_commit(run: _Run, plan: _Scoring) -> "RunSummary | tuple[_Committed, _ReadBack]":
+    """Inference and the check before any commit, the quarantine commit, the output commit, and the
+    read-back of both at the versions committed; a retry that finds its commit landed gets its summary."""
+    from pyspark import StorageLevel
+
+    from pipeline.spark.checks import identity_check, key_counts
+    from pipeline.spark.progress import JobProgress, stage_source
+    from pipeline.spark.run_metrics import observe_counts
+    from pipeline.spark.udf import METRICS_COLUMN
+
+    config, clock = run.config, run.clock
     # Scored rows feed the checks and two writes (quarantine, output): keep them so inference runs once.
-    scored = scored.persist(StorageLevel.MEMORY_AND_DISK)
+    scored = plan.scored.persist(StorageLevel.MEMORY_AND_DISK)
     # the input keys feed the check before the commits and the one after them
-    in_keys = key_counts(inputs, id_column="id").persist(StorageLevel.MEMORY_AND_DISK)
+    in_keys = key_counts(plan.inputs, id_column="id").persist(StorageLevel.MEMORY_AND_DISK)
     # the tasks' counts are observed on the first action over the scored rows (the check, which runs
     # inference and fills the cache); their column is never written
     observed_scored, observed = observe_counts(scored, METRICS_COLUMN)
-    progress = (JobProgress(stage_source(spark), job=config.job, planned_tasks=tasks, rows_total=rows_in,
-                            interval=config.run.progress_interval_s, out=out)
-                if config.run.progress and rows_in else nullcontext())
+    progress = (JobProgress(stage_source(run.spark), job=config.job, planned_tasks=plan.tasks,
+                            rows_total=plan.rows_in, interval=config.run.progress_interval_s, out=run.out)
+                if config.run.progress and plan.rows_in else nullcontext())
     clock.lap("planning")
     started = time.perf_counter()
-    metadata = {"sbi.job": config.job, "sbi.run_id": run_id, "sbi.model_revision": revision}
-    id_col = config.source.id_column
-    quarantine_path = sink.resolved_quarantine_path()
-    quarantine_version = None
-    quarantine_run = run_id
+    metadata = {"sbi.job": config.job, "sbi.run_id": run.run_id, "sbi.model_revision": run.model.revision}
     try:
         try:
             with progress:
                 scored_check = identity_check(
-                    in_keys, key_counts(observed_scored, id_column=id_col, status_column="status"))
-            counts = observed.counts() if rows_in else {}
+                    in_keys, key_counts(observed_scored, id_column=config.source.id_column, status_column="status"))
+            counts = observed.counts() if plan.rows_in else {}
             _check_before_commit(scored_check, scored, config)
-            errors = scored_check.errors
             clock.lap("inference and check")
-            # quarantine first: a crash before the output commit leaves a partition a rerun replaces
-            if errors or is_delta_table(spark, quarantine_path):
-                # written even when empty once it exists, so a rerun replaces that day's failures too
-                q = write_sink(_quarantine_rows(scored, inputs, config, tuple(task.input_columns)), sink,
-                               partition_values={"ds": ds}, commit_metadata=metadata, path=quarantine_path,
-                               txn_app_id=app_id)
-                quarantine_version = q.version
-                if q.already_committed:  # an earlier try of this run committed them: read back its rows
-                    earlier = committed_run_via(spark, quarantine_path, app_id)
-                    quarantine_run = (earlier and earlier[1]) or run_id
-                fault_hooks.after_quarantine_commit(faults, version=q.version, run_id=run_id)
-                clock.lap("quarantine commit")
-            if pairs := (sink.mode == "overwrite_partition" and quarantine_version is not None):
-                _check_quarantine_pair(spark, quarantine_path, run_id=run_id, ds=ds, version=quarantine_version,
+            quarantine_version, quarantine_run = _commit_quarantine(
+                run, plan, scored, errors=scored_check.errors, metadata=metadata)
+            if pairs := (plan.sink.mode == "overwrite_partition" and quarantine_version is not None):
+                _check_quarantine_pair(run, plan, version=quarantine_version,
                                        when="this run committed no output, so the pair agrees once that run's "
                                             "output commit lands")
-            to_write = scored.drop(METRICS_COLUMN).where(~F.col("status").isin(*QUARANTINED_STATUSES))
-            to_write = fault_hooks.at_output_commit(to_write, faults, id_column=id_col)
-            result = write_sink(
-                kind.job.shape_output(to_write, config), sink,
-                partition_values={"ds": ds}, commit_metadata=metadata, faults=faults, txn_app_id=app_id,
-                key_columns=_commit_keys(config, sink), read_version=notes.get("read_version"),
-            )
-            if pairs:
-                _check_quarantine_pair(spark, quarantine_path, run_id=run_id, ds=ds, version=quarantine_version,
+            result = _commit_output(
+                config, kind=run.kind, scored=scored, sink=plan.sink, ds=run.ds, metadata=metadata, faults=run.faults,
+                app_id=run.app_id, clock=clock, run_id=run.run_id, model=run.model, out=run.out,
+                read_version=plan.read_version)
+            if pairs and not isinstance(result, RunSummary):
+                _check_quarantine_pair(run, plan, version=quarantine_version,
                                        when=f"this run's output (version {result.version}) and that quarantine "
-                                            f"now hold different runs' rows: rerun ds {ds}")
-            clock.lap("commit")
-            if result.already_committed:  # a concurrent try of this very run committed first
-                return _already_committed(config, run_id=run_id, ds=ds, model=model, version=result.version,
-                                          by=None, out=out, writer=result.writer)
-            if result.swept.get("files"):
-                print(f"[{config.job}] swept {result.swept['files']} leftover file(s) "
-                      f"({result.swept['bytes'] / 1e6:.1f} MB) of crashed writes from {result.output}",
-                      file=out, flush=True)
+                                            f"now hold different runs' rows: rerun ds {run.ds}")
+            if isinstance(result, RunSummary):
+                return result
         finally:
             scored.unpersist()
-        seconds = time.perf_counter() - started
-
-        partition_ds = ds if "ds" in sink.partition_by else None
-        written = _rows_written(spark, result.output, run_id, partition_ds, version=result.version)
-        if result.overlapped:  # keys an overlapping run wrote first: their rows stand for this run's
-            print(f"[{config.job}] run {run_id}: {result.overlapped:,} row(s) were committed meanwhile by an "
-                  f"overlapping run (key: {', '.join(_commit_keys(config, sink))}); written once, by that run",
-                  file=out, flush=True)
-            written = _rows_of_keys(spark, result.output, in_keys, config, partition_ds, version=result.version,
-                                    fingerprint=task_fingerprint(config, revision=revision))
-        quarantined = None
-        if quarantine_version is not None:
-            quarantined = _rows_written(spark, quarantine_path, quarantine_run, partition_ds,
-                                        version=quarantine_version)
-        written_check = _check_written(in_keys, written, quarantined, id_col)
+        committed = _Committed(result=result, counts=counts, seconds=time.perf_counter() - started,
+                               quarantine_version=quarantine_version, quarantine_run=quarantine_run)
+        return committed, _read_back(run, plan, committed, in_keys)
     finally:
         in_keys.unpersist()
+
+
+def _commit_quarantine(run: _Run, plan: _Scoring, scored: "DataFrame", *, errors: int,
+                       metadata: dict[str, str]) -> tuple[int | None, str]:
+    """The quarantine commit, before the output's: ``(version, run id of its rows)``; version None
+    when there is nothing to commit and no quarantine table yet."""
+    from pipeline import faults as fault_hooks
+    from pipeline.io.sinks import committed_run_via, write_sink
+    from pipeline.io.sources import is_delta_table
+
+    config, spark, sink, ds = run.config, run.spark, plan.sink, run.ds
+    quarantine_path = sink.resolved_quarantine_path()
+    quarantine_version = None
+    quarantine_run = run.run_id
+    # quarantine first: a crash before the output commit leaves a partition a rerun replaces
+    if errors or is_delta_table(spark, quarantine_path):
+        # written even when empty once it exists, so a rerun replaces that day's failures too
+        q = write_sink(_quarantine_rows(scored, plan.inputs, config, tuple(run.task.input_columns)), sink,
+                       partition_values={"ds": ds}, commit_metadata=metadata, path=quarantine_path,
+                       txn_app_id=run.app_id)
+        quarantine_version = q.version
+        if q.already_committed:  # an earlier try of this run committed them: read back its rows
+            earlier = committed_run_via(spark, quarantine_path, run.app_id)
+            quarantine_run = (earlier and earlier[1]) or run.run_id
+        fault_hooks.after_quarantine_commit(run.faults, version=q.version, run_id=run.run_id)
+        run.clock.lap("quarantine commit")
+    return quarantine_version, quarantine_run
+
+
+def _commit_output(config: JobConfig, *, kind: TaskKind, scored: "DataFrame", sink: SinkConfig, ds: dt.date,
+                   metadata: dict[str, str], faults: dict[str, Any], app_id: str, clock: StageClock, run_id: str,
+                   model: ModelInfo, out: TextIO, read_version: int | None) -> Any:
+    """The output commit: the write result, or the summary of a concurrent try of this run that committed first.
+    Appends are keyed on their rows (:func:`_commit_keys`) from ``read_version`` on."""
+    from pipeline import faults as fault_hooks
+    from pyspark.sql import functions as F
+
+    from pipeline.io.sinks import write_sink
+    from pipeline.spark.udf import METRICS_COLUMN
+
+    to_write = scored.drop(METRICS_COLUMN).where(~F.col("status").isin(*QUARANTINED_STATUSES))
+    if (lost := fault_hooks.lost_at_output_commit(faults)) is not None:  # a drill: the commit loses a row
+        to_write = to_write.where(~F.col(config.source.id_column).eqNullSafe(F.lit(lost)))
+    result = write_sink(
+        kind.job.shape_output(to_write, config), sink,
+        partition_values={"ds": ds}, commit_metadata=metadata, faults=faults, txn_app_id=app_id,
+        key_columns=_commit_keys(config, sink), read_version=read_version,
+    )
+    clock.lap("commit")
+    if result.already_committed:  # a concurrent try of this very run committed first
+        return _already_committed(config, run_id=run_id, ds=ds, model=model, version=result.version,
+                                  by=None, out=out, writer=result.writer)
+    if result.swept.get("files"):
+        print(f"[{config.job}] swept {result.swept['files']} leftover file(s) "
+              f"({result.swept['bytes'] / 1e6:.1f} MB) of crashed writes from {result.output}",
+              file=out, flush=True)
+    return result
+
+
+def _read_back(run: _Run, plan: _Scoring, committed: _Committed, in_keys: "DataFrame") -> _ReadBack:
+    """Both commits read back at their versions and checked by key against the input."""
+    config, spark, ds, result = run.config, run.spark, run.ds, committed.result
+    partition_ds = ds if "ds" in plan.sink.partition_by else None
+    written = _rows_written(spark, result.output, run.run_id, partition_ds, version=result.version)
+    if result.overlapped:  # keys an overlapping run wrote first: their rows stand for this run's
+        print(f"[{config.job}] run {run.run_id}: {result.overlapped:,} row(s) were committed meanwhile by an "
+              f"overlapping run (key: {', '.join(_commit_keys(config, plan.sink))}); written once, by that run",
+              file=run.out, flush=True)
+        written = _rows_of_keys(spark, result.output, in_keys, config, partition_ds, version=result.version,
+                                fingerprint=task_fingerprint(config, revision=run.model.revision))
+    quarantined = None
+    if committed.quarantine_version is not None:
+        quarantined = _rows_written(spark, plan.sink.resolved_quarantine_path(), committed.quarantine_run,
+                                    partition_ds, version=committed.quarantine_version)
+    written_check = _check_written(in_keys, written, quarantined, config.source.id_column)
     if written_check is not None:
         rows_out, rows_quarantined = written_check.rows_out - written_check.errors, written_check.errors
     else:  # output rows are not one per input row (e.g. recommendations): counted, and checked by the kind
         rows_out = written.count()
         rows_quarantined = quarantined.count() if quarantined is not None else 0
-    sample_cols = [c for c in (config.source.id_column, "label", "score", "completion", "finish_reason",
-                               "n_tokens", "status")
-                   if c in written.columns]
-    clock.lap("read-back")
-    samples = [r.asDict() for r in written.select(*sample_cols).limit(config.run.sample_rows).collect()]
-
     incomplete = None
     if written_check is not None and not written_check.ok:
         incomplete = "read back after the commit: " + written_check.describe(what="written")
-    incomplete = incomplete or kind.job.check_complete(rows_in=rows_in, rows_out=rows_out,
-                                                       rows_quarantined=rows_quarantined, counts=counts)
-    replaced = None
-    if not incomplete and result.version is not None and rows_out:
-        replaced = replaced_by(spark, result.output, run_id=run_id, version=result.version,
-                               partition={"ds": ds} if partition_ds is not None else {})
-    details = kind.job.after_commit(spark, config, output=result.output, run_id=run_id, ds=ds) if not incomplete else {}
-    details = {**kind.job.summary_lines(spark, config, counts, model), **details}
-    if known_bad:
-        details["known-bad rows skipped"] = (f"{known_bad:,} (quarantined earlier with the same content and task "
-                                             "fingerprint; --retry-quarantined scores them again)")
+    return _ReadBack(written=written, rows_out=rows_out, rows_quarantined=rows_quarantined, incomplete=incomplete,
+                     partition_ds=partition_ds)
+
+
+def _summary_details(run: _Run, plan: _Scoring, counts: dict[str, Any]) -> dict[str, str]:
+    """The summary's extra lines: the kind's own, known-bad rows skipped, malformed input, torch threads."""
+    details: dict[str, str] = {}
+    if plan.known_bad:
+        details["known-bad rows skipped"] = (f"{plan.known_bad:,} (quarantined earlier with the same content and "
+                                             "task fingerprint; --retry-quarantined scores them again)")
     malformed = int(counts.get("status", {}).get("malformed", 0))
     if malformed:
         details["malformed input"] = (f"{malformed:,} source line(s) could not be parsed; quarantined with their "
-                                      f"raw text in input_{task.input_columns[0]}")
+                                      f"raw text in input_{run.task.input_columns[0]}")
     if counts.get("torch_threads"):  # {threads: tasks}: spark.task.cpus, or model.torch_threads
         details["torch threads"] = ", ".join(f"{t} ({n} tasks)" for t, n in sorted(counts["torch_threads"].items()))
-    summary = RunSummary(
-        job=config.job, run_id=run_id, ds=ds.isoformat(), rows_in=rows_in, rows_out=rows_out,
-        rows_quarantined=rows_quarantined, quarantine=quarantine_path if quarantine_version is not None else None,
-        status={k: int(v) for k, v in counts.get("status", {}).items()}, seconds=seconds,
+    return details
+
+
+def _summarize(run: _Run, plan: _Scoring, *, committed: _Committed, read: _ReadBack) -> RunSummary:
+    """The run's summary: counts, samples, whether every row is accounted for, and what replaced the output."""
+    from pipeline.io.delta_tables import replaced_by
+
+    config, spark, kind, ds, run_id = run.config, run.spark, run.kind, run.ds, run.run_id
+    result, counts = committed.result, committed.counts
+    sample_cols = [c for c in (config.source.id_column, "label", "score", "completion", "finish_reason",
+                               "n_tokens", "status")
+                   if c in read.written.columns]
+    run.clock.lap("read-back")
+    samples = [r.asDict() for r in read.written.select(*sample_cols).limit(config.run.sample_rows).collect()]
+    incomplete = read.incomplete or kind.job.check_complete(
+        rows_in=plan.rows_in, rows_out=read.rows_out, rows_quarantined=read.rows_quarantined, counts=counts)
+    replaced = None
+    if not incomplete and result.version is not None and read.rows_out:
+        replaced = replaced_by(spark, result.output, run_id=run_id, version=result.version,
+                               partition={"ds": ds} if read.partition_ds is not None else {})
+    details = kind.job.after_commit(spark, config, output=result.output, run_id=run_id, ds=ds) if not incomplete else {}
+    details = {**kind.job.summary_lines(spark, config, counts, run.model), **details,
+               **_summary_details(run, plan, counts)}
+    quarantine_path = plan.sink.resolved_quarantine_path()
+    return RunSummary(
+        job=config.job, run_id=run_id, ds=ds.isoformat(), rows_in=plan.rows_in, rows_out=read.rows_out,
+        rows_quarantined=read.rows_quarantined,
+        quarantine=quarantine_path if committed.quarantine_version is not None else None,
+        status={k: int(v) for k, v in counts.get("status", {}).items()}, seconds=committed.seconds,
         tokens=int(counts.get("tokens", 0)), padded_tokens=int(counts.get("padded_tokens", 0)),
         batches=int(counts.get("batches", 0)),
         model_loads={w: int(counts.get("model_loads", {}).get(w, 0)) for w in counts.get("tasks_per_worker", {})},
-        model_name=model_name, model_revision=revision, output=result.output,
+        model_name=run.model.name, model_revision=run.model.revision, output=result.output,
         delta_version=result.version, writer=result.writer,
         batch_sizes={k: int(v) for k, v in counts.get("batch_sizes", {}).items()}, samples=samples,
         incremental=config.run.incremental,
@@ -696,17 +851,22 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
         precision_used=counts.get("precision_used", {}), precision_fallbacks=counts.get("precision_fallbacks", {}),
         generation_backend=counts.get("generation_backend", {}),
         load_seconds=float(counts.get("load_seconds", 0.0)), infer_seconds=float(counts.get("infer_seconds", 0.0)),
-        tasks=tasks, rows_per_worker={w: int(n) for w, n in counts.get("rows_per_worker", {}).items()},
+        tasks=plan.tasks, rows_per_worker={w: int(n) for w, n in counts.get("rows_per_worker", {}).items()},
         incomplete=incomplete, details=details, replaced=replaced,
         batch_metrics=batch_metrics(counts),
     )
-    clock.lap("summary")
-    summary.stage_seconds = dict(clock.seconds)
+
+
+def _finish(run: _Run, summary: RunSummary, *, recorder: Any) -> RunSummary:
+    """Print (and write) the summary; a run whose rows do not add up fails here, with its counts recorded."""
+    config = run.config
+    run.clock.lap("summary")
+    summary.stage_seconds = dict(run.clock.seconds)
     recorder.summary = summary  # a run failing its row check below is recorded with its counts
-    print(summary.render(), file=out, flush=True)
+    print(summary.render(), file=run.out, flush=True)
     if config.run.summary_path:
         Path(config.run.summary_path).parent.mkdir(parents=True, exist_ok=True)
         Path(config.run.summary_path).write_text(summary.to_json())
     if not summary.complete:
-        raise JobError(f"{incomplete}; see the summary above")
+        raise JobError(f"{summary.incomplete}; see the summary above")
     return summary

@@ -14,11 +14,8 @@ never turns a successful run into a failed one. The report
 (:mod:`pipeline.report`) and MLflow logging (:mod:`pipeline.tracking`) read
 what is recorded here.
 
-The runner's whole use of this module::
-
-    recorder = RunRecorder.begin(config, run_id=run_id, ds=ds, out=out)   # "started" row
-    recorder.note(model_name=..., model_revision=..., spark=spark)         # as they become known
-    recorder.end(summary=summary)  or  recorder.end(error=exc)              # final row, report, MLflow
+The runner records through :class:`pipeline.recorder.RunRecorder`, which
+writes these rows and then the report and MLflow; this module knows neither.
 """
 
 from __future__ import annotations
@@ -26,31 +23,23 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import re
-import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, TextIO
+from typing import TYPE_CHECKING, Any, Mapping
 
 import pyarrow as pa
 
-from pipeline.io.paths import is_local
+from pipeline.config.redaction import redact_config
 
 if TYPE_CHECKING:
     from pipeline.config import JobConfig
     from pipeline.metrics import RunSummary
 
 __all__ = [
-    "RUNS_SCHEMA", "RunRecorder", "config_hash", "read_runs", "redact_config", "run_row", "spark_identity",
+    "RUNS_SCHEMA", "config_hash", "read_runs", "redact_config", "run_row", "spark_identity",
     "write_run_row",
 ]
 
-REDACTED = "***"
-# key names whose values are secrets: anywhere for the unambiguous words, as the last word for token/key
-# (so max_new_tokens, token_budget and keep_columns stay readable)
-_SECRET_KEY = re.compile(
-    r"(password|passwd|secret|credential)|(^|[._-])(pwd|token|key|apikey|auth|authorization)$", re.IGNORECASE
-)
 _MESSAGE_CHARS = 4000
 _WRITE_ATTEMPTS = 4
 
@@ -74,33 +63,7 @@ RUNS_SCHEMA = pa.schema([
 ])
 
 
-# ------------------------------------------------------------------ pure: redaction and the row
-
-
-def redact_config(data: Any, env_paths: Iterable[str] = (), *, _where: str = "") -> Any:
-    """``data`` (a config dict) with secrets replaced by ``***``.
-
-    A value is a secret when it came from ``${VAR}`` (its key path is in
-    ``env_paths``, as :func:`pipeline.config.build_config` records them) or
-    when its key is named like one (password, secret, credential anywhere;
-    token, key, pwd, auth as the last word).
-
-    >>> redact_config({"sink": {"path": "s3://b/t"}, "spark": {"conf": {"fs.s3a.secret.key": "abc"}},
-    ...                "batching": {"token_budget": 4096}}, {"sink.path"})
-    {'sink': {'path': '***'}, 'spark': {'conf': {'fs.s3a.secret.key': '***'}}, 'batching': {'token_budget': 4096}}
-    """
-    env = env_paths if isinstance(env_paths, (set, frozenset)) else frozenset(env_paths)
-    if isinstance(data, Mapping):
-        out = {}
-        for key, value in data.items():
-            where = f"{_where}.{key}" if _where else str(key)
-            secret = (where in env or bool(_SECRET_KEY.search(str(key)))) and value is not None
-            out[key] = REDACTED if secret else redact_config(value, env, _where=where)
-        return out
-    if isinstance(data, list):
-        return [REDACTED if f"{_where}[{i}]" in env else redact_config(v, env, _where=f"{_where}[{i}]")
-                for i, v in enumerate(data)]
-    return data
+# ------------------------------------------------------------------ pure: the row
 
 
 def config_hash(redacted: Mapping[str, Any]) -> str:
@@ -218,96 +181,3 @@ def spark_identity(spark: Any) -> tuple[str | None, str | None]:
         except Exception:  # noqa: BLE001 - Connect may refuse a key; the row just lacks it
             values.append(None)
     return values[0], values[1]
-
-
-# ------------------------------------------------------------------ what the runner calls
-
-
-class RunRecorder:
-    """Records one run: a ``started`` row at :meth:`begin`, the final row, report and MLflow at :meth:`end`.
-
-    Never raises from :meth:`begin`, :meth:`note` or :meth:`end`: a failure to
-    record prints one warning line to ``out`` and the run goes on.
-    """
-
-    def __init__(self, config: "JobConfig", *, run_id: str, ds: dt.date, out: TextIO = sys.stdout,
-                 started_at: dt.datetime | None = None) -> None:
-        self.config, self.run_id, self.ds, self.out = config, run_id, ds, out
-        self.started_at = started_at or dt.datetime.now(dt.timezone.utc)
-        self.path = config.resolved_runs_path()
-        # Written with deltalake from the driver, so, like the deltalake-backed sink, local or mounted paths
-        # only: a remote URI is never tried (no credentials lookups, no traffic to cloud metadata endpoints).
-        self.remote_skipped = self.path if self.path is not None and not is_local(self.path) else None
-        if self.remote_skipped:
-            self.path = None
-        self.summary: "RunSummary | None" = None
-        self.fields: dict[str, Any] = {}
-        self.row: dict[str, Any] | None = None
-        self.version: int | None = None
-
-    @classmethod
-    def begin(cls, config: "JobConfig", *, run_id: str, ds: dt.date, out: TextIO = sys.stdout) -> "RunRecorder":
-        """Start recording: writes the ``started`` row."""
-        recorder = cls(config, run_id=run_id, ds=ds, out=out)
-        recorder._write("started")
-        return recorder
-
-    def note(self, *, spark: Any = None, **fields: Any) -> None:
-        """Remember what becomes known during the run (``model_name``, ``model_revision``, the session)."""
-        if spark is not None:
-            app_id, master = spark_identity(spark)
-            fields.update(spark_app_id=app_id, spark_master=master)
-        self.fields.update(fields)
-
-    def end(self, *, summary: "RunSummary | None" = None, error: BaseException | None = None) -> None:
-        """Write the final row (``ok``, or ``failed`` with ``error``), then the report and MLflow if configured."""
-        summary = summary or self.summary
-        self._write("failed" if error is not None else "ok", summary=summary, error=error,
-                    ended_at=dt.datetime.now(dt.timezone.utc))
-        if self.row is None:
-            return
-        if self.version is not None and summary is not None:
-            print(f"runs table              : {self.path} (version {self.version})", file=self.out, flush=True)
-        elif self.remote_skipped and error is None:
-            print(f"runs table              : not recorded: {self.remote_skipped} is remote; the runs table is "
-                  "written with deltalake from the driver, so set run.runs_path to a local or mounted path",
-                  file=self.out, flush=True)
-        report_path = self.config.run.report_path
-        if report_path:
-            try:
-                from pipeline.report import write_report
-
-                write_report([self.row], report_path)
-                print(f"[{self.config.job}] report: {report_path}", file=self.out, flush=True)
-            except Exception as exc:  # noqa: BLE001 - the report is a by-product; the run stands
-                self._warn("could not write the report", report_path, exc)
-                report_path = None
-        if self.config.run.mlflow is not None:
-            try:
-                from pipeline.tracking import log_run
-
-                mlflow_run = log_run(self.row, self.config.run.mlflow, report_path=report_path)
-                print(f"[{self.config.job}] " + (f"MLflow run {mlflow_run}" if mlflow_run else
-                      "run.mlflow is set but mlflow is not installed here: nothing logged "
-                      "(pip install mlflow-skinny)"), file=self.out, flush=True)
-            except Exception as exc:  # noqa: BLE001
-                self._warn("could not log to MLflow", self.config.run.mlflow.tracking_uri, exc)
-
-    def _write(self, outcome: str, **kwargs: Any) -> None:
-        try:
-            self.row = run_row(config=self.config, run_id=self.run_id, ds=self.ds, started_at=self.started_at,
-                               outcome=outcome, **self.fields, **kwargs)
-        except Exception as exc:  # noqa: BLE001
-            self._warn("could not build the runs-table row", self.path, exc)
-            return
-        if self.path is None:
-            return  # a catalog sink without run.runs_path: the row exists only for the report/MLflow
-        try:
-            self.version = None
-            self.version = write_run_row(self.path, self.row)
-        except Exception as exc:  # noqa: BLE001 - recording must never fail the run
-            self._warn(f"could not record the run ({outcome})", self.path, exc)
-
-    def _warn(self, what: str, where: Any, exc: BaseException) -> None:
-        print(f"[{self.config.job}] warning: {what} at {where}: {type(exc).__name__}: {exc} "
-              "(the run itself is not affected; set run.runs_path to a writable location)", file=self.out, flush=True)

@@ -163,7 +163,8 @@ def test_read_back_is_at_this_runs_version_and_says_who_replaced_it(spark, tmp_p
     """Run a's rows, replaced by run b's in the same partition: a's commit still checks out at its version."""
     from pipeline.metrics import RunSummary
     from pipeline.runner import _check_written, _rows_written, prepare_inputs
-    from pipeline.spark.checks import key_counts, replaced_by
+    from pipeline.io.delta_tables import replaced_by
+    from pipeline.spark.checks import key_counts
 
     write_delta(tmp_path / "docs", make_documents(10))
     base = dict(sink={"mode": "overwrite_partition"})

@@ -15,7 +15,8 @@ from pydantic import Field
 from pipeline import run_job
 from pipeline.config import ConfigError, TaskConfig, build_config
 from pipeline.errors import PipelineError
-from pipeline.registry import ModelInfo, TaskJob, get_task_kind, register_task, task_kinds, unregister_task
+from pipeline.registry import ModelInfo, get_task_kind, register_task, task_kinds, unregister_task
+from pipeline.tasks.job import TaskJob
 from pipeline.tasks.base import STATUS_FIELDS
 from tests.conftest import make_documents, read_delta, write_delta
 

@@ -11,7 +11,8 @@ import pytest
 
 from pipeline.config import build_config, load_config
 from pipeline.metrics import RunSummary, WorkerCounts, batch_metrics
-from pipeline.runs import RUNS_SCHEMA, RunRecorder, read_runs, redact_config, run_row, write_run_row
+from pipeline.recorder import RunRecorder
+from pipeline.runs import RUNS_SCHEMA, read_runs, redact_config, run_row, write_run_row
 
 
 def job_config(tmp_path: Path, **run: object):

@@ -253,6 +253,24 @@ def table_data_files(root: str | Path) -> list[Path]:
     return found
 
 
+def _writes_found(root: Path, keep_write_ids: frozenset[str]) -> tuple[dict[str, list[Path]],
+                                                                     dict[str, tuple[str, Path]]]:
+    """``(data files by write id, (state, marker) by write id)`` under ``root``, the kept writes left out."""
+    files: dict[str, list[Path]] = {}
+    for file in table_data_files(root):
+        write_id = write_id_of(file.name)
+        if write_id and write_id not in keep_write_ids:
+            files.setdefault(write_id, []).append(file)
+    markers: dict[str, tuple[str, Path]] = {}
+    marker_dir = root / MARKER_DIR
+    if marker_dir.is_dir():
+        for entry in marker_dir.iterdir():
+            write_id, _, state = entry.name.rpartition(".")
+            if state in STATES and write_id not in keep_write_ids:
+                markers[write_id] = (state, entry)
+    return files, markers
+
+
 def sweep_leftovers(root: str | Path, *, grace_s: float, dry_run: bool = False,
                     keep_write_ids: frozenset[str] = frozenset()) -> SweepReport:
     """Delete the Parquet files of dead writes that no Delta version references, and old dead markers.
@@ -266,18 +284,7 @@ def sweep_leftovers(root: str | Path, *, grace_s: float, dry_run: bool = False,
     if not root.is_dir():
         return report
     now = time.time()
-    files: dict[str, list[Path]] = {}
-    for file in table_data_files(root):
-        write_id = write_id_of(file.name)
-        if write_id and write_id not in keep_write_ids:
-            files.setdefault(write_id, []).append(file)
-    markers: dict[str, tuple[str, Path]] = {}
-    marker_dir = root / MARKER_DIR
-    if marker_dir.is_dir():
-        for entry in marker_dir.iterdir():
-            write_id, _, state = entry.name.rpartition(".")
-            if state in STATES and write_id not in keep_write_ids:
-                markers[write_id] = (state, entry)
+    files, markers = _writes_found(root, keep_write_ids)
     referenced, committed = _log_facts(root)
     referenced |= _current_files(root)
 

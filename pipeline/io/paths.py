@@ -8,8 +8,8 @@ named ``s3:`` and report success. Plain paths and ``file:`` URIs are local.
 The deltalake-backed fallbacks (the ``sbi_delta`` writer, the Delta snapshot
 reader) run Python file I/O on the driver and executors, so they take local
 (or mounted) paths only; for anything else they refuse before any work and
-name the Delta connector. Pure functions (no pyspark import), except
-:func:`check_locations`, the runner's first call, which asks the session.
+name the Delta connector. Pure functions (no pyspark import); the check that
+asks the session is :func:`pipeline.io.preflight.check_locations`.
 
 >>> uri_scheme("s3://lake/scores"), uri_scheme("dbfs:/mnt/x"), uri_scheme("/data/x"), uri_scheme("C:\\\\data")
 ('s3', 'dbfs', None, None)
@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
 
 __all__ = [
-    "DELTA_CONNECTOR_CONFS", "check_locations", "connector_hint", "delta_package", "is_local", "local_path",
+    "DELTA_CONNECTOR_CONFS", "connector_hint", "delta_package", "is_local", "local_path",
     "remote_refusal", "resolve_location", "uri_scheme",
 ]
 
@@ -101,17 +100,3 @@ def remote_refusal(location: str, *, what: str, key: str) -> str:
         "local path or file: URI."
     )
 
-
-def check_locations(spark: Any, config: Any) -> None:
-    """Refuse, before Spark reads or scores anything, a job's source or sink this session cannot reach.
-
-    ``config`` is a :class:`~pipeline.config.JobConfig`. The runner calls this
-    first: without it a remote sink would only be refused after the source was
-    read and counted.
-    """
-    from pipeline.io.sinks import check_sink
-    from pipeline.io.sources import check_source, has_delta_connector
-
-    connector = has_delta_connector(spark)
-    check_source(config.source, connector=connector)
-    check_sink(config.sink, connector=connector)

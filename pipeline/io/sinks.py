@@ -28,7 +28,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Mapping
 
-from pipeline.config import SinkConfig
+from pipeline.config import SinkConfig, SourceConfig
 from pipeline.errors import SinkError
 from pipeline.io.paths import connector_hint, is_local, local_path, remote_refusal, resolve_location
 from pipeline.io.sources import has_delta_connector
@@ -174,10 +174,9 @@ def plan_write(
     ``key_columns`` keys an append on its rows (``("id", "ds")``; an incremental run's
     ``("id", "content_hash", "task_fingerprint")``): only the keys the table lacks at commit time are
     written, so two overlapping runs write each key once. ``read_version`` is the table version the
-    run left out the keys it already held at (None: there was no table). The connector inserts with
-    an insert-only ``MERGE`` (Delta's conflict checks reject an overlapping MERGE's commit, which is
-    then run again); the deltalake writer drops the keys committed since ``read_version`` and commits
-    with a conflict token (:mod:`pipeline.io.delta_keys`):
+    run left out the keys it already held at (None: there was no table). The connector runs an
+    insert-only ``MERGE``; the deltalake writer drops the keys committed since ``read_version`` and
+    commits with a conflict token (:mod:`pipeline.io.delta_keys`):
 
     >>> p = plan_write(SinkConfig(path="s3://lake/scores", mode="append"), partition_values={"ds": "2026-11-29"},
     ...                commit_metadata=None, connector=True, write_id="w1", key_columns=("id", "ds"))
@@ -196,21 +195,9 @@ def plan_write(
     metadata = json.dumps({**(commit_metadata or {}), "sbi.write_id": write_id}, default=str)
     mode: Literal["append", "overwrite"] = "append" if config.mode == "append" else "overwrite"
     if writer == "delta":
-        if txn_app_id:  # the history names the logical run for both writers (committed_run reads it)
-            metadata = json.dumps({**json.loads(metadata), "sbi.app_id": txn_app_id}, default=str)
-        # a column this version adds (task_fingerprint, say) joins an older table, as with the deltalake writer;
-        # a whole-table overwrite takes the new schema
-        options = {"userMetadata": metadata,
-                   **({"overwriteSchema": "true"} if config.mode == "overwrite" else {"mergeSchema": "true"})}
-        if txn_app_id and mode == "append" and not keyed:
-            # overwrites stay clean replaces (as with the deltalake writer), so a deliberate rerun still replaces
-            options.update(txnAppId=txn_app_id, txnVersion="0")
-        if replace:
-            options["replaceWhere"] = " AND ".join(f"{c} = {_sql_literal(v)}" for c, v in replace.items())
-        scope = {c: v for c, v in (partition_values or {}).items() if c in keyed}
-        return WritePlan("delta", "delta", mode, options, tuple(config.partition_by), table, location, write_id,
-                         keyed, scope)
-
+        return _connector_plan(config, mode=mode, metadata=metadata, txn_app_id=txn_app_id, keyed=keyed,
+                               replace=replace, partition_values=partition_values, table=table, location=location,
+                               write_id=write_id)
     from pipeline.io.delta_writer import FORMAT_NAME
 
     options = {
@@ -229,6 +216,27 @@ def plan_write(
     if keyed:
         options.update(key_columns=json.dumps(list(keyed)), read_version="" if read_version is None else str(read_version))
     return WritePlan("deltalake", FORMAT_NAME, mode, options, tuple(config.partition_by), None, location, write_id)
+
+
+def _connector_plan(config: SinkConfig, *, mode: Literal["append", "overwrite"], metadata: str,
+                    txn_app_id: str | None, keyed: tuple[str, ...], replace: dict[str, Any],
+                    partition_values: Mapping[str, Any] | None, table: str | None, location: str | None,
+                    write_id: str) -> WritePlan:
+    """:func:`plan_write` for the Delta connector: its write options, or a keyed MERGE's."""
+    if txn_app_id:  # the history names the logical run for both writers (committed_run reads it)
+        metadata = json.dumps({**json.loads(metadata), "sbi.app_id": txn_app_id}, default=str)
+    # a column this version adds (task_fingerprint, say) joins an older table, as with the deltalake writer;
+    # a whole-table overwrite takes the new schema
+    options = {"userMetadata": metadata,
+               **({"overwriteSchema": "true"} if config.mode == "overwrite" else {"mergeSchema": "true"})}
+    if txn_app_id and mode == "append" and not keyed:
+        # overwrites stay clean replaces (as with the deltalake writer), so a deliberate rerun still replaces
+        options.update(txnAppId=txn_app_id, txnVersion="0")
+    if replace:
+        options["replaceWhere"] = " AND ".join(f"{c} = {_sql_literal(v)}" for c, v in replace.items())
+    scope = {c: v for c, v in (partition_values or {}).items() if c in keyed}
+    return WritePlan("delta", "delta", mode, options, tuple(config.partition_by), table, location, write_id,
+                     keyed, scope)
 
 
 def execute_write(df: "DataFrame", plan: WritePlan) -> WriteResult:
@@ -460,23 +468,25 @@ _RUN_UNIQUE = {
 }
 
 
-def run_app_id(config: Any, *, model_revision: str, source_snapshot: str | None) -> str:
+def run_app_id(job: str, settings: Mapping[str, Any], *, model_revision: str, source_snapshot: str | None) -> str:
     """The Delta transaction app id of one LOGICAL run: the same for every retry of it, different otherwise.
 
     A hash of the job name, the output location, the run date, the model revision, the source
-    snapshot (:func:`source_snapshot`; None where unknown) and the config minus what differs between
-    tries (``run.run_id``, progress and reporting settings, fault drills, ``spark.*``).
+    snapshot (:func:`source_snapshot`; None where unknown) and the job's ``settings`` (the config as
+    JSON) minus what differs between tries (``run.run_id``, progress and reporting settings, fault
+    drills, ``spark.*``).
 
     >>> from pipeline.config import build_config
     >>> raw = {"job": "j", "source": {"path": "/d"}, "model": {"path": "/m"}, "task": {"kind": "embed"},
     ...        "sink": {"path": "/out"}, "run": {"ds": "2026-11-29", "run_id": "a"}}
-    >>> a = run_app_id(build_config(raw), model_revision="r1", source_snapshot="delta:3")
-    >>> retry = run_app_id(build_config({**raw, "run": {"ds": "2026-11-29", "run_id": "b"}}),
+    >>> def settings(data): return build_config(data).model_dump(mode="json")
+    >>> a = run_app_id("j", settings(raw), model_revision="r1", source_snapshot="delta:3")
+    >>> retry = run_app_id("j", settings({**raw, "run": {"ds": "2026-11-29", "run_id": "b"}}),
     ...                    model_revision="r1", source_snapshot="delta:3")
-    >>> a == retry, a == run_app_id(build_config(raw), model_revision="r1", source_snapshot="delta:4")
+    >>> a == retry, a == run_app_id("j", settings(raw), model_revision="r1", source_snapshot="delta:4")
     (True, False)
     """
-    dumped = config.model_dump(mode="json")
+    dumped = dict(settings)
     for section, keys in _RUN_UNIQUE.items():
         if keys is None:
             dumped.pop(section, None)
@@ -484,10 +494,10 @@ def run_app_id(config: Any, *, model_revision: str, source_snapshot: str | None)
             dumped[section] = {k: v for k, v in dumped.get(section, {}).items() if k not in keys}
     key = {"config": dumped, "model_revision": model_revision, "source_snapshot": source_snapshot}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
-    return f"sbi-{config.job}-{digest[:32]}"
+    return f"sbi-{job}-{digest[:32]}"
 
 
-def source_snapshot(config: Any) -> str | None:
+def source_snapshot(source: SourceConfig) -> str | None:
     """What identifies the source's content, where it can be known cheaply on the driver.
 
     A local Delta source: ``delta:<version>``. A local file source (parquet, json, text,
@@ -496,7 +506,6 @@ def source_snapshot(config: Any) -> str | None:
     """
     from pipeline.io.paths import is_local, local_path
 
-    source = config.source
     if not source.path or not is_local(source.path):
         return None
     path = local_path(source.path)

@@ -25,6 +25,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+from pipeline.errors import ModelError
+
 __all__ = ["PACKAGE_PREFIX", "cached_by_files", "files_revision", "files_signature", "package_folder"]
 
 # files up to this size go into the signature by their bytes, bigger ones by size and modification time
@@ -40,8 +42,6 @@ def package_folder(spec: str, *, sub: str = "models") -> Path:
     The package is located, not imported: a wheel used only for its files may
     import things this environment does not have (rapidocr's code imports OpenCV).
     """
-    from pipeline.models.loading import ModelError
-
     module = spec[len(PACKAGE_PREFIX):] if spec.startswith(PACKAGE_PREFIX) else spec
     found = importlib.util.find_spec(module)
     if found is None or not found.submodule_search_locations:

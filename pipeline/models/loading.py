@@ -29,10 +29,10 @@ def resolve_model_path(spec: str, *, registry_uri: str | None = None) -> Path:
     """The model folder for ``spec`` (a path, ``package:<module>`` or ``models:/...``), checked to exist.
 
     ``models:/<name>/<version>`` and ``models:/<name>@<alias>`` come from the MLflow
-    model registry at ``registry_uri`` (see ``pipeline.tracking``).
+    model registry at ``registry_uri`` (see ``pipeline.models.mlflow_registry``).
     """
     if spec.startswith("models:/"):
-        from pipeline.tracking import resolve_registry_model
+        from pipeline.models.mlflow_registry import resolve_registry_model
 
         path = resolve_registry_model(spec, registry_uri=registry_uri)  # RegistryError is a ModelError
     elif spec.startswith(PACKAGE_PREFIX):

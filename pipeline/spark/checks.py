@@ -26,18 +26,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pipeline.rows import QUARANTINED_STATUSES
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["ErrorBudget", "IdentityCheck", "error_budget", "identity_check", "key_counts", "replaced_by",
-           "top_errors"]
+__all__ = ["ErrorBudget", "IdentityCheck", "error_budget", "identity_check", "key_counts", "top_errors"]
 
 # the grouped key columns every key_counts frame has
 KEY_ID, KEY_HASH, KEY_N, KEY_ERRORS = "_key_id", "_key_hash", "_key_n", "_key_errors"
-# Row statuses that go to the quarantine table instead of the output: failed rows, unparsable source lines,
-# rows without an id (pipeline.spark.udf: they cannot be keyed, so they would be written every night), and
-# model outputs that do not follow the task's output schema (the extract kind).
-QUARANTINED_STATUSES = ("error", "malformed", "invalid_id", "invalid_output")
 
 
 def key_counts(df: "DataFrame", *, id_column: str, hash_column: str = "content_hash",
@@ -210,48 +207,6 @@ def top_errors(scored: "DataFrame", *, n: int = 3, status_column: str = "status"
     rows = (scored.where(F.col(status_column).isin(*QUARANTINED_STATUSES)).groupBy(error_column).count()
             .orderBy(F.col("count").desc(), F.col(error_column).asc_nulls_first()).limit(n).collect())
     return [(str(r[error_column]), int(r["count"])) for r in rows]
-
-
-def replaced_by(spark: "SparkSession", path: str, *, run_id: str, partition: dict[str, Any],
-                version: int) -> str | None:
-    """None while the latest snapshot of ``path`` still holds rows of ``run_id``; else who replaced them.
-
-    Called after this run's own commit (``version``) checked out: a concurrent
-    run that overwrote the same partition later leaves a table without this
-    run's rows, which is not a loss but a replacement, e.g.
-    ``"replaced by run b7 (version 3)"``.
-    """
-    from pyspark.sql import functions as F
-
-    from pipeline.io.sources import read_delta
-
-    now = _latest_version(spark, path)
-    if now is not None and now == version:
-        return None  # nothing committed since this run: its rows are the latest
-    latest = read_delta(spark, path)
-    for column, value in partition.items():
-        latest = latest.where(F.col(column) == F.lit(value).cast(latest.schema[column].dataType))
-    if latest.where(F.col("run_id") == F.lit(run_id)).limit(1).count():
-        return None
-    others = [r[0] for r in latest.select("run_id").distinct().limit(3).collect()]
-    at = f" (version {now})" if now is not None and now != version else ""
-    if not others:
-        return f"removed from the table after version {version}{at}"
-    return f"replaced by run {', '.join(str(o) for o in others)}{at}"
-
-
-def _latest_version(spark: "SparkSession", path: str) -> int | None:
-    from pipeline.io.paths import local_path
-    from pipeline.io.sources import has_delta_connector, latest_version
-
-    try:
-        if has_delta_connector(spark):
-            return latest_version(spark, path)
-        from deltalake import DeltaTable
-
-        return DeltaTable(local_path(path)).version()
-    except Exception:  # noqa: BLE001 - the version is informative only
-        return None
 
 
 def _clip(text: str, limit: int = 200) -> str:

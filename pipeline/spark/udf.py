@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from pipeline.config import BatchingConfig, ModelConfig
 from pipeline.metrics import WorkerCounts, WorkerProgress
+from pipeline.rows import INVALID_ID
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -58,11 +59,10 @@ class InferencePlan:
     id_column: str = "id"
 
     def build_task(self) -> Any:
-        if self.task_class is not None:
-            return self.task_class(self.task, model=self.model, batching=self.batching)
-        from pipeline.tasks import build_task
-
-        return build_task(self.task, model=self.model, batching=self.batching)
+        if self.task_class is None:
+            raise TypeError("InferencePlan.task_class is not set: pass the registered kind's task class "
+                            "(pipeline.registry.get_task_kind(kind).task)")
+        return self.task_class(self.task, model=self.model, batching=self.batching)
 
 
 def output_schema(plan: InferencePlan, input_schema: pa.Schema) -> pa.Schema:
@@ -180,9 +180,6 @@ def _outputs(results: Iterator[pa.RecordBatch], taken: "deque[tuple[pa.RecordBat
     for _, invalid in taken:  # the task's stream ended: what is left holds rows without ids only
         if invalid is not None:
             yield invalid
-
-
-INVALID_ID = "invalid_id"
 
 
 def _split_null_ids(batch: pa.RecordBatch, schema: pa.Schema, plan: InferencePlan,

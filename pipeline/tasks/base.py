@@ -33,6 +33,7 @@ import pyarrow as pa
 from pipeline.batching import Batch, BatchSizeMemory, bucket_length, collate, pad_multiple, plan_batches
 from pipeline.config import BatchingConfig, ModelConfig
 from pipeline.metrics import WorkerCounts
+from pipeline.rows import MALFORMED, MALFORMED_ERROR, NO_CONTENT, STATUS_FIELDS
 
 __all__ = [
     "MALFORMED", "NO_CONTENT", "STATUS_FIELDS", "ChunkWork", "LoadedText", "Task", "TextTask", "TokenizedChunk",
@@ -40,21 +41,8 @@ __all__ = [
     "content_free", "malformed_rows", "special_token_ids",
 ]
 
-# The status of a row with text but nothing in it for the model (see the module docstring).
-NO_CONTENT = "skipped_no_content"
-# The status of a source line that did not parse (JSON lines): quarantined with its raw text, never scored.
-MALFORMED = "malformed"
-MALFORMED_ERROR = ("malformed source line: Spark could not parse it as JSON; its raw text is kept in the "
-                   "quarantine table's input column. Fix or drop the line at the source and rerun the day")
 # The column that carries a malformed line's raw text to the task (pipeline.io.sources.MALFORMED_COLUMN).
 _MALFORMED_COLUMN = "_malformed"
-
-STATUS_FIELDS = [
-    pa.field("n_tokens", pa.int32()),
-    pa.field("truncated", pa.bool_()),
-    pa.field("status", pa.string()),
-    pa.field("error", pa.string()),
-]
 
 # Text longer than this many characters per allowed token is cut before
 # tokenising (a 1 MB document would otherwise cost seconds for nothing); the

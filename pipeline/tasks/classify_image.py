@@ -34,7 +34,8 @@ from pydantic import Field
 from pipeline.config import JobConfig, TaskConfig
 from pipeline.images.decode import DEFAULT_MAX_PIXELS, DecodedImage, resize_center_crop
 from pipeline.metrics import WorkerCounts
-from pipeline.registry import ModelInfo, TaskJob, register_task
+from pipeline.registry import register_task
+from pipeline.tasks.job import ModelInfo, TaskJob
 from pipeline.models.files import PACKAGE_PREFIX, files_revision, package_folder
 from pipeline.tasks._images import ImageTask
 

@@ -33,13 +33,11 @@ from pydantic import Field, field_validator
 from pipeline.generation.engine import GenerationResult
 from pipeline.generation.schema import arrow_type, check_schema, load_schema, parse_completion
 from pipeline.registry import register_task
-from pipeline.tasks.base import STATUS_FIELDS
+from pipeline.rows import INVALID_OUTPUT, STATUS_FIELDS
 from pipeline.tasks.generate import RESULT_FIELDS, GenerateTask, GenerateTaskConfig
 
 __all__ = ["INVALID_OUTPUT", "ExtractTask", "ExtractTaskConfig"]
 
-# The status of a row whose completion is not JSON valid against the schema (quarantined).
-INVALID_OUTPUT = "invalid_output"
 # how much of a rejected completion the error message quotes
 _QUOTE_CHARS = 160
 

@@ -39,7 +39,8 @@ from pydantic import Field
 from pipeline.config import BatchingConfig, JobConfig, ModelConfig, TaskConfig
 from pipeline.errors import ModelError, SourceError
 from pipeline.metrics import WorkerCounts
-from pipeline.registry import ModelInfo, TaskJob, register_task
+from pipeline.registry import register_task
+from pipeline.tasks.job import ModelInfo, TaskJob
 from pipeline.tasks.base import STATUS_FIELDS
 
 if TYPE_CHECKING:

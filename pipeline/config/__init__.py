@@ -1,0 +1,43 @@
+"""Typed job configuration: YAML in, validated pydantic models out.
+
+One config drives spark-submit, the CLI and notebooks::
+
+    config = load_config("conf/score_documents.yaml",
+                         overrides=["batching.batch_size=128", "source.limit=1000"])
+
+Unknown keys and bad values raise :class:`ConfigError` naming the key path and
+what is allowed. ``${VAR}`` / ``${VAR:-default}`` in string values read the
+environment, so secrets stay out of YAML.
+
+The config layer, a module per concern: the models (:mod:`.models`), the
+task config classes by kind (:mod:`.kinds`), loading (:mod:`.loading`) and
+secrets kept out of what is printed or recorded (:mod:`.redaction`).
+"""
+
+from __future__ import annotations
+
+from pipeline.config.loading import build_config, load_config, merged_config_data, parse_overrides
+from pipeline.config.models import (
+    RUN_ID_PATTERN, AccuracyGateConfig, BatchingConfig, Int8Config, JobConfig, MlflowConfig, ModelConfig, RunConfig,
+    SinkConfig, SourceConfig, SparkConfig, TaskConfig,
+)
+from pipeline.errors import ConfigError
+
+__all__ = [
+    "AccuracyGateConfig",
+    "BatchingConfig",
+    "ConfigError",
+    "Int8Config",
+    "JobConfig",
+    "MlflowConfig",
+    "ModelConfig",
+    "RunConfig",
+    "SinkConfig",
+    "SourceConfig",
+    "SparkConfig",
+    "TaskConfig",
+    "build_config",
+    "load_config",
+    "merged_config_data",
+    "parse_overrides",
+]

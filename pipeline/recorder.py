@@ -1,0 +1,113 @@
+"""What the runner calls to put a run on the record: the runs-table rows, then the report and MLflow.
+
+The runner's whole use of this module::
+
+    recorder = RunRecorder.begin(config, run_id=run_id, ds=ds, out=out)   # "started" row
+    recorder.note(model_name=..., model_revision=..., spark=spark)         # as they become known
+    recorder.end(summary=summary)  or  recorder.end(error=exc)              # final row, report, MLflow
+
+Recording is best effort: it never turns a successful run into a failed one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from typing import TYPE_CHECKING, Any, TextIO
+
+from pipeline.io.paths import is_local
+from pipeline.report import write_report
+from pipeline.runs import run_row, spark_identity, write_run_row
+from pipeline.tracking import log_run
+
+if TYPE_CHECKING:
+    from pipeline.config import JobConfig
+    from pipeline.metrics import RunSummary
+
+__all__ = ["RunRecorder"]
+
+
+class RunRecorder:
+    """Records one run: a ``started`` row at :meth:`begin`, the final row, report and MLflow at :meth:`end`.
+
+    Never raises from :meth:`begin`, :meth:`note` or :meth:`end`: a failure to
+    record prints one warning line to ``out`` and the run goes on.
+    """
+
+    def __init__(self, config: "JobConfig", *, run_id: str, ds: dt.date, out: TextIO = sys.stdout,
+                 started_at: dt.datetime | None = None) -> None:
+        self.config, self.run_id, self.ds, self.out = config, run_id, ds, out
+        self.started_at = started_at or dt.datetime.now(dt.timezone.utc)
+        self.path = config.resolved_runs_path()
+        # Written with deltalake from the driver, so, like the deltalake-backed sink, local or mounted paths
+        # only: a remote URI is never tried (no credentials lookups, no traffic to cloud metadata endpoints).
+        self.remote_skipped = self.path if self.path is not None and not is_local(self.path) else None
+        if self.remote_skipped:
+            self.path = None
+        self.summary: "RunSummary | None" = None
+        self.fields: dict[str, Any] = {}
+        self.row: dict[str, Any] | None = None
+        self.version: int | None = None
+
+    @classmethod
+    def begin(cls, config: "JobConfig", *, run_id: str, ds: dt.date, out: TextIO = sys.stdout) -> "RunRecorder":
+        """Start recording: writes the ``started`` row."""
+        recorder = cls(config, run_id=run_id, ds=ds, out=out)
+        recorder._write("started")
+        return recorder
+
+    def note(self, *, spark: Any = None, **fields: Any) -> None:
+        """Remember what becomes known during the run (``model_name``, ``model_revision``, the session)."""
+        if spark is not None:
+            app_id, master = spark_identity(spark)
+            fields.update(spark_app_id=app_id, spark_master=master)
+        self.fields.update(fields)
+
+    def end(self, *, summary: "RunSummary | None" = None, error: BaseException | None = None) -> None:
+        """Write the final row (``ok``, or ``failed`` with ``error``), then the report and MLflow if configured."""
+        summary = summary or self.summary
+        self._write("failed" if error is not None else "ok", summary=summary, error=error,
+                    ended_at=dt.datetime.now(dt.timezone.utc))
+        if self.row is None:
+            return
+        if self.version is not None and summary is not None:
+            print(f"runs table              : {self.path} (version {self.version})", file=self.out, flush=True)
+        elif self.remote_skipped and error is None:
+            print(f"runs table              : not recorded: {self.remote_skipped} is remote; the runs table is "
+                  "written with deltalake from the driver, so set run.runs_path to a local or mounted path",
+                  file=self.out, flush=True)
+        report_path = self.config.run.report_path
+        if report_path:
+            try:
+                write_report([self.row], report_path)
+                print(f"[{self.config.job}] report: {report_path}", file=self.out, flush=True)
+            except Exception as exc:  # noqa: BLE001 - the report is a by-product; the run stands
+                self._warn("could not write the report", report_path, exc)
+                report_path = None
+        if self.config.run.mlflow is not None:
+            try:
+                mlflow_run = log_run(self.row, self.config.run.mlflow, report_path=report_path)
+                print(f"[{self.config.job}] " + (f"MLflow run {mlflow_run}" if mlflow_run else
+                      "run.mlflow is set but mlflow is not installed here: nothing logged "
+                      "(pip install mlflow-skinny)"), file=self.out, flush=True)
+            except Exception as exc:  # noqa: BLE001
+                self._warn("could not log to MLflow", self.config.run.mlflow.tracking_uri, exc)
+
+    def _write(self, outcome: str, **kwargs: Any) -> None:
+        try:
+            self.row = run_row(config=self.config, run_id=self.run_id, ds=self.ds, started_at=self.started_at,
+                               outcome=outcome, **self.fields, **kwargs)
+        except Exception as exc:  # noqa: BLE001
+            self._warn("could not build the runs-table row", self.path, exc)
+            return
+        if self.path is None:
+            return  # a catalog sink without run.runs_path: the row exists only for the report/MLflow
+        try:
+            self.version = None
+            self.version = write_run_row(self.path, self.row)
+        except Exception as exc:  # noqa: BLE001 - recording must never fail the run
+            self._warn(f"could not record the run ({outcome})", self.path, exc)
+
+    def _warn(self, what: str, where: Any, exc: BaseException) -> None:
+        print(f"[{self.config.job}] warning: {what} at {where}: {type(exc).__name__}: {exc} "
+              "(the run itself is not affected; set run.runs_path to a writable location)", file=self.out, flush=True)

@@ -1,0 +1,54 @@
+"""The row vocabulary: the status every scored row carries, and the columns that hold it.
+
+Every task returns :data:`STATUS_FIELDS` after its result columns; the
+runner sends the rows whose status is in :data:`QUARANTINED_STATUSES` to the
+quarantine table and the rest to the output. This is the one place these
+names are defined; tasks, the UDF glue, the checks and the runner import
+them from here.
+
+>>> sorted(QUARANTINED_STATUSES)
+['error', 'invalid_id', 'invalid_output', 'malformed']
+>>> [f.name for f in STATUS_FIELDS]
+['n_tokens', 'truncated', 'status', 'error']
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+__all__ = [
+    "ERROR", "INVALID_ID", "INVALID_OUTPUT", "MALFORMED", "MALFORMED_ERROR", "NO_CONTENT", "OK",
+    "QUARANTINED_STATUSES", "SKIPPED_NULL", "STATUS_FIELDS", "TRUNCATED",
+]
+
+# Written to the output.
+OK = "ok"
+# Scored, but the input was cut to the model's length (the row's ``truncated`` flag is set too).
+TRUNCATED = "truncated"
+# The input was null: nothing to score.
+SKIPPED_NULL = "skipped_null"
+# A row with text but nothing in it for the model (see pipeline.tasks.base).
+NO_CONTENT = "skipped_no_content"
+
+# Quarantined, with the reason in the row's ``error``.
+# Scoring the row failed.
+ERROR = "error"
+# A source line that did not parse (JSON lines): quarantined with its raw text, never scored.
+MALFORMED = "malformed"
+MALFORMED_ERROR = ("malformed source line: Spark could not parse it as JSON; its raw text is kept in the "
+                   "quarantine table's input column. Fix or drop the line at the source and rerun the day")
+# A row without an id: it cannot be keyed, so written to the output it would be written again every night.
+INVALID_ID = "invalid_id"
+# A model output that does not follow the task's output schema (the extract kind).
+INVALID_OUTPUT = "invalid_output"
+
+# Row statuses that go to the quarantine table instead of the output.
+QUARANTINED_STATUSES = (ERROR, MALFORMED, INVALID_ID, INVALID_OUTPUT)
+
+# The columns every task returns after its result columns.
+STATUS_FIELDS = [
+    pa.field("n_tokens", pa.int32()),
+    pa.field("truncated", pa.bool_()),
+    pa.field("status", pa.string()),
+    pa.field("error", pa.string()),
+]

@@ -1,0 +1,76 @@
+"""The driver-side hooks of a task kind, with the defaults that fit one output row per input row.
+
+A kind whose driver-side work differs subclasses :class:`TaskJob` and
+registers it with its config and task class
+(``register_task(Config, Task, job=MyJob())``); every other kind gets these
+defaults (:func:`pipeline.registry.set_default_job` below).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pipeline.config import JobConfig
+from pipeline.registry import ModelInfo, set_default_job
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["ModelInfo", "TaskJob"]
+
+
+class TaskJob:
+    """The driver-side parts of a task kind, called by :func:`pipeline.runner.run_job` in this order.
+
+    The defaults fit tasks that read one source row and write one output row
+    per input row (embed, classify, generate); a kind overrides only what
+    differs (the ``recommend`` kind reads users and interactions, explodes
+    top-K lists and refreshes a latest table).
+    """
+
+    def model_info(self, config: JobConfig, task: Any) -> ModelInfo:
+        """Check the model before any work and fingerprint it for lineage.
+
+        The folder, its weights (every weight of the architecture present and
+        used, safetensors unless ``model.allow_pickle``), the architecture
+        against the task, and the task's token length against the model's
+        positions (``pipeline.models.checks``).
+        """
+        from pipeline.models.checks import check_model
+        from pipeline.models.loading import model_revision, resolve_model_path
+
+        path = resolve_model_path(config.model.path, registry_uri=config.model.registry_uri)
+        needed = task.positions_needed() if hasattr(task, "positions_needed") else (None, "")
+        check_model(path, kind=getattr(task, "model_kind", task.kind), allow_pickle=config.model.allow_pickle,
+                    max_tokens=needed[0], max_tokens_key=needed[1])
+        return ModelInfo(config.model.path, config.model.name or path.name, model_revision(path))
+
+    def read_inputs(self, spark: "SparkSession", config: JobConfig, task: Any) -> "DataFrame":
+        """``id``, the task's input columns and the kept columns, checked against the source."""
+        from pipeline.io.sources import read_source, select_input
+
+        return select_input(read_source(spark, config.source), config.source, tuple(task.input_columns))
+
+    def shape_output(self, scored: "DataFrame", config: JobConfig) -> "DataFrame":
+        """The rows to write, from the scored rows (with lineage, without failed rows); default: as they are."""
+        return scored
+
+    def check_complete(self, *, rows_in: int, rows_out: int, rows_quarantined: int,
+                       counts: dict[str, Any]) -> str | None:
+        """None when every input row is accounted for; else what does not add up."""
+        if rows_in == rows_out + rows_quarantined:
+            return None
+        return f"{rows_in} rows in but {rows_out} written + {rows_quarantined} quarantined"
+
+    def after_commit(self, spark: "SparkSession", config: JobConfig, *, output: str, run_id: str,
+                     ds: Any) -> dict[str, str]:
+        """Work after the output committed (e.g. a latest table); returns summary lines ``{label: value}``."""
+        return {}
+
+    def summary_lines(self, spark: "SparkSession", config: JobConfig, counts: dict[str, Any],
+                      model: ModelInfo) -> dict[str, str]:
+        """Extra lines for the end-of-run summary, ``{label: value}``."""
+        return {}
+
+
+set_default_job(TaskJob())

@@ -1,0 +1,145 @@
+"""The layers hold: every import in pipeline/ goes down, imports inside functions included, and no circle.
+
+import-linter (``make lint``, the contracts in pyproject.toml) checks the
+floors too; this test reads every module with ``ast`` itself, so an import
+tucked into a function or under ``if TYPE_CHECKING`` is seen whatever the
+linter's settings, and it also refuses a circle between modules of one floor,
+which a layers contract allows. The floors, ground up, are those of
+docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "pipeline"
+
+# ground floor first; a module's floor is that of its longest matching prefix
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("core", ("pipeline.errors", "pipeline.rows", "pipeline.batching", "pipeline.metrics", "pipeline.faults")),
+    ("config", ("pipeline.config", "pipeline.fingerprint")),
+    ("registry", ("pipeline.registry",)),
+    # engines and platform share a floor: each may use the other, never in a circle (checked below)
+    ("engines and platform", ("pipeline.models", "pipeline.generation", "pipeline.images", "pipeline.recs",
+                              "pipeline.spark", "pipeline.io")),
+    ("tasks", ("pipeline.tasks",)),
+    ("run", ("pipeline.runner", "pipeline.runs", "pipeline.recorder", "pipeline.tracking", "pipeline.report")),
+    ("faces", ("pipeline", "pipeline.cli", "pipeline.notebook", "pipeline.docs", "pipeline.demo")),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports_of(name: str, source: str, known: set[str], *, is_package: bool = False) -> set[str]:
+    """The pipeline modules ``source`` (module ``name``) imports anywhere in it, functions included."""
+    package = name if is_package else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            # `from pipeline.io import sinks` imports the module pipeline.io.sinks
+            targets = [f"{module}.{a.name}" if f"{module}.{a.name}" in known else module for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target not in known and "." in target:
+                target = target.rpartition(".")[0]
+            if target in known and target != name and target.startswith("pipeline"):
+                found.add(target)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    found = modules()
+    known = set(found)
+    return {name: imports_of(name, path.read_text(), known, is_package=path.name == "__init__.py")
+            for name, path in found.items()}
+
+
+def floor(name: str) -> int:
+    best = (-1, -1)
+    for level, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if name == prefix or name.startswith(prefix + "."):
+                best = max(best, (len(prefix), level))
+    assert best[1] >= 0, f"{name} is on no floor: add it to LAYERS (and docs/architecture.md)"
+    return best[1]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{src} ({LAYERS[floor(src)][0]}) imports {dst} ({LAYERS[floor(dst)][0]})"
+                  for src, targets in graph.items() for dst in targets if floor(dst) > floor(src))
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_every_module_is_on_a_floor():
+    for name in modules():
+        floor(name)
+
+
+def test_no_import_runs_up_a_floor():
+    assert upward_imports(import_graph()) == []
+
+
+def test_no_import_circle():
+    assert cycles(import_graph()) == []
+
+
+def test_the_checker_sees_imports_inside_functions_and_circles():
+    known = {"pipeline.errors", "pipeline.runner", "pipeline.config", "pipeline.config.models", "pipeline.io",
+             "pipeline.io.sinks"}
+    source = "import os\nfrom . import models\n\ndef f():\n    from pipeline.runner import run_job\n"
+    assert imports_of("pipeline.config", source, known, is_package=True) == {"pipeline.runner",
+                                                                             "pipeline.config.models"}
+    graph = {"pipeline.errors": {"pipeline.runner"}, "pipeline.runner": {"pipeline.errors"}}
+    assert upward_imports(graph) == ["pipeline.errors (core) imports pipeline.runner (run)"]
+    assert cycles(graph) == [["pipeline.errors", "pipeline.runner"]]
+    assert imports_of("pipeline.io", "from pipeline.io import sinks", known, is_package=True) == {"pipeline.io.sinks"}
