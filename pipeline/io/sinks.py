@@ -531,7 +531,9 @@ def source_snapshot(source: SourceConfig) -> str | None:
 def committed_run(path: str, app_id: str) -> tuple[int, str | None] | None:
     """``(version, run id)`` of the commit carrying transaction ``app_id`` in the local Delta table at ``path``.
 
-    None when the table does not exist or holds no such transaction.
+    None when the table does not exist or holds no such transaction. A keyed connector append (an
+    insert-only MERGE) records no transaction action, only ``sbi.app_id`` in its commit info: without
+    the action the last 1,000 commits are searched for it.
     """
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
@@ -542,13 +544,12 @@ def committed_run(path: str, app_id: str) -> tuple[int, str | None] | None:
         table = DeltaTable(path)
     except TableNotFoundError:
         return None
-    if table.transaction_version(app_id) is None:
-        return None
-    for entry in consistent_history(path, table=table):
+    recorded = table.transaction_version(app_id) is not None
+    for entry in consistent_history(path, table=table, limit=None if recorded else 1000):
         meta = commit_metadata(entry)
         if meta.get("sbi.app_id") == app_id:
             return int(entry["version"]), meta.get("sbi.run_id")
-    return table.version(), None
+    return (table.version(), None) if recorded else None
 
 
 def _plain_string_types(df: "DataFrame") -> "DataFrame":
