@@ -215,7 +215,7 @@ def _deal(inputs: "DataFrame", tasks: int, task: Any) -> "DataFrame":
 
 def score_inputs(
     inputs: "DataFrame", config: JobConfig, *, tasks: int, run_id: str, ds: dt.date, scored_at: dt.datetime,
-    model: ModelInfo, faults: dict[str, Any] | None = None, task: Any = None,
+    model: ModelInfo, faults: dict[str, Any] | None = None, task: Any = None, progress_dir: str | None = None,
 ) -> "DataFrame":
     """The lazily scored rows with lineage, in ``tasks`` inference tasks of equal rows and mixed lengths.
 
@@ -234,7 +234,7 @@ def score_inputs(
         input_columns=(*task.input_columns, *_malformed_input(inputs)),
         job=config.job, progress_interval_s=config.run.progress_interval_s if config.run.progress else None,
         faults=tuple((faults or {}).items()), metrics_column=METRICS_COLUMN, task_class=kind.task,
-        id_column=config.source.id_column,
+        id_column=config.source.id_column, progress_dir=progress_dir,
     )
     scored = apply_inference(_deal(inputs, tasks, task), plan).withColumnRenamed("id", config.source.id_column)
     scored = scored.select(
@@ -434,7 +434,7 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     from pipeline.io.paths import check_locations
     from pipeline.io.sinks import committed_run_via, resolve_writer, run_app_id, source_snapshot, write_sink
     from pipeline.io.sources import is_delta_table
-    from pipeline.spark.progress import JobProgress, stage_source
+    from pipeline.spark.progress import JobProgress, rows_folder, stage_source
     from pipeline.spark.reach import check_job_addresses
     from pipeline.spark.checks import identity_check, key_counts, replaced_by
     from pipeline.spark.run_metrics import observe_counts
@@ -497,8 +497,9 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
         print(f"[{config.job}] run {run_id}: {rows_before - rows_in:,} of {rows_before:,} row(s) already in "
               f"{config.sink.path} for ds {ds} (key: id, ds): not scored again", file=out, flush=True)
     tasks = plan_inference_tasks(spark, config, rows_in, task)
+    rows_dir = rows_folder(spark) if config.run.progress and rows_in else None  # workers' rows done, same host
     scored = score_inputs(inputs, config, tasks=tasks, run_id=run_id, ds=ds, scored_at=scored_at,
-                          model=model, faults=faults, task=task)
+                          model=model, faults=faults, task=task, progress_dir=rows_dir)
     sink = config.sink
     if config.run.incremental and sink.mode != "append":
         # new rows join the run's partition; replacing it would drop the rows scored earlier today
@@ -514,8 +515,8 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     # the tasks' counts are observed on the first action over the scored rows (the check, which runs
     # inference and fills the cache); their column is never written
     observed_scored, observed = observe_counts(scored, METRICS_COLUMN)
-    progress = (JobProgress(stage_source(spark), job=config.job, planned_tasks=tasks, rows_total=rows_in,
-                            interval=config.run.progress_interval_s, out=out)
+    progress = (JobProgress(stage_source(spark, rows_dir=rows_dir), job=config.job, planned_tasks=tasks,
+                            rows_total=rows_in, interval=config.run.progress_interval_s, out=out)
                 if config.run.progress and rows_in else nullcontext())
     clock.lap("planning")
     started = time.perf_counter()
