@@ -240,8 +240,11 @@ class _StatusTrackerSource:
         self.group = sc.getLocalProperty("spark.jobGroup.id")  # the caller's thread; None when ungrouped
         self.before = set(self.tracker.getJobIdsForGroup(self.group))
         self.rows_dir = rows_dir
-        self.sql = spark._jsparkSession.sharedState().statusStore()
-        self.first_execution = self._last_execution_id() + 1
+        try:
+            self.sql = spark._jsparkSession.sharedState().statusStore()
+            self.first_execution = self._last_execution_id() + 1
+        except Exception:  # noqa: BLE001 - a JVM that hides its SQL status store: finished tasks still count
+            self.sql = None
 
     def _last_execution_id(self) -> int:
         n = self.sql.executionsCount()
@@ -271,8 +274,10 @@ class _StatusTrackerSource:
         return best
 
     def rows_seen(self) -> int | None:
-        from_workers = read_task_rows(self.rows_dir) or 0
-        return max(self._output_rows(), from_workers)
+        from_workers = read_task_rows(self.rows_dir)
+        if self.sql is None:
+            return from_workers
+        return max(self._output_rows(), from_workers or 0)
 
     def stages(self) -> list[StageProgress]:
         out = []
