@@ -8,6 +8,12 @@ chunk's original row order is restored.
 Sorting by token count (not characters) is what makes padding cheap: on real
 review text, batches of 64 cut from a length-sorted 10,000-row chunk carry
 about 98% real tokens; unsorted batches about 20%.
+
+A chunk of fewer rows than a batch is one batch, padded to its longest row:
+on a 100-row demo job (50 rows a worker, MiniLM, mean 34 tokens) one
+truncated 256-token review padded the 49 short ones too, and 84% of the
+tokens were padding. :func:`small_chunk_budget` gives such a chunk a token
+budget, so the long rows go in batches of their own.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import numpy as np
 
 __all__ = [
     "Batch", "BatchSizeMemory", "bucket_length", "collate", "pad_multiple", "padded_length", "padding_efficiency",
-    "plan_batches",
+    "plan_batches", "small_chunk_budget",
 ]
 
 
@@ -78,6 +84,33 @@ def bucket_length(longest: int, shapes: Sequence[int] | None, *, multiple: int =
             if longest <= shape:
                 return min(shape, cap) if cap is not None else shape
     return padded_length(longest, multiple=multiple, cap=cap)
+
+
+def small_chunk_budget(lengths: Sequence[int] | np.ndarray, *, batch_size: int, multiple: int = 1,
+                       cap: int | None = None) -> int | None:
+    """A token budget for a chunk of at most ``batch_size`` rows: a quarter batch of its median row, padded.
+
+    Without it such a chunk is one batch padded to its longest row, however
+    long. With it, :func:`plan_batches` cuts the sorted rows into batches of
+    similar lengths, the long ones alone or nearly (more forwards of far fewer
+    tokens: cheaper on a CPU, and a small chunk is small work on any device).
+    On the 100-row demo (two 50-row chunks, batch_size 64) padding efficiency
+    went 0.158 -> 0.846 in 11 batches instead of 2; a full batch of the median
+    row left 0.539 (its second batch still padded mid-length rows to the
+    longest), half a batch 0.703. Larger chunks get None: their sorted batches
+    already hold similar lengths, and their shapes stay as they were.
+
+    >>> small_chunk_budget([20, 24, 30, 256], batch_size=64)
+    432
+    >>> small_chunk_budget([20, 24, 30, 256], batch_size=64, multiple=8)  # median 27 -> 32 tokens
+    512
+    >>> small_chunk_budget(list(range(100)), batch_size=64) is None, small_chunk_budget([], batch_size=64) is None
+    (True, True)
+    """
+    lens = np.asarray(lengths, dtype=np.int64)
+    if lens.size == 0 or lens.size > batch_size:
+        return None
+    return max(batch_size // 4, 1) * padded_length(int(np.ceil(np.median(lens))), multiple=multiple, cap=cap)
 
 
 def plan_batches(

@@ -8,6 +8,7 @@ executor's environment after Spark started would not). Keys:
 ``poison_marker``          a batch holding a row whose text contains it raises (a poison row)
 ``oom_above_rows``         batches of more rows raise a simulated out-of-memory error
 ``oom_above_tokens``       batches of more padded tokens (rows x length) do, as real memory would
+``slow_batch_s``           every batch takes this many seconds longer (a slow model: long tasks for progress drills)
 ``fail_infer_partitions``  these partitions fail their first attempt during inference
 ``kill_worker_partitions`` these partitions' Python worker dies (``os._exit``) mid-task, first attempt
 ``fail_write_partitions``  these partitions fail their first attempt after writing a Parquet file
@@ -79,6 +80,10 @@ def check_batch(texts: Sequence[str], *, padded_tokens: int | None = None) -> No
     faults = _active
     if not faults:
         return
+    if faults.get("slow_batch_s"):
+        import time
+
+        time.sleep(float(faults["slow_batch_s"]))
     limit = faults.get("oom_above_rows")
     if limit is not None and len(texts) > int(limit):
         raise SimulatedOutOfMemoryError(f"simulated out of memory for a batch of {len(texts)} rows (limit {limit})")

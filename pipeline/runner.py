@@ -226,7 +226,7 @@ def _deal(inputs: "DataFrame", tasks: int, task: Any) -> "DataFrame":
 
 def score_inputs(
     inputs: "DataFrame", config: JobConfig, *, tasks: int, run_id: str, ds: dt.date, scored_at: dt.datetime,
-    model: ModelInfo, faults: dict[str, Any] | None = None, task: Any = None,
+    model: ModelInfo, faults: dict[str, Any] | None = None, task: Any = None, progress_dir: str | None = None,
 ) -> "DataFrame":
     """The lazily scored rows with lineage, in ``tasks`` inference tasks of equal rows and mixed lengths.
 
@@ -245,7 +245,7 @@ def score_inputs(
         input_columns=(*task.input_columns, *_malformed_input(inputs)),
         job=config.job, progress_interval_s=config.run.progress_interval_s if config.run.progress else None,
         faults=tuple((faults or {}).items()), metrics_column=METRICS_COLUMN, task_class=kind.task,
-        id_column=config.source.id_column,
+        id_column=config.source.id_column, progress_dir=progress_dir,
     )
     scored = apply_inference(_deal(inputs, tasks, task), plan).withColumnRenamed("id", config.source.id_column)
     scored = scored.select(
@@ -519,6 +519,8 @@ class _Scoring:
     known_bad: int
     # the output version the keys were compared at: the commit writes only keys no commit since wrote
     read_version: int | None = None
+    # where the workers on this host report rows done inside a task (progress); None: not reported
+    rows_dir: str | None = None
 
 
 @dataclass
@@ -643,8 +645,11 @@ def _plan_scoring(run: _Run) -> _Scoring:
         print(f"[{config.job}] run {run_id}: {rows_before - rows_in:,} of {rows_before:,} row(s) already in "
               f"{config.sink.path} for ds {ds} (key: id, ds): not scored again", file=out, flush=True)
     tasks = plan_inference_tasks(spark, config, rows_in, run.task)
+    from pipeline.spark.progress import rows_folder
+
+    rows_dir = rows_folder(spark) if config.run.progress and rows_in else None  # workers' rows done, same host
     scored = score_inputs(inputs, config, tasks=tasks, run_id=run_id, ds=ds, scored_at=run.scored_at,
-                          model=run.model, faults=run.faults, task=run.task)
+                          model=run.model, faults=run.faults, task=run.task, progress_dir=rows_dir)
     sink = config.sink
     if config.run.incremental and sink.mode != "append":
         # new rows join the run's partition; replacing it would drop the rows scored earlier today
@@ -653,7 +658,7 @@ def _plan_scoring(run: _Run) -> _Scoring:
     print(f"[{config.job}] run {run_id}: scoring {rows_in:,}{mode_note} rows in {tasks} tasks with {run.model.name} "
           f"@ {run.model.revision} -> {sink.path or sink.table} (ds {ds}, mode {sink.mode})", file=out, flush=True)
     return _Scoring(inputs=inputs, scored=scored, sink=sink, rows_in=rows_in, tasks=tasks, known_bad=known_bad,
-                    read_version=notes.get("read_version"))
+                    read_version=notes.get("read_version"), rows_dir=rows_dir)
 
 
 def _score_and_commit(run: _Run, plan: _Scoring) -> "RunSummary | tuple[_Committed, _ReadBack]":
@@ -674,8 +679,9 @@ def _score_and_commit(run: _Run, plan: _Scoring) -> "RunSummary | tuple[_Committ
     # the tasks' counts are observed on the first action over the scored rows (the check, which runs
     # inference and fills the cache); their column is never written
     observed_scored, observed = observe_counts(scored, METRICS_COLUMN)
-    progress = (JobProgress(stage_source(run.spark), job=config.job, planned_tasks=plan.tasks,
-                            rows_total=plan.rows_in, interval=config.run.progress_interval_s, out=run.out)
+    progress = (JobProgress(stage_source(run.spark, rows_dir=plan.rows_dir), job=config.job,
+                            planned_tasks=plan.tasks, rows_total=plan.rows_in, interval=config.run.progress_interval_s,
+                            out=run.out)
                 if config.run.progress and plan.rows_in else nullcontext())
     clock.lap("planning")
     started = time.perf_counter()

@@ -126,7 +126,9 @@ def spark():
     session = get_session(SparkConfig(
         # local[N,F]: up to F attempts per task, so retry tests see real retries
         master="local[2,3]", app_name="pipeline-tests", arrow_max_records_per_batch=1000, shuffle_partitions=4,
-        conf={"spark.default.parallelism": "2", "spark.task.maxFailures": "2", **DELTA_TEST_CONFS},
+        conf={"spark.default.parallelism": "2", "spark.task.maxFailures": "2", **DELTA_TEST_CONFS,
+              # running tasks' metrics reach the driver's status store every second (10 s by default)
+              "spark.executor.heartbeatInterval": "1s"},
     ))
     if CONNECTOR_RUN:
         from pipeline.io.sources import has_delta_connector

@@ -193,3 +193,14 @@ def test_docstring_examples_hold():
 
     result = doctest.testmod(pipeline.batching)
     assert result.attempted >= 4 and result.failed == 0
+
+
+def test_small_chunk_budget_only_for_a_chunk_smaller_than_a_batch():
+    from pipeline.batching import small_chunk_budget
+
+    lengths = [10] * 40 + [12] * 9 + [256]
+    budget = small_chunk_budget(lengths, batch_size=64, multiple=8, cap=256)
+    assert budget == 16 * 16  # a quarter batch of the median row (10 -> 16 with multiple 8)
+    batches = plan_batches(lengths, batch_size=64, pad_to_multiple_of=8, max_length=256, token_budget=budget)
+    assert [(b.size, b.length) for b in batches] == [(16, 16)] * 3 + [(1, 16), (1, 256)]  # one was 50 x 256
+    assert small_chunk_budget([10] * 65, batch_size=64) is None  # larger chunks keep their batches

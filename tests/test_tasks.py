@@ -165,8 +165,9 @@ def test_rows_without_content_are_flagged_not_scored(embed):
         assert r["embedding"] is None and r["label"] is None and r["n_tokens"] == 0 and r["error"] is None
     assert all(r["embedding"] is not None for r in (out[0], out[-2], out[-1]))
     assert counts.counts["status"] == {"ok": 2, "truncated": 1, "skipped_no_content": len(CONTENT_FREE)}
-    # only the three readable rows ran: one batch of 3
-    assert counts.counts["rows"] == len(texts) and counts.counts["batch_sizes"] == {"3": 1}
+    # only the three readable rows ran (a chunk smaller than a batch: cut by pipeline.batching.small_chunk_budget)
+    assert counts.counts["rows"] == len(texts)
+    assert sum(int(size) * n for size, n in counts.counts["batch_sizes"].items()) == 3
 
 
 def test_a_chunk_of_only_content_free_rows_runs_nothing(embed):
@@ -222,3 +223,20 @@ def test_out_of_memory_splits_batches_without_losing_rows(embed, drill):
     out = task.process(loaded, _chunk(texts), counts).to_pylist()
     assert all(r["status"] == "ok" for r in out)
     assert counts.counts["oom_splits"] >= 2 and counts.counts["batch_sizes"] == {"1": 9}
+
+
+def test_a_chunk_smaller_than_a_batch_pads_its_short_rows_to_their_own_longest(tiny_embed_model):
+    """One long row no longer pads the short ones (pipeline.batching.small_chunk_budget); same embeddings."""
+    texts = [" ".join(["good"] * k) for k in (1, 2, 3) * 3] + [" ".join(["great"] * 40)]  # 3-5 tokens and 42
+    config = EmbedTaskConfig()
+    small = _task(tiny_embed_model, config, batch_size=64, max_length=64)
+    one_batch = _task(tiny_embed_model, config, batch_size=64, max_length=64, token_budget=10**9)  # the old plan
+    loaded = small.load(tiny_embed_model, "cpu")
+    new_counts, old_counts = WorkerCounts(), WorkerCounts()
+    new = small.process(loaded, _chunk(texts), new_counts).column("embedding").to_pylist()
+    old = one_batch.process(loaded, _chunk(texts), old_counts).column("embedding").to_pylist()
+    assert old_counts.counts["batch_sizes"] == {"10": 1} and old_counts.counts["padded_tokens"] == 10 * 42
+    # the nine short rows padded to the longest of them (5 tokens; CPU: multiple 1), the long row alone
+    assert new_counts.counts["batch_sizes"] == {"9": 1, "1": 1}
+    assert new_counts.counts["padded_tokens"] == 9 * 5 + 42
+    assert np.abs(np.array(new) - np.array(old)).max() < 1e-5  # the attention mask makes padding irrelevant

@@ -9,21 +9,39 @@ are adapted to one tiny interface, :class:`StageSource` (``stages()``: the
 it.
 
 The runner plans the inference tasks itself (``pipeline.spark.planning``), so it
-knows their number and the rows each holds: rows done are estimated as
-finished inference tasks x planned rows per task, which moves as tasks finish
-and never reads "tasks 0/0". The arithmetic is :func:`progress_line`, pure.
+knows their number and the rows each holds: rows done are at least finished
+inference tasks x planned rows per task, which never reads "tasks 0/0".
+
+Inside a running task (one 10,000-row task per core sits minutes on a CPU)
+the rows move from two sources, whichever is further (``rows_seen()``):
+
+* classic sessions: the inference node's live "number of output rows" in the
+  SQL status store, which executor heartbeats (``spark.executor.heartbeatInterval``,
+  10 s by default) fill for running tasks. It moves per Arrow chunk a task
+  emits: not at all inside a task that is one chunk
+  (``spark.arrow_max_records_per_batch`` >= rows per task).
+* either kind, driver and workers on one machine (a local master; a Connect
+  server on this host): each task's Python worker writes its rows done into a
+  folder the driver reads (:class:`TaskRowsFile`), every batch at most once a
+  second. Spark Connect reports nothing else inside a task: its progress
+  handler counts tasks and input bytes at task end only.
+
+The arithmetic is :func:`progress_line`, pure.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, TextIO
 
-__all__ = ["JobProgress", "StageProgress", "StageSource", "format_duration", "inference_tasks_done",
-           "progress_line", "stage_source"]
+__all__ = ["JobProgress", "StageProgress", "StageSource", "TaskRowsFile", "format_duration", "inference_tasks_done",
+           "metric_count", "progress_line", "read_task_rows", "rows_done", "rows_folder", "stage_source"]
 
 
 @dataclass(frozen=True)
@@ -34,9 +52,12 @@ class StageProgress:
 
 
 class StageSource(Protocol):
-    """What a session kind offers: the stages of the running job(s) seen so far, and a way to let go."""
+    """What a session kind offers: the stages of the running job(s) seen so far, rows done inside running
+    tasks where it can tell (None where it cannot), and a way to let go."""
 
     def stages(self) -> list[StageProgress]: ...
+
+    def rows_seen(self) -> int | None: ...
 
     def close(self) -> None: ...
 
@@ -55,26 +76,53 @@ def format_duration(seconds: float) -> str:
     return f"{s}s"
 
 
-def progress_line(*, job: str, elapsed_s: float, tasks_done: int, tasks_total: int, rows_total: int) -> str:
-    """One progress line: rows done (finished tasks x planned rows per task), rows/s and an ETA.
+def rows_done(*, tasks_done: int, tasks_total: int, rows_total: int, rows_seen: int | None = None) -> int:
+    """Rows done: the rows the session kind saw (finished and running tasks), else finished tasks x planned
+    rows per task.
+
+    The rows seen win where there are any: they count finished tasks too, and
+    "tasks done" is a guess at which stage is the inference (with one planned
+    task, any one-task stage such as the source scan looks like it).
+
+    >>> rows_done(tasks_done=1, tasks_total=4, rows_total=1_000)
+    250
+    >>> rows_done(tasks_done=1, tasks_total=4, rows_total=1_000, rows_seen=420)
+    420
+    >>> rows_done(tasks_done=1, tasks_total=1, rows_total=1_000, rows_seen=96)
+    96
+    >>> rows_done(tasks_done=0, tasks_total=1, rows_total=1_000, rows_seen=5_000)  # never past the total
+    1000
+    """
+    if rows_seen is not None:
+        return min(max(rows_seen, 0), rows_total)
+    tasks_total = max(tasks_total, 1)
+    tasks_done = min(max(tasks_done, 0), tasks_total)
+    return round(rows_total * tasks_done / tasks_total)
+
+
+def progress_line(*, job: str, elapsed_s: float, tasks_done: int, tasks_total: int, rows_total: int,
+                  rows_seen: int | None = None) -> str:
+    """One progress line: rows done (:func:`rows_done`), rows/s and an ETA.
 
     >>> progress_line(job="score", elapsed_s=5, tasks_done=0, tasks_total=8, rows_total=40_000)
-    '[score]      5s  rows ~0/40,000 (0%), tasks 0/8 done, rate and ETA after the first task'
+    '[score]      5s  rows ~0/40,000 (0%), tasks 0/8 done, rate and ETA after the first rows'
     >>> progress_line(job="score", elapsed_s=60, tasks_done=2, tasks_total=8, rows_total=40_000)
     '[score]     60s  rows ~10,000/40,000 (25%), tasks 2/8 done, 167 rows/s, ETA 3m00s'
+    >>> progress_line(job="score", elapsed_s=30, tasks_done=0, tasks_total=8, rows_total=40_000, rows_seen=6_000)
+    '[score]     30s  rows ~6,000/40,000 (15%), tasks 0/8 done, 200 rows/s, ETA 2m50s'
     >>> progress_line(job="score", elapsed_s=240, tasks_done=9, tasks_total=8, rows_total=40_000)
     '[score]    240s  rows ~40,000/40,000 (100%), tasks 8/8 done, 167 rows/s, ETA 0s'
     """
     tasks_total = max(tasks_total, 1)
     tasks_done = min(max(tasks_done, 0), tasks_total)
-    rows_done = round(rows_total * tasks_done / tasks_total)
-    pct = 100 * rows_done / rows_total if rows_total else 100.0
-    head = (f"[{job}] {elapsed_s:6.0f}s  rows ~{rows_done:,}/{rows_total:,} ({pct:.0f}%), "
+    done = rows_done(tasks_done=tasks_done, tasks_total=tasks_total, rows_total=rows_total, rows_seen=rows_seen)
+    pct = 100 * done / rows_total if rows_total else 100.0
+    head = (f"[{job}] {elapsed_s:6.0f}s  rows ~{done:,}/{rows_total:,} ({pct:.0f}%), "
             f"tasks {tasks_done}/{tasks_total} done")
-    if rows_done == 0 or elapsed_s <= 0:
-        return head + ", rate and ETA after the first task"
-    rate = rows_done / elapsed_s
-    return head + f", {rate:,.0f} rows/s, ETA {format_duration((rows_total - rows_done) / rate)}"
+    if done == 0 or elapsed_s <= 0:
+        return head + ", rate and ETA after the first rows"
+    rate = done / elapsed_s
+    return head + f", {rate:,.0f} rows/s, ETA {format_duration((rows_total - done) / rate)}"
 
 
 def inference_tasks_done(stages: list[StageProgress], planned_tasks: int) -> int:
@@ -93,18 +141,143 @@ def inference_tasks_done(stages: list[StageProgress], planned_tasks: int) -> int
     return max((s.done for s in stages if s.tasks == planned_tasks), default=0)
 
 
+def metric_count(text: str | None) -> int:
+    """The count in a SQL metric's text as the status store formats it (``7,000``; a total first).
+
+    >>> metric_count("7,000"), metric_count("12,345 (1, 2, 3)"), metric_count(None), metric_count("")
+    (7000, 12345, 0, 0)
+    """
+    match = re.match(r"\s*([\d,]+)", text or "")
+    return int(match.group(1).replace(",", "")) if match else 0
+
+
+class TaskRowsFile:
+    """Worker side: this task's rows done, written to ``<folder>/<partition>`` at most every ``interval`` s.
+
+    Called with the task's :class:`~pipeline.metrics.WorkerCounts` after every
+    batch (``force=True`` at the task's end). The file is replaced atomically,
+    so the driver reads a whole number or none; a retried task overwrites its
+    partition's. Failures to write are ignored: progress never fails a task.
+    """
+
+    def __init__(self, folder: str, partition: int, *, interval: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = os.path.join(folder, str(partition))
+        self.interval, self.clock = interval, clock
+        self.last = float("-inf")
+
+    def __call__(self, counts: Any, *, force: bool = False) -> None:
+        now = self.clock()
+        if not force and now - self.last < self.interval:
+            return
+        self.last = now
+        c = counts.counts
+        rows = int(c.get("progress_rows", c.get("batch_rows", 0)))  # as the worker's own line counts them
+        tmp = f"{self.path}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                f.write(str(rows))
+            os.replace(tmp, self.path)
+        except OSError:
+            pass
+
+
+def read_task_rows(folder: str | None) -> int | None:
+    """Driver side: the rows done that the tasks' :class:`TaskRowsFile` wrote, summed; None without a folder."""
+    if not folder:
+        return None
+    total = 0
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return 0
+    for name in names:
+        if name.isdigit():
+            try:
+                with open(os.path.join(folder, name)) as f:
+                    total += int(f.read().strip() or 0)
+            except (OSError, ValueError):
+                continue
+    return total
+
+
+def rows_folder(spark: Any) -> str | None:
+    """A fresh folder for :class:`TaskRowsFile` when ``spark``'s workers share this machine, else None.
+
+    Classic: a ``local`` master. Connect: a server on this host's loopback
+    address whose master is ``local``. On a cluster the workers' disks are not
+    the driver's, so no folder (classic still has the status store's rows).
+    """
+    from pipeline.spark.session import is_connect
+
+    try:
+        if is_connect(spark):
+            host = str(spark.client._builder.host).strip("[]")
+            if host not in ("127.0.0.1", "localhost", "::1"):
+                return None
+            master = spark.conf.get("spark.master", "")
+        else:
+            master = spark.sparkContext.master
+    except Exception:  # noqa: BLE001 - without a folder the line still moves as tasks end
+        return None
+    if not str(master).startswith("local"):
+        return None
+    return tempfile.mkdtemp(prefix="sbi-progress-")
+
+
 class _StatusTrackerSource:
     """Classic sessions: the stages of the jobs this thread's job group starts from now on.
 
     Read through ``sparkContext.statusTracker()``, which keeps finished jobs
     and stages too, so a stage shorter than the print interval still counts.
+    Rows inside running tasks: the ``MapInArrow`` nodes' live "number of output
+    rows" in the SQL status store, over the SQL executions started from now on.
     """
 
-    def __init__(self, spark: Any) -> None:
+    def __init__(self, spark: Any, rows_dir: str | None = None) -> None:
         sc = spark.sparkContext
         self.tracker = sc.statusTracker()
         self.group = sc.getLocalProperty("spark.jobGroup.id")  # the caller's thread; None when ungrouped
         self.before = set(self.tracker.getJobIdsForGroup(self.group))
+        self.rows_dir = rows_dir
+        try:
+            self.sql = spark._jsparkSession.sharedState().statusStore()
+            self.first_execution = self._last_execution_id() + 1
+        except Exception:  # noqa: BLE001 - a JVM that hides its SQL status store: finished tasks still count
+            self.sql = None
+
+    def _last_execution_id(self) -> int:
+        n = self.sql.executionsCount()
+        return self.sql.executionsList(n - 1, 1).apply(0).executionId() if n else -1
+
+    def _output_rows(self) -> int:
+        """The most rows a ``MapInArrow`` node of a SQL execution started since has emitted, tasks running or not."""
+        best = 0
+        n = self.sql.executionsCount()
+        executions = self.sql.executionsList(max(n - 20, 0), 20)
+        for i in range(executions.size()):
+            execution_id = executions.apply(i).executionId()
+            if execution_id < self.first_execution:
+                continue
+            values = self.sql.executionMetrics(execution_id)
+            nodes = self.sql.planGraph(execution_id).allNodes()
+            for k in range(nodes.size()):
+                node = nodes.apply(k)
+                if "MapInArrow" not in node.name():
+                    continue
+                metrics = node.metrics()
+                for m in range(metrics.size()):
+                    metric = metrics.apply(m)
+                    if metric.name() == "number of output rows":
+                        value = values.get(metric.accumulatorId())
+                        best = max(best, metric_count(value.get() if value.isDefined() else None))
+        return best
+
+    def rows_seen(self) -> int | None:
+        from_workers = read_task_rows(self.rows_dir)
+        if self.sql is None:
+            return from_workers
+        return max(self._output_rows(), from_workers or 0)
 
     def stages(self) -> list[StageProgress]:
         out = []
@@ -123,8 +296,8 @@ class _StatusTrackerSource:
 class _ConnectHandlerSource:
     """Connect sessions: the stages the server reported last, through ``spark.registerProgressHandler``."""
 
-    def __init__(self, spark: Any) -> None:
-        self.spark = spark
+    def __init__(self, spark: Any, rows_dir: str | None = None) -> None:
+        self.spark, self.rows_dir = spark, rows_dir
         self.latest: dict[int, StageProgress] = {}
         self.lock = threading.Lock()
         spark.registerProgressHandler(self._on_progress)
@@ -142,18 +315,35 @@ class _ConnectHandlerSource:
         with self.lock:
             return sorted(self.latest.values(), key=lambda s: s.stage_id)
 
+    def rows_seen(self) -> int | None:
+        # the server's reports move at task end only (tasks done; input bytes of finished tasks)
+        return read_task_rows(self.rows_dir)
+
     def close(self) -> None:
+        _remove(self.rows_dir)
         try:
             self.spark.removeProgressHandler(self._on_progress)
         except Exception:  # noqa: BLE001 - the session may already be gone
             pass
 
 
-def stage_source(spark: Any) -> StageSource:
-    """The adapter for ``spark``'s kind: the progress handler on Connect, the status tracker on classic."""
+def _remove(folder: str | None) -> None:
+    """Drop a :func:`rows_folder` once the inference stage is over (a late writer's error is ignored there)."""
+    if folder:
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def stage_source(spark: Any, *, rows_dir: str | None = None) -> StageSource:
+    """The adapter for ``spark``'s kind: the progress handler on Connect, the status tracker on classic.
+
+    ``rows_dir``: the :func:`rows_folder` the inference tasks write their rows done to, if any.
+    """
     from pipeline.spark.session import is_connect
 
-    return _ConnectHandlerSource(spark) if is_connect(spark) else _StatusTrackerSource(spark)
+    return (_ConnectHandlerSource(spark, rows_dir) if is_connect(spark)
+            else _StatusTrackerSource(spark, rows_dir))
 
 
 class JobProgress(threading.Thread):
@@ -177,8 +367,12 @@ class JobProgress(threading.Thread):
 
     def line(self) -> str:
         done = inference_tasks_done(self.source.stages(), self.planned_tasks)
+        try:
+            seen = self.source.rows_seen()
+        except Exception:  # noqa: BLE001 - rows inside tasks are a refinement; tasks done still count
+            seen = None
         return progress_line(job=self.job, elapsed_s=self.clock() - self.started_at, tasks_done=done,
-                             tasks_total=self.planned_tasks, rows_total=self.rows_total)
+                             tasks_total=self.planned_tasks, rows_total=self.rows_total, rows_seen=seen)
 
     def run(self) -> None:
         while not self.halt.wait(self.interval):

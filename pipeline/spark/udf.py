@@ -49,6 +49,8 @@ class InferencePlan:
     job: str = "job"
     # seconds between a worker's progress lines on stderr; None: silent
     progress_interval_s: float | None = None
+    # a folder the driver reads each task's rows done from (pipeline.spark.progress.rows_folder); None: none
+    progress_dir: str | None = None
     # fault injection for tests and drills (pipeline.faults); empty in production
     faults: tuple[tuple[str, Any], ...] = ()
     # the registered task class; pickled by reference, so a worker imports (and registers) its module
@@ -107,7 +109,13 @@ def score_partition(
     if plan.progress_interval_s:
         part = f" task {ctx.partitionId()}" if ctx else ""
         progress = WorkerProgress(f"{plan.job} worker {worker}{part}", plan.progress_interval_s)
-    counts = WorkerCounts(on_batch=progress, worker=worker, task=ctx.partitionId() if ctx else None)
+    rows_file = None
+    if plan.progress_dir and ctx is not None:
+        from pipeline.spark.progress import TaskRowsFile
+
+        rows_file = TaskRowsFile(plan.progress_dir, ctx.partitionId())
+    counts = WorkerCounts(on_batch=_each(progress, rows_file), worker=worker,
+                          task=ctx.partitionId() if ctx else None)
     counts.merge({"tasks_per_worker": {worker: 1}})
     if ctx is not None and ctx.attemptNumber() > 0:
         counts.add("task_retries")  # this attempt succeeds only if its rows reach the output
@@ -149,8 +157,18 @@ def score_partition(
             held = out
         if n == 0 and plan.faults and ctx is not None:
             faults.on_task_start(ctx.partitionId(), ctx.attemptNumber())
+    if rows_file is not None:
+        rows_file(counts, force=True)
     if held is not None:
         yield _with_metrics(held, plan.metrics_column, json.dumps(counts.counts))
+
+
+def _each(*hooks: Any) -> Any:
+    """One ``on_batch`` hook calling each of ``hooks`` that is set (None when none is)."""
+    live = [h for h in hooks if h is not None]
+    if len(live) <= 1:
+        return live[0] if live else None
+    return lambda counts: [h(counts) for h in live]
 
 
 def _outputs(results: Iterator[pa.RecordBatch], taken: "deque[tuple[pa.RecordBatch, pa.RecordBatch | None]]",

@@ -30,7 +30,8 @@ from typing import Any, ClassVar, Hashable, Iterable, Iterator, Protocol, Sequen
 import numpy as np
 import pyarrow as pa
 
-from pipeline.batching import Batch, BatchSizeMemory, bucket_length, collate, pad_multiple, plan_batches
+from pipeline.batching import (Batch, BatchSizeMemory, bucket_length, collate, pad_multiple, plan_batches,
+                               small_chunk_budget)
 from pipeline.config import BatchingConfig, ModelConfig
 from pipeline.metrics import WorkerCounts
 from pipeline.rows import MALFORMED, MALFORMED_ERROR, NO_CONTENT, STATUS_FIELDS
@@ -500,13 +501,18 @@ class TextTask:
     def _plan(self, loaded: Any, tok: TokenizedChunk) -> list[Batch]:
         device_type = next(loaded.model.parameters()).device.type
         self._multiple = pad_multiple(self.batching.pad_to_multiple_of, device_type)
+        budget = self.batching.token_budget
+        if budget is None and not self.batching.bucket_shapes and self.batching.sort_by_length:
+            # a chunk smaller than a batch: its long rows in batches of their own (fixed shapes stay as set)
+            budget = small_chunk_budget(tok.lengths, batch_size=self.batching.batch_size, multiple=self._multiple,
+                                        cap=self.batching.max_length)
         return plan_batches(
             tok.lengths,
             batch_size=self.batching.batch_size,
             pad_to_multiple_of=self._multiple,
             max_length=self.batching.max_length,
             sort=self.batching.sort_by_length,
-            token_budget=self.batching.token_budget,
+            token_budget=budget,
             bucket_shapes=self.batching.bucket_shapes,
         )
 
