@@ -21,23 +21,7 @@ from pipeline.config.models import (
     RUN_ID_PATTERN, AccuracyGateConfig, BatchingConfig, Int8Config, JobConfig, MlflowConfig, ModelConfig, RunConfig,
     SinkConfig, SourceConfig, SparkConfig, TaskConfig,
 )
+from pipeline.config.models import __all__ as _model_names
 from pipeline.errors import ConfigError
 
-__all__ = [
-    "AccuracyGateConfig",
-    "BatchingConfig",
-    "ConfigError",
-    "Int8Config",
-    "JobConfig",
-    "MlflowConfig",
-    "ModelConfig",
-    "RunConfig",
-    "SinkConfig",
-    "SourceConfig",
-    "SparkConfig",
-    "TaskConfig",
-    "build_config",
-    "load_config",
-    "merged_config_data",
-    "parse_overrides",
-]
+__all__ = [*_model_names, "ConfigError", "build_config", "load_config", "merged_config_data", "parse_overrides"]
