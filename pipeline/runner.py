@@ -11,6 +11,7 @@ The only module that wires sources, the UDF glue, sinks and metrics together.
 from __future__ import annotations
 
 import datetime as dt
+import shutil
 import sys
 import time
 from contextlib import nullcontext
@@ -717,6 +718,8 @@ def _score_and_commit(run: _Run, plan: _Scoring) -> "RunSummary | tuple[_Committ
         return committed, _read_back(run, plan, committed, in_keys)
     finally:
         in_keys.unpersist()
+        if plan.rows_dir:  # the workers' rows-done files are read while the job runs, and only then
+            shutil.rmtree(plan.rows_dir, ignore_errors=True)
 
 
 def _commit_quarantine(run: _Run, plan: _Scoring, scored: "DataFrame", *, errors: int,
