@@ -106,7 +106,7 @@ def _incremental_filter(spark: "SparkSession", inputs: "DataFrame", config: JobC
                        "version); run once without run.incremental to rebuild it")
     done = (done.where(done["task_fingerprint"] == fingerprint)
             .select(done[config.source.id_column].alias("_done_id"), done["content_hash"].alias("_done_hash"))
-            .distinct())
+            .hint("merge"))  # never broadcast: the output can hold millions of keys
     # null-safe on the id: a null-id row scored before is not new every night (it was, and grew the table)
     return inputs.join(done, on=inputs["id"].eqNullSafe(done["_done_id"])
                        & (inputs["content_hash"] == done["_done_hash"]), how="left_anti")
@@ -150,8 +150,9 @@ def _append_key_filter(spark: "SparkSession", inputs: "DataFrame", config: JobCo
     done = _done_keys(spark, config.sink.path, config.source.id_column, ds, version) if config.sink.path else None
     if done is None:
         return inputs, None
-    done = done.distinct()
     before = inputs.count()
+    # a sort-merge join: a day of millions of ids must never be broadcast (10M ids ran the driver out of memory)
+    done = done.hint("merge")
     return inputs.join(done, on=inputs["id"].eqNullSafe(done["_done_id"]), how="left_anti"), before
 
 
