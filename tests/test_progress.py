@@ -78,8 +78,16 @@ def _slow_chunks(batches):
         yield batch
 
 
-def test_classic_status_store_counts_the_chunks_a_running_task_emitted(spark):
-    """Classic: the inference node's output rows reach the driver with heartbeats, before the task ends."""
+def _status_store_probe() -> None:
+    """Run in a process of its own (see the test below): a fresh classic session with 1 s heartbeats, one
+    single-task job of 4 slow chunks, and what the status store said while it ran, printed as JSON."""
+    import json
+
+    from pipeline.config import SparkConfig
+    from pipeline.spark.session import get_session
+
+    spark = get_session(SparkConfig(master="local[2]", app_name="status-store-probe",
+                                    conf={"spark.executor.heartbeatInterval": "1s"}))
     source = stage_source(spark)
     seen: list[tuple[int, int]] = []
     stop = threading.Event()
@@ -100,9 +108,30 @@ def test_classic_status_store_counts_the_chunks_a_running_task_emitted(spark):
         stop.set()
         thread.join()
         source.close()
-    assert n == 4000
-    inside = {rows for rows, done in seen if done == 0 and 0 < rows < 4000}
-    assert inside, seen  # the single task had emitted some chunks, not all, and was still running
+        spark.stop()
+    print(json.dumps({"rows": n, "seen": seen}))
+
+
+def test_classic_status_store_counts_the_chunks_a_running_task_emitted():
+    """Classic: the inference node's output rows reach the driver with heartbeats, before the task ends.
+
+    In a process of its own: the suite's shared session may have been started by another test without the
+    1 s heartbeat this needs (in the whole suite it saw nothing until the task ended)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo), "PYSPARK_PYTHON": sys.executable, "SBI_NO_JARS": "1"}
+    proc = subprocess.run([sys.executable, "-c", "import tests.test_progress as t; t._status_store_probe()"],
+                          cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads([line for line in proc.stdout.splitlines() if line.startswith("{")][-1])
+    assert result["rows"] == 4000
+    inside = {rows for rows, done in result["seen"] if done == 0 and 0 < rows < 4000}
+    assert inside, result["seen"]  # the single task had emitted some chunks, not all, and was still running
 
 
 def test_runner_line_moves_inside_a_single_long_task(any_spark, tmp_path, tiny_embed_model):
