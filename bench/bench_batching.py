@@ -115,11 +115,23 @@ def run_limit(loaded: Any, task: Any, ids: list[list[int]], lengths: np.ndarray,
 
 # --------------------------------------------------------------------- (b) the pipeline
 
-def run_pipeline(spark: Any, input_path: str, out_dir: Path, *, limit: int | None = None,
-                 torch_threads: int | None = None) -> dict:
+def run_demo_job(spark: Any, overrides: list[str], *, what: str) -> Any:
+    """``run_job`` of ``conf/score_documents.yaml`` with ``overrides``, its output and summary file kept quiet;
+    the summary, or SystemExit naming ``what`` when a row is missing. Shared by the benches (bench_feed too)."""
     from pipeline.config import load_config
     from pipeline.runner import run_job
 
+    config = load_config(REPO / "conf/score_documents.yaml", overrides=overrides)
+    config = config.model_copy(update={"run": config.run.model_copy(update={"summary_path": None})})
+    with open(os.devnull, "w") as quiet:
+        summary = run_job(config, spark=spark, out=quiet)
+    if not summary.complete:
+        raise SystemExit(f"{what}: incomplete run ({summary.rows_in} in, {summary.rows_out} out)")
+    return summary
+
+
+def run_pipeline(spark: Any, input_path: str, out_dir: Path, *, limit: int | None = None,
+                 torch_threads: int | None = None) -> dict:
     overrides = [
         f"source.path={input_path}", f"sink.path={out_dir}", "sink.mode=overwrite", "run.progress=false",
         f"batching.batch_size={BATCH}", f"batching.max_length={MAX_LENGTH}", f"model.precision={PRECISION}",
@@ -129,12 +141,7 @@ def run_pipeline(spark: Any, input_path: str, out_dir: Path, *, limit: int | Non
         overrides.append(f"source.limit={limit}")
     if torch_threads:
         overrides.append(f"model.torch_threads={torch_threads}")
-    config = load_config(REPO / "conf/score_documents.yaml", overrides=overrides)
-    config = config.model_copy(update={"run": config.run.model_copy(update={"summary_path": None})})
-    with open(os.devnull, "w") as quiet:
-        summary = run_job(config, spark=spark, out=quiet)
-    if not summary.complete:
-        raise SystemExit(f"pipeline run incomplete: {summary.rows_in} in, {summary.rows_out} out")
+    summary = run_demo_job(spark, overrides, what="pipeline run")
     return {"seconds": summary.seconds, "rows": summary.rows_out, "tokens": summary.tokens,
             "padded": summary.padded_tokens}
 

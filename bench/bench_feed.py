@@ -86,8 +86,7 @@ def cpu_flags() -> dict[str, Any]:
 def run_one(spark: Any, table: str, out: Path, *, mode: str, rate: float | None, layout: str, chunk: int) -> dict:
     from bench.null_forward import KIND as NULL_KIND, register as register_null
     from bench.sim_device import KIND as SIM_KIND, busy_fraction, register as register_sim
-    from pipeline.config import load_config
-    from pipeline.runner import run_job
+    from bench.bench_batching import run_demo_job
 
     register_null()
     register_sim()
@@ -104,12 +103,7 @@ def run_one(spark: Any, table: str, out: Path, *, mode: str, rate: float | None,
     else:
         overrides += [f"task.kind={SIM_KIND}", f"task.device_docs_s={rate}", f"task.device_lock={out / 'gpu.lock'}",
                       f"task.device_log={log}"]
-    config = load_config(REPO / "conf/score_documents.yaml", overrides=overrides)
-    config = config.model_copy(update={"run": config.run.model_copy(update={"summary_path": None})})
-    with open(os.devnull, "w") as quiet:
-        summary = run_job(config, spark=spark, out=quiet)
-    if not summary.complete:
-        raise SystemExit(f"{layout} {mode} {rate}: incomplete run")
+    summary = run_demo_job(spark, overrides, what=f"{layout} {mode} {rate}")
     record = {"docs_s": summary.rows_out / summary.seconds, "seconds": summary.seconds, "rows": summary.rows_out,
               "tasks": summary.tasks, "padding_efficiency": summary.padding_efficiency}
     if mode != "null":
