@@ -348,12 +348,17 @@ def _rows_written(spark: "SparkSession", path: str, run_id: str, ds: dt.date | N
     """This run's rows in the table at ``path``, as of ``version`` (the commit this run made; None: latest)."""
     from pyspark.sql import functions as F
 
+    return _day_rows(spark, path, ds, version=version).where(F.col("run_id") == F.lit(run_id))
+
+
+def _day_rows(spark: "SparkSession", path: str, ds: dt.date | None, *, version: int | None) -> "DataFrame":
+    """The rows of run date ``ds`` (all rows when None) in the table at ``path``, as of ``version``."""
+    from pyspark.sql import functions as F
+
     from pipeline.io.sources import read_delta
 
-    written = read_delta(spark, path, version=version).where(F.col("run_id") == F.lit(run_id))
-    if ds is not None:
-        written = written.where(F.col("ds") == F.lit(ds).cast("date"))
-    return written
+    table = read_delta(spark, path, version=version)
+    return table if ds is None else table.where(F.col("ds") == F.lit(ds).cast("date"))
 
 
 def _check_quarantine_pair(run: _Run, plan: _Scoring, *, version: int, when: str) -> None:
@@ -362,16 +367,16 @@ def _check_quarantine_pair(run: _Run, plan: _Scoring, *, version: int, when: str
     silently hold two runs' rows. A quarantine with no later commit passes without a scan."""
     from pyspark.sql import functions as F
 
-    from pipeline.io.sources import read_delta, table_version
+    from pipeline.io.sources import table_version
 
     spark, run_id, ds, path = run.spark, run.run_id, run.ds, plan.sink.resolved_quarantine_path()
-    if table_version(spark, path) == version:
+    latest = table_version(spark, path)
+    if latest == version:
         return
-    day = F.col("ds") == F.lit(ds).cast("date")
-    now = read_delta(spark, path).where(day)
+    now = _day_rows(spark, path, ds, version=latest)  # the version just compared, not resolved again
     others = sorted(r[0] for r in now.where(F.col("run_id") != F.lit(run_id)).select("run_id").distinct()
                     .limit(3).collect())
-    if not others and now.count() == read_delta(spark, path, version=version).where(day).count():
+    if not others and now.count() == _day_rows(spark, path, ds, version=version).count():
         return
     by = f"run {', '.join(others)}" if others else "another job"
     raise JobError(f"conflict: {by} replaced the quarantine of ds {ds} in {path} after this run's quarantine "
@@ -396,11 +401,7 @@ def _rows_of_keys(spark: "SparkSession", path: str, in_keys: "DataFrame", config
     them: after an overlapping run committed some keys first, they stand for this run's."""
     from pyspark.sql import functions as F
 
-    from pipeline.io.sources import read_delta
-
-    table = read_delta(spark, path, version=version)
-    if ds is not None:
-        table = table.where(F.col("ds") == F.lit(ds).cast("date"))
+    table = _day_rows(spark, path, ds, version=version)
     if config.run.incremental:
         table = table.where(F.col("task_fingerprint") == F.lit(fingerprint))
     ids = in_keys.select(F.col("_key_id").alias("_in_id")).distinct()  # key_counts' ids, as strings
