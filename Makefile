@@ -137,7 +137,7 @@ bench-extract: demo-data $(LLM_DIR)/model.safetensors
 # pages of Debian PDF manuals (apt-get download, pdftoppm) -> ocr_pages (PP-OCRv4, onnxruntime) -> Delta,
 # with the character error rate against pdftotext. Needs poppler-utils (pdftoppm, pdftotext, pdfinfo).
 OCR_PAGES ?= 6
-IMG_SUBMIT = $(VENV)/bin/spark-submit --master 'local[*,4]' --driver-memory 2g --conf spark.ui.enabled=false \
+IMG_SUBMIT = $(VENV)/bin/spark-submit $(JAR_ARGS) --master 'local[*,4]' --driver-memory 2g --conf spark.ui.enabled=false \
 	  --conf spark.ui.showConsoleProgress=false --conf spark.log.level=WARN
 warehouse/demo/images/pages/_delta_log: | $(STAMP)
 	@command -v pdftoppm >/dev/null || { echo "make demo-images needs poppler-utils: sudo apt-get install -y poppler-utils"; exit 1; }
@@ -145,7 +145,7 @@ warehouse/demo/images/pages/_delta_log: | $(STAMP)
 
 demo-images-data: warehouse/demo/images/pages/_delta_log
 
-demo-images: demo-images-data
+demo-images: demo-images-data jars
 	$(IMG_SUBMIT) jobs/classify_images.py --conf conf/classify_images.yaml $(ARGS)
 	$(IMG_SUBMIT) jobs/ocr_pages.py --conf conf/ocr_pages.yaml $(ARGS)
 	@command -v tesseract >/dev/null && $(PY) jobs/demo_compare_ocr.py \

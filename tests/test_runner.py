@@ -160,10 +160,15 @@ def test_cli_check_and_config_errors():
 
 @pytest.mark.slow
 def test_spark_submit_entry(tmp_path, tiny_embed_model):
-    """The job as users run it on a cluster: spark-submit jobs/score_documents.py --conf ... --set ..."""
+    """The job as users run it on a cluster: spark-submit jobs/score_documents.py --conf ... --set ...
+
+    Without ``--jars``, and with the library's jar cache in reach (no ``SBI_NO_JARS``): under spark-submit the
+    driver's class path is already fixed, so the session must not name Delta's catalog from the cache (it
+    did, and the first query failed on ``DeltaCatalog`` not found); the job takes the jar-free writer."""
     write_delta(tmp_path / "docs", make_documents(60))
     spark_submit = Path(sys.executable).parent / "spark-submit"
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    env.pop("SBI_NO_JARS", None)
     cmd = [
         str(spark_submit), "--master", "local[2]", "--conf", "spark.ui.enabled=false",
         "jobs/score_documents.py", "--conf", "conf/score_documents.yaml",
@@ -174,5 +179,6 @@ def test_spark_submit_entry(tmp_path, tiny_embed_model):
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert "rows in / out / flagged : 60 / 60 / 2" in done.stdout
+    assert "deltalake writer" in done.stdout, done.stdout[-2000:]
     table = read_scores(tmp_path)
     assert table.num_rows == 60 and set(table["ds"].to_pylist()) == {dt.date(2026, 11, 29)}

@@ -132,8 +132,11 @@ def get_session(config: SparkConfig, *, object_stores: bool = True) -> "SparkSes
         "spark.python.worker.faulthandler.enabled": "true",
         "spark.sql.execution.pyspark.udf.faulthandler.enabled": "true",
     }
-    # the Delta connector and S3A jars fetched once by `make jars` (pipeline.spark.jars), when cached
-    jars = session_jar_confs(GROUPS if object_stores else tuple(g for g in GROUPS if g != "s3"))
+    # the Delta connector and S3A jars fetched once by `make jars` (pipeline.spark.jars), when cached; under
+    # spark-submit the driver's JVM and its class path exist already, so its own --jars and --conf decide
+    # (naming Delta's catalog here without its classes on that path fails the session's first query)
+    jars = (session_jar_confs(GROUPS if object_stores else tuple(g for g in GROUPS if g != "s3"))
+            if master is not None else {})
     if jars and config.conf.get("spark.jars"):
         jars["spark.jars"] = f"{config.conf['spark.jars']},{jars['spark.jars']}"
     if master is not None:
