@@ -104,3 +104,35 @@ def test_resize_center_crop_geometry():
     out = resize_center_crop(image, 32)
     assert out.shape == (32, 32, 3)
     assert out[:, 16].min() > 200 and out[:, 0].max() == 0
+
+
+def _tiff(sizes: list[tuple[int, int]], shades: list[int]) -> bytes:
+    import io
+
+    from PIL import Image
+
+    pages = [Image.new("L", size, shade) for size, shade in zip(sizes, shades)]
+    out = io.BytesIO()
+    pages[0].save(out, "TIFF", save_all=True, append_images=pages[1:])
+    return out.getvalue()
+
+
+def test_a_multipage_tiff_decodes_every_page_within_the_page_and_pixel_limits():
+    from pipeline.images.decode import decode_pages
+
+    data = _tiff([(40, 30), (50, 20), (60, 10)], [10, 120, 250])
+    first_only = decode_image(data)  # the image tasks: the first page, named as one of three
+    assert first_only.notes == ("animated:first of 3 frames",) and first_only.more_pages == ()
+    every = decode_pages(data, max_pages=10)
+    assert (every.width, every.height, every.notes, every.pages_left_out) == (40, 30, ("pages:3",), 0)
+    assert [p.shape for p in every.more_pages] == [(20, 50, 3), (10, 60, 3)]
+    assert [int(p[0, 0, 0]) for p in (every.array, *every.more_pages)] == [10, 120, 250]  # in page order
+    by_count = decode_pages(data, max_pages=2)
+    assert (len(by_count.more_pages), by_count.pages_left_out, by_count.notes) == (1, 1, ("pages:2 of 3",))
+    # 1,200 + 1,000 pixels fit a limit of 2,500; the third page's 600 would not: memory stays one image's
+    by_pixels = decode_pages(data, max_pixels=2_500, max_pages=10)
+    assert (len(by_pixels.more_pages), by_pixels.pages_left_out, by_pixels.notes) == (1, 1, ("pages:2 of 3",))
+    single = decode_pages(_tiff([(40, 30)], [0]), max_pages=10)
+    assert (single.more_pages, single.notes, single.pages_left_out) == ((), (), 0)
+    gif = decode_pages(samples.animated_gif(), max_pages=10)  # frames of an animation are not pages
+    assert gif.more_pages == () and gif.notes[0].startswith("animated:first of")

@@ -233,22 +233,32 @@ def test_real_models_read_an_upside_down_page_and_a_photo_at_an_angle(real_ocr):
 
 def test_real_models_on_a_big_scan_a_blank_page_and_a_multipage_tiff(real_ocr):
     """A page with a 600 dpi scan's line heights (the detector sees it capped at det_max_side, lines over 96 px
-    high are shrunk with area averaging), a blank page (ok, no lines) and a 2-page TIFF (first page, flagged)."""
+    high are shrunk with area averaging), a blank page (ok, no lines), a 2-page TIFF (both pages, their text
+    joined by a form feed) and a 3-page TIFF past ``task.max_pages`` (the pages read, status truncated)."""
     import io
 
     from PIL import Image
 
     task, loaded = real_ocr
-    task = OcrTask(task.config.model_copy(update={"det_max_side": 1280}), model=task.model, batching=task.batching)
+    task = OcrTask(task.config.model_copy(update={"det_max_side": 1280, "max_pages": 2}), model=task.model,
+                   batching=task.batching)
     big = samples.text_page(size=(2400, 1100), font_size=90)
     blank = io.BytesIO()
     Image.new("RGB", (900, 420), "white").save(blank, "PNG")
-    tiff = io.BytesIO()
-    first, second = (Image.open(io.BytesIO(samples.text_page(lines))) for lines in (samples.DOC_LINES, ["other"]))
-    first.save(tiff, "TIFF", save_all=True, append_images=[second])
-    chunk = pa.RecordBatch.from_arrays([pa.array([big, blank.getvalue(), tiff.getvalue()], pa.binary())],
-                                       names=["content"])
+
+    def tiff(*pages: list[str]) -> bytes:
+        out = io.BytesIO()
+        first, *more = (Image.open(io.BytesIO(samples.text_page(lines))) for lines in pages)
+        first.save(out, "TIFF", save_all=True, append_images=more)
+        return out.getvalue()
+
+    chunk = pa.RecordBatch.from_arrays([pa.array(
+        [big, blank.getvalue(), tiff(samples.DOC_LINES, ["second page"]), tiff(["one"], ["two"], ["three"])],
+        pa.binary())], names=["content"])
     out = task.process(loaded, chunk, WorkerCounts()).to_pydict()
-    assert out["status"] == ["ok", "ok", "ok"] and out["n_lines"][1] == 0 and out["text"][1] == ""
-    assert out["text"][0] == out["text"][2] == "\n".join(samples.DOC_LINES)
-    assert out["image_notes"][2] == "animated:first of 2 frames"
+    assert out["status"] == ["ok", "ok", "ok", "truncated"] and out["truncated"] == [False, False, False, True]
+    assert out["n_lines"][1] == 0 and out["text"][1] == ""
+    assert out["text"][0] == "\n".join(samples.DOC_LINES)
+    assert out["text"][2] == "\n".join(samples.DOC_LINES) + "\fsecond page"
+    assert out["n_lines"][2] == len(samples.DOC_LINES) + 1 and out["image_notes"][2] == "pages:2"
+    assert out["text"][3] == "one\ftwo" and out["image_notes"][3] == "pages:2 of 3"

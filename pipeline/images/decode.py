@@ -19,6 +19,8 @@ decompression bomb        ``too_large``          refused from the header, before
 CMYK JPEG                 ``ok``                 converted to RGB (note ``cmyk->rgb``)
 16-bit PNG                ``ok``                 scaled to 8 bits (note ``16bit->8bit``)
 animated GIF / APNG       ``ok``                 first frame (note ``animated:first of N``)
+multi-page TIFF           ``ok``                 first page; every page with :func:`decode_pages`
+                                                 (note ``pages:N``; ``pages:K of N`` past the limits)
 EXIF-rotated photo        ``ok``                 upright as displayed (note ``exif:orientation N``)
 transparency              ``ok``                 composited on white (note ``alpha->white``)
 ========================  =====================  ==========================================
@@ -38,7 +40,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "DEFAULT_MAX_PIXELS", "DecodedImage", "ImageRejected", "decode_image", "read_image_bytes", "resize_center_crop",
+    "DEFAULT_MAX_PIXELS", "DecodedImage", "ImageRejected", "decode_image", "decode_pages", "read_image_bytes", "resize_center_crop",
     "resize_to_height",
 ]
 
@@ -62,6 +64,10 @@ class DecodedImage:
     format: str
     mode: str
     notes: tuple[str, ...] = ()
+    # the pages after the first of a multi-page document (TIFF), when decoded with :func:`decode_pages`
+    more_pages: tuple[np.ndarray, ...] = ()
+    # pages the document holds that were not decoded (beyond the page or pixel limit)
+    pages_left_out: int = 0
 
     @property
     def height(self) -> int:
@@ -162,6 +168,46 @@ def decode_image(data: bytes | None, *, max_pixels: int = DEFAULT_MAX_PIXELS, dr
     if orientation not in (None, 1):
         notes.append(f"exif:orientation {orientation}")
     return DecodedImage(_to_rgb(upright if upright is not None else im, notes), fmt, mode, tuple(notes))
+
+
+def decode_pages(data: bytes | None, *, max_pixels: int = DEFAULT_MAX_PIXELS, max_pages: int = 1) -> DecodedImage:
+    """:func:`decode_image`, plus up to ``max_pages - 1`` further pages of a multi-page TIFF in ``more_pages``.
+
+    The pages decoded together stay within ``max_pixels`` (the limit of one image), so a document costs
+    no more memory than the biggest image allowed; pages past either limit are counted in
+    ``pages_left_out`` and named in the notes (``pages:K of N``). Other multi-frame formats (animated
+    GIF, APNG) are animations, not pages: their first frame only, as :func:`decode_image` does.
+    """
+    from PIL import Image, ImageOps
+
+    first = decode_image(data, max_pixels=max_pixels)
+    if first.format != "TIFF":
+        return first
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        im = Image.open(io.BytesIO(data))  # decoded once above: identifiable, within the pixel limit
+        total = int(getattr(im, "n_frames", 1) or 1)
+        if total == 1:
+            return first
+        pages: list[np.ndarray] = []
+        budget = max_pixels - first.width * first.height
+        notes = [n for n in first.notes if not n.startswith("animated:")]
+        for k in range(1, min(total, max_pages)):
+            im.seek(k)
+            width, height = im.size
+            if width * height > budget:
+                break
+            try:
+                im.load()
+                page = ImageOps.exif_transpose(im) or im
+            except (OSError, SyntaxError, ValueError, EOFError) as exc:
+                raise ImageRejected("invalid_image", f"page {k + 1} of {total} of this TIFF is truncated or "
+                                                     f"corrupt: {exc}; re-export or re-scan the document") from None
+            pages.append(_to_rgb(page, []))
+            budget -= width * height
+    read = 1 + len(pages)
+    notes.append(f"pages:{read}" if read == total else f"pages:{read} of {total}")
+    return DecodedImage(first.array, first.format, first.mode, tuple(notes), tuple(pages), total - read)
 
 
 def _orientation(im: Any) -> int | None:

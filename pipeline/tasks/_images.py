@@ -25,6 +25,7 @@ import pyarrow as pa
 from pipeline.config import BatchingConfig, ModelConfig
 from pipeline.images.decode import DecodedImage, ImageRejected, decode_image, read_image_bytes
 from pipeline.metrics import WorkerCounts
+from pipeline.rows import TRUNCATED
 from pipeline.tasks.base import STATUS_FIELDS, _describe
 
 __all__ = ["IMAGE_FIELDS", "ImageTask"]
@@ -79,7 +80,8 @@ class ImageTask:
         return self.batching.batch_size
 
     def run_group(self, loaded: Any, images: list[DecodedImage], counts: WorkerCounts) -> list[dict[str, Any]]:
-        """One result dict per image (keys: :meth:`result_fields` names, plus optional ``n_tokens``)."""
+        """One result dict per image (keys: :meth:`result_fields` names, plus optional ``n_tokens``, and
+        ``truncated: True`` for an image read in part: the row's status is then ``truncated``)."""
         raise NotImplementedError
 
     def empty_result(self) -> dict[str, Any]:
@@ -108,10 +110,13 @@ class ImageTask:
         results: list[dict[str, Any]] = [self.empty_result() for _ in range(n)]
         meta: list[tuple[Any, Any, Any, Any]] = [(None, None, None, None)] * n
         n_tokens = np.zeros(n, dtype=np.int32)
+        truncated = np.zeros(n, dtype=bool)
 
         for group in self._groups(column, status, error, meta):
             for row, result in self._run_guarded(loaded, group, counts, error, status):
                 n_tokens[row] = int(result.pop("n_tokens", 0) or 0)
+                if result.pop("truncated", False):  # read in part (e.g. a document past its page limit)
+                    truncated[row], status[row] = True, TRUNCATED
                 results[row] = result
 
         counts.add("rows", n)
@@ -122,7 +127,7 @@ class ImageTask:
             pa.array([m[0] for m in meta], pa.int32()), pa.array([m[1] for m in meta], pa.int32()),
             pa.array([m[2] for m in meta], pa.string()), pa.array([m[3] for m in meta], pa.string()),
             pa.array(n_tokens, pa.int32()),
-            pa.array(np.zeros(n, dtype=bool), pa.bool_()),
+            pa.array(truncated, pa.bool_()),
             pa.array(status.tolist(), pa.string()),
             pa.array(error.tolist(), pa.string()),
         ]

@@ -57,6 +57,9 @@ class OcrConfig(TaskConfig):
     image_column: str = Field("content", description="the source column holding the image bytes, or its path/URI")
     image_input: Literal["bytes", "path"] = Field("bytes", description="`bytes` or `path` (read on the workers)")
     max_pixels: int = Field(DEFAULT_MAX_PIXELS, gt=0, description="larger images are refused before decoding")
+    max_pages: int = Field(
+        100, gt=0, description="pages read of a multi-page TIFF (all of them within task.max_pixels in total); "
+        "a document cut short by either limit is written with status `truncated` and the pages read")
     pages_per_group: int = Field(
         8, gt=0, description="pages whose line crops are pooled, width-sorted and batched together")
     width_bucketing: bool = Field(True, description="sort line crops by width before batching (less padding)")
@@ -307,16 +310,31 @@ class OcrTask(ImageTask):
                 turned[mine] = upside_down[mine] > 1 - self.config.direction_threshold
         return turned
 
+    def decode(self, value: Any) -> DecodedImage:
+        """Every page of a multi-page TIFF (up to ``task.max_pages``, within ``task.max_pixels``)."""
+        from pipeline.images.decode import ImageRejected, decode_pages, read_image_bytes
+
+        if value is None:
+            raise ImageRejected("skipped_null", "no image: the value is null")
+        data = read_image_bytes(str(value)) if self.config.image_input == "path" else value
+        return decode_pages(data, max_pixels=self.config.max_pixels, max_pages=self.config.max_pages)
+
     def run_group(self, loaded: LoadedOcr, images: list[DecodedImage], counts: WorkerCounts) -> list[dict[str, Any]]:
+        """One row per image; a multi-page document's pages are read with the group's and its text joins
+        theirs with a form feed (as ``pdftotext`` separates pages), its lines in page order."""
         timer = StageTimer()
-        lines = self.read_pages(loaded, [im.array for im in images], counts, timer)
-        counts.add("images_inferred", len(images))
+        pages = [page for im in images for page in (im.array, *im.more_pages)]
+        lines = iter(self.read_pages(loaded, pages, counts, timer))
+        counts.add("images_inferred", len(pages))
         for stage, seconds in timer.seconds.items():
             counts.add(f"ocr_{stage}_seconds", seconds)
         out = []
-        for page_lines in lines:
-            text = "\n".join(line["text"] for line in page_lines)
-            out.append({"text": text, "lines": page_lines, "n_lines": len(page_lines), "n_tokens": len(text)})
+        for im in images:
+            page_lines = [next(lines) for _ in range(1 + len(im.more_pages))]
+            text = "\f".join("\n".join(line["text"] for line in page) for page in page_lines)
+            flat = [line for page in page_lines for line in page]
+            out.append({"text": text, "lines": flat, "n_lines": len(flat), "n_tokens": len(text),
+                        "truncated": im.pages_left_out > 0})
         return out
 
 
