@@ -252,9 +252,13 @@ class RunSummary:
             + f"   [{check}]" + ("  (incremental: new or changed rows only)" if self.incremental else ""),
             f"row status              : {status}",
             f"time                    : {self.seconds:,.1f} s",
-            f"throughput              : {self.docs_per_s:,.1f} docs/s, {self.tokens_per_s:,.0f} tokens/s",
-            f"padding efficiency      : {self.padding_efficiency:.3f} "
-            f"({self.tokens:,} real / {self.padded_tokens:,} padded tokens in {self.batches:,} batches)",
+            f"throughput              : {self.docs_per_s:,.1f} docs/s"
+            + (f", {self.tokens_per_s:,.0f} tokens/s" if self.tokens else ""),
+        ]
+        if self.padded_tokens:  # tasks without tokens (image classification) pad nothing
+            lines.append(f"padding efficiency      : {self.padding_efficiency:.3f} ({self.tokens:,} real / "
+                         f"{self.padded_tokens:,} padded tokens in {self.batches:,} batches)")
+        lines += [
             f"model                   : {self.model_name} @ {self.model_revision}",
             f"model loads             : {load_line}",
         ]

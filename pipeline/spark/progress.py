@@ -31,6 +31,7 @@ The arithmetic is :func:`progress_line`, pure.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -112,9 +113,19 @@ def progress_line(*, job: str, elapsed_s: float, tasks_done: int, tasks_total: i
     '[score]     30s  rows ~6,000/40,000 (15%), tasks 0/8 done, 200 rows/s, ETA 2m50s'
     >>> progress_line(job="score", elapsed_s=240, tasks_done=9, tasks_total=8, rows_total=40_000)
     '[score]    240s  rows ~40,000/40,000 (100%), tasks 8/8 done, 167 rows/s, ETA 0s'
+
+    Tasks done never contradict the rows the tasks report: a finished source scan with as many tasks as
+    planned looks like the inference stage, but no row is done yet.
+
+    >>> progress_line(job="score", elapsed_s=64, tasks_done=2, tasks_total=2, rows_total=30, rows_seen=0)
+    '[score]     64s  rows ~0/30 (0%), tasks 0/2 done, rate and ETA after the first rows'
+    >>> progress_line(job="ocr", elapsed_s=75, tasks_done=1, tasks_total=2, rows_total=30, rows_seen=13)
+    '[ocr]     75s  rows ~13/30 (43%), tasks 1/2 done, 0.17 rows/s, ETA 1m38s'
     """
     tasks_total = max(tasks_total, 1)
     tasks_done = min(max(tasks_done, 0), tasks_total)
+    if rows_seen is not None and rows_total > 0:
+        tasks_done = min(tasks_done, math.ceil(tasks_total * min(max(rows_seen, 0), rows_total) / rows_total))
     done = rows_done(tasks_done=tasks_done, tasks_total=tasks_total, rows_total=rows_total, rows_seen=rows_seen)
     pct = 100 * done / rows_total if rows_total else 100.0
     head = (f"[{job}] {elapsed_s:6.0f}s  rows ~{done:,}/{rows_total:,} ({pct:.0f}%), "
@@ -122,7 +133,8 @@ def progress_line(*, job: str, elapsed_s: float, tasks_done: int, tasks_total: i
     if done == 0 or elapsed_s <= 0:
         return head + ", rate and ETA after the first rows"
     rate = done / elapsed_s
-    return head + f", {rate:,.0f} rows/s, ETA {format_duration((rows_total - done) / rate)}"
+    shown = f"{rate:,.0f}" if rate >= 10 else f"{rate:.2g}"  # a slow job (images, generation) is not 0 rows/s
+    return head + f", {shown} rows/s, ETA {format_duration((rows_total - done) / rate)}"
 
 
 def inference_tasks_done(stages: list[StageProgress], planned_tasks: int) -> int:
