@@ -255,7 +255,10 @@ def test_real_models_on_a_big_scan_a_blank_page_and_a_multipage_tiff(real_ocr):
     chunk = pa.RecordBatch.from_arrays([pa.array(
         [big, blank.getvalue(), tiff(samples.DOC_LINES, ["second page"]), tiff(["one"], ["two"], ["three"])],
         pa.binary())], names=["content"])
-    out = task.process(loaded, chunk, WorkerCounts()).to_pydict()
+    counts = WorkerCounts()
+    out = task.process(loaded, chunk, counts).to_pydict()
+    # progress counts the documents read (4), not the recognition batches' lines
+    assert counts.counts["progress_rows"] == 4 and counts.counts["batch_rows"] > 4
     assert out["status"] == ["ok", "ok", "ok", "truncated"] and out["truncated"] == [False, False, False, True]
     assert out["n_lines"][1] == 0 and out["text"][1] == ""
     assert out["text"][0] == "\n".join(samples.DOC_LINES)

@@ -324,8 +324,12 @@ class OcrTask(ImageTask):
         theirs with a form feed (as ``pdftotext`` separates pages), its lines in page order."""
         timer = StageTimer()
         pages = [page for im in images for page in (im.array, *im.more_pages)]
+        counts.add("progress_rows", 0)  # progress counts rows (documents) read, not recognition batches of lines
         lines = iter(self.read_pages(loaded, pages, counts, timer))
         counts.add("images_inferred", len(pages))
+        counts.add("progress_rows", len(images))
+        if counts.on_batch is not None:
+            counts.on_batch(counts)
         for stage, seconds in timer.seconds.items():
             counts.add(f"ocr_{stage}_seconds", seconds)
         out = []
