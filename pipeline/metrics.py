@@ -252,7 +252,7 @@ class RunSummary:
             + f"   [{check}]" + ("  (incremental: new or changed rows only)" if self.incremental else ""),
             f"row status              : {status}",
             f"time                    : {self.seconds:,.1f} s",
-            f"throughput              : {self.docs_per_s:,.1f} docs/s"
+            f"throughput              : {_rate(self.docs_per_s)} docs/s"
             + (f", {self.tokens_per_s:,.0f} tokens/s" if self.tokens else ""),
         ]
         if self.padded_tokens:  # tasks without tokens (image classification) pad nothing
@@ -412,3 +412,12 @@ class WorkerProgress:
             f"{tokens / elapsed if elapsed else 0:,.0f} tokens/s",
             file=self.stream, flush=True,
         )
+
+
+def _rate(per_s: float) -> str:
+    """A rate with its digits: ``1,234.5``, ``3.2``, and ``0.032`` for a slow task (not ``0.0``).
+
+    >>> _rate(1234.5), _rate(3.21), _rate(0.0318), _rate(0.0)
+    ('1,234.5', '3.2', '0.032', '0.0')
+    """
+    return f"{per_s:,.1f}" if per_s >= 1 or per_s == 0 else f"{per_s:.2g}"
