@@ -93,7 +93,7 @@ def run(config: Path) -> dict[str, Any]:
 
 
 def staged_markers(sink: Path) -> int:
-    root = sink / "_sbi_staging"
+    root = sink.with_name(sink.name + "_staging")
     return len(list(root.glob("*/task-*.done.json"))) if root.is_dir() else 0
 
 

@@ -128,7 +128,7 @@ WORK_KEYS = frozenset({
 
 
 def reused_counts(stored: Mapping[str, Any], *, rows: int) -> Counts:
-    """The counts of a task whose ``rows`` output rows were reused from a finished earlier try.
+    """The counts of a task whose output for ``rows`` input rows was reused from a finished earlier try.
 
     What its stored counts say about the rows (statuses, a kind's own output counts) stays, so the
     run's totals and completeness checks add up; the work of scoring (:data:`WORK_KEYS`) is dropped,

@@ -755,7 +755,11 @@ def _score_and_commit(run: _Run, plan: _Scoring) -> "RunSummary | tuple[_Committ
                 scored_check = identity_check(
                     in_keys, key_counts(observed_scored, id_column=config.source.id_column, status_column="status"))
             counts = observed.counts() if plan.rows_in else {}
-            _check_before_commit(scored_check, scored, config)
+            try:
+                _check_before_commit(scored_check, scored, config)
+            except JobError:
+                _remove_staging(run)  # rows judged bad: a rerun scores them again, never replays them
+                raise
             clock.lap("inference and check")
             fault_hooks.before_commits(run.faults)
             quarantine_version, quarantine_run = _commit_quarantine(

@@ -20,7 +20,7 @@ import pytest
 from deltalake import DeltaTable
 
 from pipeline.errors import InjectedFaultError
-from pipeline.io.staging import STAGING_DIR, staged_tasks
+from pipeline.io.staging import staged_tasks
 from pipeline.runner import run_job
 
 from .conftest import make_documents, write_delta
@@ -38,7 +38,7 @@ def _config(tmp_path: Path, model: Path, **sections):
 
 
 def _plan_folders(tmp_path: Path) -> list[Path]:
-    root = tmp_path / "scores" / STAGING_DIR
+    root = tmp_path / "scores_staging"
     return sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
 
 
@@ -56,6 +56,29 @@ def _runs(tmp_path: Path) -> list[tuple[str, str]]:
     from pipeline.runs import read_runs
 
     return [(r["run_id"], r["outcome"]) for r in read_runs(str(tmp_path / "scores_runs"))]
+
+
+def test_a_staged_task_is_reused_only_for_the_same_input_and_a_half_written_one_never(tmp_path):
+    import pyarrow as pa
+
+    from pipeline.io.staging import InputDigest, StagePlan, TaskStage, open_plan
+
+    folder = open_plan(str(tmp_path), StagePlan("sbi-j-1", "delta:1", "fp", rows=3, tasks=1, job="j", ds="d"))
+    rows = pa.record_batch({"id": ["a", "b", "c"], "content_hash": ["1", "2", "3"]})
+    digest = InputDigest()
+    digest.update(rows)
+    killed = TaskStage(folder, 0)
+    killed.add(rows)  # killed before finish(): its rows file stays a temp file, and no marker names it
+    assert not killed.has_marker() and TaskStage(folder, 0).reusable(digest.value()) is None
+    done = TaskStage(folder, 0)
+    done.add(rows)
+    done.finish(digest=digest.value(), counts={"status": {"ok": 3}})
+    table, counts = TaskStage(folder, 0).reusable(digest.value())
+    assert table.num_rows == 3 and counts == {"status": {"ok": 3}}
+    other = InputDigest()
+    other.update(pa.record_batch({"id": ["a", "b", "d"], "content_hash": ["1", "2", "3"]}))
+    assert TaskStage(folder, 0).reusable(other.value()) is None, "other rows dealt to the task: scored again"
+    assert TaskStage(str(tmp_path / "elsewhere"), 0).failed, "a folder this host cannot see: no staging, no failure"
 
 
 def test_a_rerun_replays_the_finished_tasks_and_scores_the_rest(spark, tmp_path, tiny_embed_model, writer):

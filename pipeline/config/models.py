@@ -288,7 +288,7 @@ class RunConfig(_Model):
                           "(see \"Resuming a killed run\"); off: an all-or-nothing run")
     staging_path: str | None = Field(
         None, description="folder of the staged task output (local or mounted; every executor must reach it); "
-                          "none: `<sink.path>/_sbi_staging`")
+                          "none: `<sink.path>_staging`")
     staging_max_age_hours: float = Field(
         72.0, gt=0, description="staged output of other runs older than this is removed at the start of a run "
                                 "and by `pipeline vacuum`")

@@ -4,7 +4,9 @@ A nightly run commits once, at the end. Without staging a driver killed at 90%
 throws away every finished task. With it, each inference task writes its
 output rows to ``<root>/<plan key>/`` as it ends, and a rerun of the same run
 reuses them instead of scoring those rows again; the commit is still one, at
-the end, keyed on the rows.
+the end, keyed on the rows. The root is ``<sink path>_staging`` beside the
+output table (like its ``_quarantine`` and ``_runs`` tables), so the table's
+folder holds nothing but the table.
 
 What makes a staged task reusable, and by whom:
 
@@ -42,27 +44,27 @@ from typing import Any, Iterable, Iterator
 
 import pyarrow as pa
 
-__all__ = ["PLAN_FILE", "STAGING_DIR", "InputDigest", "StagePlan", "TaskStage", "explain_unused", "open_plan",
+__all__ = ["PLAN_FILE", "STAGING_SUFFIX", "InputDigest", "StagePlan", "TaskStage", "explain_unused", "open_plan",
            "plan_key", "remove_run", "staged_tasks", "staging_root", "sweep_staging"]
 
-# the staging folder inside a local sink's table folder: Delta readers and the leftovers sweep skip "_" folders
-STAGING_DIR = "_sbi_staging"
+# the staging folder beside a local sink's table folder: <sink path>_staging
+STAGING_SUFFIX = "_staging"
 PLAN_FILE = "plan.json"
 _MARKER_SUFFIX = ".done.json"
 
 
 def staging_root(sink_path: str | None, override: str | None = None) -> str | None:
-    """The local folder staged output goes to: ``override``, else ``<sink_path>/_sbi_staging``.
+    """The local folder staged output goes to: ``override``, else ``<sink_path>_staging``.
 
     None when there is no local place for it (a catalog table, an ``s3a://`` sink without a
     ``run.staging_path``): the run then commits all or nothing, as without staging.
 
     >>> staging_root("/lake/scores"), staging_root("s3a://b/scores"), staging_root(None, "/mnt/stage")
-    ('/lake/scores/_sbi_staging', None, '/mnt/stage')
+    ('/lake/scores_staging', None, '/mnt/stage')
     """
     from pipeline.io.paths import is_local, local_path
 
-    location = override or (f"{sink_path.rstrip('/')}/{STAGING_DIR}" if sink_path else None)
+    location = override or (f"{sink_path.rstrip('/')}{STAGING_SUFFIX}" if sink_path else None)
     if not location or not is_local(location):
         return None
     return local_path(location)
@@ -246,6 +248,8 @@ class TaskStage:
 
     ``reusable(digest)`` gives the staged rows and counts of a finished try whose input digested the
     same; otherwise the task scores, calls ``add`` with every output batch and ``finish`` at its end.
+    Staging never fails a task: a folder this host cannot see (a Spark Connect server elsewhere) or a
+    write that fails turns it off for the task (``failed``), which then just is not reusable.
     """
 
     def __init__(self, folder: str, task: int) -> None:
@@ -256,6 +260,7 @@ class TaskStage:
         self._file: Any = None
         self._writer: pa.ipc.RecordBatchStreamWriter | None = None
         self.rows = 0
+        self.failed = not self.folder.is_dir()
 
     def has_marker(self) -> bool:
         return self.marker.exists()
@@ -276,16 +281,22 @@ class TaskStage:
 
     def add(self, batch: pa.RecordBatch) -> None:
         """Append ``batch`` (an output batch of this task) to this attempt's rows file."""
-        if self._writer is None:
-            self._file = open(self._tmp, "wb")
-            self._writer = pa.ipc.new_stream(self._file, batch.schema)
-        self._writer.write_batch(batch)
+        if self.failed:
+            return
+        try:
+            if self._writer is None:
+                self._file = open(self._tmp, "wb")
+                self._writer = pa.ipc.new_stream(self._file, batch.schema)
+            self._writer.write_batch(batch)
+        except (OSError, pa.ArrowException):
+            self.abandon()
+            return
         self.rows += batch.num_rows
 
     def finish(self, *, digest: str, counts: dict[str, Any]) -> None:
         """Make this attempt's rows durable, then write the marker that names them (last, atomically)."""
-        if self._writer is None:
-            return  # no rows: nothing to reuse
+        if self._writer is None or self.failed:
+            return  # no rows (nothing to reuse), or staging failed for this task
         self._writer.close()
         self._file.flush()
         os.fsync(self._file.fileno())
@@ -297,6 +308,7 @@ class TaskStage:
 
     def abandon(self) -> None:
         """Drop this attempt's unfinished rows file (the task failed or staging failed)."""
+        self.failed = True
         try:
             if self._file is not None:
                 self._file.close()

@@ -112,7 +112,7 @@ def score_partition(
     batches = iter(batches)
     stage, digest, reused, batches = _staged_or_inputs(plan, ctx, batches)
     if reused is not None:
-        yield from _replay(plan, *reused, rows_file=rows_file)
+        yield from _replay(plan, *reused, input_rows=digest.rows, rows_file=rows_file)
         return
     task = plan.build_task()
     keep = ("id", *plan.keep_columns)
@@ -218,20 +218,21 @@ def _finish_stage(stage: Any, digest: Any, counts: WorkerCounts) -> None:
         return
     try:
         stage.finish(digest=digest.value(), counts=counts.counts)
-    except OSError:
+    except (OSError, pa.ArrowException):
         stage.abandon()
         counts.add("staging_errors")
 
 
-def _replay(plan: InferencePlan, table: pa.Table, stored: dict[str, Any], *,
+def _replay(plan: InferencePlan, table: pa.Table, stored: dict[str, Any], *, input_rows: int,
             rows_file: Any) -> Iterator[pa.RecordBatch]:
-    """A reused task's staged rows, its counts (:func:`~pipeline.metrics.reused_counts`) on the last row."""
+    """A reused task's staged rows, its counts (:func:`~pipeline.metrics.reused_counts` of its
+    ``input_rows``) on the last row."""
     from pipeline.metrics import reused_counts
 
-    counts = reused_counts(stored, rows=table.num_rows)
+    counts = reused_counts(stored, rows=input_rows)
     if rows_file is not None:
         done = WorkerCounts()
-        done.merge({"progress_rows": table.num_rows})
+        done.merge({"progress_rows": input_rows})
         rows_file(done, force=True)
     chunks = [b for b in table.to_batches() if b.num_rows]
     for n, batch in enumerate(chunks):
