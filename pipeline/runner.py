@@ -11,6 +11,7 @@ The only module that wires sources, the UDF glue, sinks and metrics together.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import shutil
 import sys
 import time
@@ -706,9 +707,12 @@ def _open_staging(run: _Run, *, rows: int, tasks: int) -> tuple[str | None, int,
             note = (f"no staging: {config.sink.path} is not a local or mounted path; set run.staging_path to a "
                     "folder every executor reaches to resume a killed run")
         return None, 0, note
+    from pipeline.faults import RESULT_FAULTS
+
+    drills = {k: run.faults[k] for k in RESULT_FAULTS if k in run.faults}
     plan = StagePlan(run_key=run.run_key, source_version=run.source_version,
                      task_fingerprint=task_fingerprint(config, revision=run.model.revision), rows=rows, tasks=tasks,
-                     job=config.job, ds=run.ds.isoformat())
+                     job=config.job, ds=run.ds.isoformat(), drills=json.dumps(drills, sort_keys=True) if drills else "")
     sweep_staging(root, max_age_s=config.run.staging_max_age_hours * 3600, keep=[plan.key()])
     folder = open_plan(root, plan)
     return folder, len(staged_tasks(folder)), explain_unused(root, plan)

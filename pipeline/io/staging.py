@@ -81,6 +81,8 @@ class StagePlan:
     tasks: int
     job: str = ""
     ds: str = ""
+    # the fault drills that change a task's output, as JSON ("" in production)
+    drills: str = ""
 
     def key(self) -> str:
         return plan_key(self)
@@ -93,7 +95,7 @@ def plan_key(plan: StagePlan) -> str:
     >>> len(plan_key(a)), plan_key(a) == plan_key(StagePlan("sbi-j-1", "delta:4", "fp", 10, 2, "j", "2026-11-29"))
     (24, False)
     """
-    fields = [plan.run_key, plan.source_version, plan.task_fingerprint, plan.rows, plan.tasks]
+    fields = [plan.run_key, plan.source_version, plan.task_fingerprint, plan.rows, plan.tasks, plan.drills]
     return hashlib.sha256(json.dumps(fields).encode()).hexdigest()[:24]
 
 
@@ -169,6 +171,9 @@ def explain_unused(root: str | None, plan: StagePlan) -> str | None:
             why = f"the rows to score changed ({found.get('rows')} -> {plan.rows})"
         elif found.get("tasks") != plan.tasks:
             why = f"the number of tasks changed ({found.get('tasks')} -> {plan.tasks})"
+        elif found.get("drills", "") != plan.drills:
+            why = (f"the fault drills that change results changed ({found.get('drills') or 'none'} -> "
+                   f"{plan.drills or 'none'})")
         else:
             why = "the run key changed (a setting of the run's config, the model or the output)"
         reasons.append(f"{staged} staged task(s) of an earlier try not reused: {why}")
