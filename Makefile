@@ -21,7 +21,7 @@ export HF_HUB_OFFLINE := 1
 .PHONY: venv jars venv-vllm demo demo-s3 demo-data report demo-generate demo-generate-vllm demo-extract demo-extract-vllm \
 	demo-extract-logs bench-extract demo-recs demo-images demo-images-data lint test \
 	test-vllm bench bench-batching bench-gpu bench-generate bench-generate-width bench-scaling bench-row-keys \
-	bench-small-jobs bench-images \
+	bench-small-jobs bench-images bench-resume \
 	bench-feed lock lock-vllm \
 	clean
 
@@ -214,6 +214,14 @@ bench-row-keys: demo-data
 # rows (BENCH_ARGS=--full adds 10M), the per-task sweep and synthetic commits of up to 100,000 files.
 bench-scaling: demo-data
 	PYTHONPATH=. $(PY) bench/bench_scaling.py $(BENCH_ARGS)
+
+# Resuming a killed run (README, "Resuming a killed run"): RESUME_ROWS rows, a run SIGKILLed once half its inference
+# tasks staged their output, then the same command again: rerun time / clean run time (goal <= 0.55), and staging's
+# cost on a run nobody kills (goal < 3%) -> bench/results_resume.json. Every run is `python -m pipeline run` in a
+# process of its own. BENCH_ARGS="--rows 2000 --tasks 8" for a quick look.
+RESUME_ROWS ?= 100000
+bench-resume: $(STAMP)
+	PYTHONPATH=. $(PY) bench/bench_resume.py --rows $(RESUME_ROWS) $(BENCH_ARGS)
 
 # Where a small job's time goes (docs/benchmarks.md, "Small jobs"): the driver's stages for 100 and 10,000
 # rows, cold (a new process) and warm (a second run_job in the same session).

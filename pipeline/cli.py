@@ -28,6 +28,9 @@ def build_parser(prog: str = "python -m pipeline") -> argparse.ArgumentParser:
     vacuum.add_argument("--dry-run", action="store_true", help="list what would go, delete nothing")
     vacuum.add_argument("--grace-s", type=float, default=900.0, metavar="S",
                         help="an unfinished write silent for S seconds counts as dead (900, as sink.leftover_grace_s)")
+    vacuum.add_argument("--staging-max-age-hours", type=float, default=72.0, metavar="H",
+                        help="also remove staged task output (<table>_staging) untouched for H hours: what no "
+                             "rerun claimed (72, as run.staging_max_age_hours)")
     add_report_arguments(sub.add_parser(
         "report", help="write an HTML report of a run (or the last N runs) from the runs table"))
     return parser
@@ -77,6 +80,13 @@ def vacuum_command(args: argparse.Namespace) -> int:
     for rel in report.files:
         print(f"{verb}: {rel}")
     print(f"{root}: {verb} {report.line()}")
+    from pipeline.io.staging import staging_root, sweep_staging
+
+    staging = staging_root(root)
+    staged = sweep_staging(staging, max_age_s=args.staging_max_age_hours * 3600, dry_run=args.dry_run)
+    for name in staged:
+        print(f"{verb}: {staging}/{name}")
+    print(f"{root}: {verb} {len(staged)} staged plan folder(s) older than {args.staging_max_age_hours:g} h")
     return 0
 
 

@@ -16,6 +16,8 @@ executor's environment after Spark started would not). Keys:
                            (every attempt): a lost row and a duplicated one that a row count cannot see
 ``lose_row_at_commit``     the output commit leaves out the row with this id (a writer that loses a row after
                            the checks before the commit): only the read-back after the commit can see it
+``fail_before_commit``     the driver fails after inference and the checks, before any commit (every task's
+                           output scored, and staged: a crash a rerun resumes from)
 ``fail_after_quarantine_commit`` the driver fails right after committing the quarantine table,
                            before the output (a crash between the two commits)
 ``exit_write_partitions``  these partitions' Python worker dies (``os._exit``) in the middle of ``write()``,
@@ -41,10 +43,14 @@ from typing import Any, Mapping, Sequence
 
 from pipeline.errors import InjectedFaultError, SimulatedOutOfMemoryError
 
-__all__ = ["InjectedFaultError", "SimulatedOutOfMemoryError", "activate", "after_quarantine_commit", "lost_at_output_commit",
+__all__ = ["InjectedFaultError", "SimulatedOutOfMemoryError", "activate", "after_quarantine_commit", "before_commits",
+           "lost_at_output_commit",
            "check_batch", "from_env", "on_commit", "on_output", "on_task_start", "on_write"]
 
 ENV = "SBI_FAULTS"
+# drills that change what a task outputs (statuses, rows): staged output of a run under one of them is
+# reused only by a run under the same (pipeline.io.staging); the others only slow, fail or kill attempts
+RESULT_FAULTS = ("poison_marker", "lose_and_duplicate_partitions")
 _active: dict[str, Any] = {}
 # read by the batch loops before calling check_batch: false unless a drill is active
 enabled = False
@@ -125,6 +131,12 @@ def on_output(batch: Any, partition: int, chunk: int) -> Any:
     import pyarrow as pa
 
     return batch.take(pa.array([1, 1, *range(2, batch.num_rows)]))
+
+
+def before_commits(faults: Mapping[str, Any]) -> None:
+    """Driver-side fault (``fail_before_commit``): the job dies after inference, before any commit."""
+    if faults.get("fail_before_commit"):
+        raise InjectedFaultError("injected driver failure after inference, before any commit")
 
 
 def after_quarantine_commit(faults: Mapping[str, Any], *, version: int | None, run_id: str = "") -> None:

@@ -22,7 +22,8 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping
 
-__all__ = ["RunSummary", "StageClock", "WorkerCounts", "WorkerProgress", "batch_metrics", "merge_counts"]
+__all__ = ["RunSummary", "StageClock", "WorkerCounts", "WorkerProgress", "batch_metrics", "merge_counts",
+           "reused_counts"]
 
 Counts = dict[str, Any]
 
@@ -116,6 +117,30 @@ class WorkerCounts:
         merge_counts(self.counts, other)
 
 
+# what a task's counts say about the work of scoring (not about its output rows): a task reused from
+# staged output did none of it in this run
+WORK_KEYS = frozenset({
+    "batches", "tokens", "padded_tokens", "batch_sizes", "batch_rows", "by_length", "timeline", "timeline_bucket_s",
+    "slow_batches", "rows_per_worker", "model_loads", "load_seconds", "infer_seconds", "torch_threads",
+    "task_retries", "tasks_per_worker", "precision_used", "precision_fallbacks", "generation_backend",
+    "progress_rows", "oom_splits", "adaptive_splits", "poison_bisections",
+})
+
+
+def reused_counts(stored: Mapping[str, Any], *, rows: int) -> Counts:
+    """The counts of a task whose output for ``rows`` input rows was reused from a finished earlier try.
+
+    What its stored counts say about the rows (statuses, a kind's own output counts) stays, so the
+    run's totals and completeness checks add up; the work of scoring (:data:`WORK_KEYS`) is dropped,
+    and ``resumed_tasks`` / ``rows_reused`` count the reuse.
+
+    >>> reused_counts({"status": {"ok": 3}, "tokens": 40, "model_loads": {"w": 1}}, rows=3)
+    {'status': {'ok': 3}, 'resumed_tasks': 1, 'rows_reused': 3}
+    """
+    kept = {k: v for k, v in stored.items() if k not in WORK_KEYS and k not in ("resumed_tasks", "rows_reused")}
+    return {**kept, "resumed_tasks": 1, "rows_reused": int(rows)}
+
+
 class StageClock:
     """Wall seconds of the driver's stages of one run, in the order they ran.
 
@@ -200,6 +225,12 @@ class RunSummary:
     # wall seconds of the driver's stages (session, model check, pre-flight, ..., commit, read-back), in order:
     # what a small job spends outside inference (StageClock)
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    # a rerun of a killed run: tasks reused from the staged output of earlier tries, and their rows against
+    # the rows scored by this try; resume_note: why staged output was not reused, or why there is none
+    resumed_tasks: int = 0
+    rows_reused: int = 0
+    rows_scored: int = 0
+    resume_note: str | None = None
 
     @property
     def rows_flagged(self) -> int:
@@ -241,7 +272,8 @@ class RunSummary:
         loads = self.model_loads
         load_line = (
             f"{sum(loads.values())} load(s) in {len(loads)} worker(s); "
-            f"max {max(loads.values())} per worker" if loads else "none (no rows reached a worker)"
+            f"max {max(loads.values())} per worker" if loads else
+            "none (every task reused from an earlier try)" if self.resumed_tasks else "none (no rows reached a worker)"
         )
         status = ", ".join(f"{k}={v}" for k, v in sorted(self.status.items())) or "-"
         check = "OK: every input row written once" if self.complete else f"MISMATCH: {self.incomplete}"
@@ -285,6 +317,11 @@ class RunSummary:
         if self.stage_seconds:
             lines.append("driver stages           : " + ", ".join(
                 f"{name} {seconds:,.1f} s" for name, seconds in self.stage_seconds.items() if seconds >= 0.05))
+        if self.resumed_tasks:
+            lines.append(f"resumed                 : {self.resumed_tasks:,} of {self.tasks:,} task(s) from an earlier "
+                         f"try; rows reused {self.rows_reused:,}, scored {self.rows_scored:,}")
+        if self.resume_note:
+            lines.append(f"not resumed             : {self.resume_note}")
         if self.retries:
             lines.append("batch retries           : " + ", ".join(f"{k}={v}" for k, v in self.retries.items()))
         for row in self.samples:

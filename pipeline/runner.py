@@ -11,6 +11,7 @@ The only module that wires sources, the UDF glue, sinks and metrics together.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import shutil
 import sys
 import time
@@ -229,12 +230,15 @@ def _deal(inputs: "DataFrame", tasks: int, task: Any) -> "DataFrame":
 def score_inputs(
     inputs: "DataFrame", config: JobConfig, *, tasks: int, run_id: str, ds: dt.date, scored_at: dt.datetime,
     model: ModelInfo, faults: dict[str, Any] | None = None, task: Any = None, progress_dir: str | None = None,
+    staging_dir: str | None = None,
 ) -> "DataFrame":
     """The lazily scored rows with lineage, in ``tasks`` inference tasks of equal rows and mixed lengths.
 
     The rows are dealt out by :func:`pipeline.spark.planning.deal_rows` (deterministic across
     task retries), and the source's own split count never decides the parallelism. Each task's counts ride in
-    ``METRICS_COLUMN`` (see ``pipeline.spark.run_metrics``); drop it before writing.
+    ``METRICS_COLUMN`` (see ``pipeline.spark.run_metrics``); drop it before writing. With ``staging_dir``
+    (a plan folder of :mod:`pipeline.io.staging`) each finished task stages its rows there, and a task
+    a finished earlier try staged for the same input rows reuses them.
     """
     from pyspark.sql import functions as F
 
@@ -247,7 +251,7 @@ def score_inputs(
         input_columns=(*task.input_columns, *_malformed_input(inputs)),
         job=config.job, progress_interval_s=config.run.progress_interval_s if config.run.progress else None,
         faults=tuple((faults or {}).items()), metrics_column=METRICS_COLUMN, task_class=kind.task,
-        id_column=config.source.id_column, progress_dir=progress_dir,
+        id_column=config.source.id_column, progress_dir=progress_dir, staging_dir=staging_dir,
     )
     scored = apply_inference(_deal(inputs, tasks, task), plan).withColumnRenamed("id", config.source.id_column)
     scored = scored.select(
@@ -508,6 +512,9 @@ class _Run:
     out: TextIO
     clock: StageClock
     app_id: str = ""
+    # the logical run's key (its Delta transaction id before any per-try suffix) and its source version
+    run_key: str = ""
+    source_version: str | None = None
 
 
 @dataclass
@@ -524,6 +531,11 @@ class _Scoring:
     read_version: int | None = None
     # where the workers on this host report rows done inside a task (progress); None: not reported
     rows_dir: str | None = None
+    # the plan folder of staged task output (None: no staging), the tasks staged there before this try
+    # started, and why staged output of an earlier try is not reused (None: nothing to say)
+    staging_dir: str | None = None
+    staged_before: int = 0
+    resume_note: str | None = None
 
 
 @dataclass
@@ -615,11 +627,14 @@ def _check_idempotency(run: _Run) -> RunSummary | None:
     config, spark, run_id, ds, out = run.config, run.spark, run.run_id, run.ds, run.out
     # one Delta transaction id per logical run: a fast path for a retry whose commit landed, taken only while
     # that run's rows are still in the output (appends are keyed on the rows themselves below)
+    run.source_version = source_snapshot(config.source)
     app_id = run_app_id(config.job, config.model_dump(mode="json"), model_revision=run.model.revision,
-                        source_snapshot=source_snapshot(config.source))
+                        source_snapshot=run.source_version)
+    run.run_key = app_id
     if config.run.incremental or config.sink.mode == "append":
         done = committed_run_via(spark, config.sink.path, app_id) if config.sink.path else None
         if done and _run_rows_remain(spark, config, by=done[1], ds=ds):
+            _remove_staging(run)  # a try killed after its commit left it; nothing will read it again
             return _already_committed(config, run_id=run_id, ds=ds, model=run.model, version=done[0], by=done[1],
                                       out=out, writer=resolve_writer(spark, config.sink))
         if done:
@@ -651,8 +666,10 @@ def _plan_scoring(run: _Run) -> _Scoring:
     from pipeline.spark.progress import rows_folder
 
     rows_dir = rows_folder(spark) if config.run.progress and rows_in else None  # workers' rows done, same host
+    staging_dir, staged_before, resume_note = _open_staging(run, rows=rows_in, tasks=tasks)
     scored = score_inputs(inputs, config, tasks=tasks, run_id=run_id, ds=ds, scored_at=run.scored_at,
-                          model=run.model, faults=run.faults, task=run.task, progress_dir=rows_dir)
+                          model=run.model, faults=run.faults, task=run.task, progress_dir=rows_dir,
+                          staging_dir=staging_dir)
     sink = config.sink
     if config.run.incremental and sink.mode != "append":
         # new rows join the run's partition; replacing it would drop the rows scored earlier today
@@ -660,8 +677,54 @@ def _plan_scoring(run: _Run) -> _Scoring:
     mode_note = " incremental" if config.run.incremental else ""
     print(f"[{config.job}] run {run_id}: scoring {rows_in:,}{mode_note} rows in {tasks} tasks with {run.model.name} "
           f"@ {run.model.revision} -> {sink.path or sink.table} (ds {ds}, mode {sink.mode})", file=out, flush=True)
+    if staged_before:
+        print(f"[{config.job}] run {run_id}: resuming: {staged_before} of {tasks} task(s) finished by an earlier try "
+              f"are staged in {staging_dir}; those whose input rows are the same are reused", file=out, flush=True)
     return _Scoring(inputs=inputs, scored=scored, sink=sink, rows_in=rows_in, tasks=tasks, known_bad=known_bad,
-                    read_version=notes.get("read_version"), rows_dir=rows_dir)
+                    read_version=notes.get("read_version"), rows_dir=rows_dir, staging_dir=staging_dir,
+                    staged_before=staged_before, resume_note=resume_note)
+
+
+def _staging_root(config: JobConfig) -> str | None:
+    """Where this job's staged task output lives (None: staging off, or no local place for it)."""
+    from pipeline.io.staging import staging_root
+
+    return staging_root(config.sink.path, config.run.staging_path) if config.run.staging else None
+
+
+def _open_staging(run: _Run, *, rows: int, tasks: int) -> tuple[str | None, int, str | None]:
+    """``(plan folder, tasks staged there already, why an earlier try's staged output is not reused)``.
+
+    Staged output of other plans untouched for ``run.staging_max_age_hours`` is removed first.
+    """
+    from pipeline.io.staging import StagePlan, explain_unused, open_plan, staged_tasks, sweep_staging
+
+    config = run.config
+    root = _staging_root(config)
+    if root is None or not rows:
+        note = None
+        if config.run.staging and rows and config.sink.path:
+            note = (f"no staging: {config.sink.path} is not a local or mounted path; set run.staging_path to a "
+                    "folder every executor reaches to resume a killed run")
+        return None, 0, note
+    from pipeline.faults import RESULT_FAULTS
+
+    drills = {k: run.faults[k] for k in RESULT_FAULTS if k in run.faults}
+    plan = StagePlan(run_key=run.run_key, source_version=run.source_version,
+                     task_fingerprint=task_fingerprint(config, revision=run.model.revision), rows=rows, tasks=tasks,
+                     job=config.job, ds=run.ds.isoformat(), drills=json.dumps(drills, sort_keys=True) if drills else "")
+    sweep_staging(root, max_age_s=config.run.staging_max_age_hours * 3600, keep=[plan.key()])
+    folder = open_plan(root, plan)
+    return folder, len(staged_tasks(folder)), explain_unused(root, plan)
+
+
+def _remove_staging(run: _Run) -> None:
+    """Remove every staged plan of this run's key (its commit landed)."""
+    from pipeline.io.staging import remove_run
+
+    root = _staging_root(run.config)
+    if root is not None and run.run_key:
+        remove_run(root, run.run_key)
 
 
 def _score_and_commit(run: _Run, plan: _Scoring) -> "RunSummary | tuple[_Committed, _ReadBack]":
@@ -669,6 +732,7 @@ def _score_and_commit(run: _Run, plan: _Scoring) -> "RunSummary | tuple[_Committ
     read-back of both at the versions committed; a retry that finds its commit landed gets its summary."""
     from pyspark import StorageLevel
 
+    from pipeline import faults as fault_hooks
     from pipeline.spark.checks import identity_check, key_counts
     from pipeline.spark.progress import JobProgress, stage_source
     from pipeline.spark.run_metrics import observe_counts
@@ -684,7 +748,7 @@ def _score_and_commit(run: _Run, plan: _Scoring) -> "RunSummary | tuple[_Committ
     observed_scored, observed = observe_counts(scored, METRICS_COLUMN)
     progress = (JobProgress(stage_source(run.spark, rows_dir=plan.rows_dir), job=config.job,
                             planned_tasks=plan.tasks, rows_total=plan.rows_in, interval=config.run.progress_interval_s,
-                            out=run.out)
+                            out=run.out, reused_tasks=plan.staged_before)
                 if config.run.progress and plan.rows_in else nullcontext())
     clock.lap("planning")
     started = time.perf_counter()
@@ -695,8 +759,13 @@ def _score_and_commit(run: _Run, plan: _Scoring) -> "RunSummary | tuple[_Committ
                 scored_check = identity_check(
                     in_keys, key_counts(observed_scored, id_column=config.source.id_column, status_column="status"))
             counts = observed.counts() if plan.rows_in else {}
-            _check_before_commit(scored_check, scored, config)
+            try:
+                _check_before_commit(scored_check, scored, config)
+            except JobError:
+                _remove_staging(run)  # rows judged bad: a rerun scores them again, never replays them
+                raise
             clock.lap("inference and check")
+            fault_hooks.before_commits(run.faults)
             quarantine_version, quarantine_run = _commit_quarantine(
                 run, plan, scored, errors=scored_check.errors, metadata=metadata)
             if pairs := (plan.sink.mode == "overwrite_partition" and quarantine_version is not None):
@@ -711,6 +780,7 @@ def _score_and_commit(run: _Run, plan: _Scoring) -> "RunSummary | tuple[_Committ
                 _check_quarantine_pair(run, plan, version=quarantine_version,
                                        when=f"this run's output (version {result.version}) and that quarantine "
                                             f"now hold different runs' rows: rerun ds {run.ds}")
+            _remove_staging(run)  # the commit landed: no try of this run reads the staged output again
             if isinstance(result, RunSummary):
                 return result
         finally:
@@ -864,7 +934,9 @@ def _summarize(run: _Run, plan: _Scoring, *, committed: _Committed, read: _ReadB
         load_seconds=float(counts.get("load_seconds", 0.0)), infer_seconds=float(counts.get("infer_seconds", 0.0)),
         tasks=plan.tasks, rows_per_worker={w: int(n) for w, n in counts.get("rows_per_worker", {}).items()},
         incomplete=incomplete, details=details, replaced=replaced,
-        batch_metrics=batch_metrics(counts),
+        batch_metrics=batch_metrics(counts), resumed_tasks=int(counts.get("resumed_tasks", 0)),
+        rows_reused=int(counts.get("rows_reused", 0)), rows_scored=plan.rows_in - int(counts.get("rows_reused", 0)),
+        resume_note=plan.resume_note,
     )
 
 

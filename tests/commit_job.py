@@ -1,6 +1,7 @@
 """Run one job in its own process (its own SparkContext on ``local[2,4]``) for the driver-kill test.
 
-Invoked by tests/test_commits.py: ``python tests/commit_job.py <config.json>``; the test kills it from outside.
+Invoked by tests/test_commits.py and tests/test_resume.py: ``python tests/commit_job.py <config.json>``; the tests
+kill it from outside.
 """
 
 from __future__ import annotations

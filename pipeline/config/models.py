@@ -283,6 +283,15 @@ class RunConfig(_Model):
         None, description="write this run's HTML report there at the end (see `pipeline/report.py`)")
     mlflow: MlflowConfig | None = Field(
         None, description="log params, metrics and the report to MLflow (needs `mlflow-skinny`); none: no logging")
+    staging: bool = Field(
+        True, description="stage each finished inference task's output, so a rerun of a killed run reuses it "
+                          "(see \"Resuming a killed run\"); off: an all-or-nothing run")
+    staging_path: str | None = Field(
+        None, description="folder of the staged task output (local or mounted; every executor must reach it); "
+                          "none: `<sink.path>_staging`")
+    staging_max_age_hours: float = Field(
+        72.0, gt=0, description="staged output of other runs older than this is removed at the start of a run "
+                                "and by `pipeline vacuum`")
 
     @field_validator("run_id")
     @classmethod

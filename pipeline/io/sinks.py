@@ -464,7 +464,7 @@ def _table_version(path: str) -> int | None:
 _RUN_UNIQUE = {
     "spark": None,
     "run": {"run_id", "progress", "progress_interval_s", "sample_rows", "summary_path", "faults", "runs_path",
-            "report_path", "mlflow"},
+            "report_path", "mlflow", "staging", "staging_path", "staging_max_age_hours"},
 }
 
 

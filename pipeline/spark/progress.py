@@ -102,8 +102,9 @@ def rows_done(*, tasks_done: int, tasks_total: int, rows_total: int, rows_seen: 
 
 
 def progress_line(*, job: str, elapsed_s: float, tasks_done: int, tasks_total: int, rows_total: int,
-                  rows_seen: int | None = None) -> str:
-    """One progress line: rows done (:func:`rows_done`), rows/s and an ETA.
+                  rows_seen: int | None = None, reused_tasks: int = 0) -> str:
+    """One progress line: rows done (:func:`rows_done`), rows/s and an ETA; a rerun of a killed run
+    says how many tasks an earlier try finished (reused from their staged output, never scored again).
 
     >>> progress_line(job="score", elapsed_s=5, tasks_done=0, tasks_total=8, rows_total=40_000)
     '[score]      5s  rows ~0/40,000 (0%), tasks 0/8 done, rate and ETA after the first rows'
@@ -113,6 +114,8 @@ def progress_line(*, job: str, elapsed_s: float, tasks_done: int, tasks_total: i
     '[score]     30s  rows ~6,000/40,000 (15%), tasks 0/8 done, 200 rows/s, ETA 2m50s'
     >>> progress_line(job="score", elapsed_s=240, tasks_done=9, tasks_total=8, rows_total=40_000)
     '[score]    240s  rows ~40,000/40,000 (100%), tasks 8/8 done, 167 rows/s, ETA 0s'
+    >>> progress_line(job="score", elapsed_s=5, tasks_done=3, tasks_total=8, rows_total=40_000, reused_tasks=3)
+    '[score]      5s  rows ~15,000/40,000 (38%), tasks 3/8 done (3 reused from an earlier try), 3,000 rows/s, ETA 8s'
 
     Tasks done never contradict the rows the tasks report: a finished source scan with as many tasks as
     planned looks like the inference stage, but no row is done yet.
@@ -130,6 +133,8 @@ def progress_line(*, job: str, elapsed_s: float, tasks_done: int, tasks_total: i
     pct = 100 * done / rows_total if rows_total else 100.0
     head = (f"[{job}] {elapsed_s:6.0f}s  rows ~{done:,}/{rows_total:,} ({pct:.0f}%), "
             f"tasks {tasks_done}/{tasks_total} done")
+    if reused_tasks:
+        head += f" ({reused_tasks} reused from an earlier try)"
     if done == 0 or elapsed_s <= 0:
         return head + ", rate and ETA after the first rows"
     rate = done / elapsed_s
@@ -369,10 +374,11 @@ class JobProgress(threading.Thread):
 
     def __init__(self, source: StageSource, *, job: str, planned_tasks: int, rows_total: int,
                  interval: float = 10.0, out: TextIO | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, reused_tasks: int = 0) -> None:
         super().__init__(daemon=True, name=f"progress-{job}")
         self.source, self.job, self.planned_tasks, self.rows_total = source, job, planned_tasks, rows_total
         self.interval, self.out, self.clock = interval, out if out is not None else sys.stdout, clock
+        self.reused_tasks = reused_tasks  # tasks an earlier try staged: replayed, not scored
         self.halt = threading.Event()
         self.started_at = clock()
         self.lines: list[str] = []
@@ -384,7 +390,8 @@ class JobProgress(threading.Thread):
         except Exception:  # noqa: BLE001 - rows inside tasks are a refinement; tasks done still count
             seen = None
         return progress_line(job=self.job, elapsed_s=self.clock() - self.started_at, tasks_done=done,
-                             tasks_total=self.planned_tasks, rows_total=self.rows_total, rows_seen=seen)
+                             tasks_total=self.planned_tasks, rows_total=self.rows_total, rows_seen=seen,
+                             reused_tasks=self.reused_tasks)
 
     def run(self) -> None:
         while not self.halt.wait(self.interval):

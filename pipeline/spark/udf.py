@@ -59,6 +59,9 @@ class InferencePlan:
     metrics_column: str | None = None
     # the source's id column, named in the error of a row without an id (status invalid_id)
     id_column: str = "id"
+    # the plan folder of staged task output (pipeline.io.staging): a finished task's rows are kept there and
+    # a rerun's task with the same input reuses them instead of scoring; None: no staging
+    staging_dir: str | None = None
 
     def build_task(self) -> Any:
         if self.task_class is None:
@@ -95,37 +98,28 @@ def score_partition(
 ) -> Iterator[pa.RecordBatch]:
     """Score one Spark task's Arrow chunks: model from the per-worker cache, results in input order.
 
-    The model loads on the first chunk, so an empty task loads nothing.
+    The model loads on the first chunk, so an empty task loads nothing. With ``plan.staging_dir`` a
+    task a finished earlier try staged for the same input rows replays those rows (no model load), and
+    a task that scores stages its rows as it ends.
     """
     from pyspark import TaskContext
 
     from pipeline import faults
-    from pipeline.models import cache
 
     ctx = TaskContext.get()
     faults.activate(dict(plan.faults))
-    worker = cache.worker_id()
-    progress = None
-    if plan.progress_interval_s:
-        part = f" task {ctx.partitionId()}" if ctx else ""
-        progress = WorkerProgress(f"{plan.job} worker {worker}{part}", plan.progress_interval_s)
-    rows_file = None
-    if plan.progress_dir and ctx is not None:
-        from pipeline.spark.progress import TaskRowsFile
-
-        rows_file = TaskRowsFile(plan.progress_dir, ctx.partitionId())
-    counts = WorkerCounts(on_batch=_each(progress, rows_file), worker=worker,
-                          task=ctx.partitionId() if ctx else None)
-    counts.merge({"tasks_per_worker": {worker: 1}})
-    if ctx is not None and ctx.attemptNumber() > 0:
-        counts.add("task_retries")  # this attempt succeeds only if its rows reach the output
+    counts, progress, rows_file = _task_counts(plan, ctx)
+    batches = iter(batches)
+    stage, digest, reused, batches = _staged_or_inputs(plan, ctx, batches)
+    if reused is not None:
+        yield from _replay(plan, *reused, input_rows=digest.rows, rows_file=rows_file)
+        return
     task = plan.build_task()
     keep = ("id", *plan.keep_columns)
-    batches = iter(batches)
     first = next(batches, None)
     if first is None:
         return  # an empty task loads nothing
-    loaded = _load_for_task(task, plan, ctx, worker, counts)
+    loaded = _load_for_task(task, plan, ctx, counts.worker, counts)
     if progress is not None:
         progress.restart()  # rates from the first batch on, not from the model load
     task_schema = task.output_schema()
@@ -142,25 +136,111 @@ def score_partition(
 
     results = _results(task, loaded, task_inputs(), counts, ctx.cpus() if ctx else 1)
     held: pa.RecordBatch | None = None
-    for n, out in enumerate(_outputs(results, taken, keep, counts)):
-        counts.merge({"rows_per_worker": {worker: out.num_rows}})
-        if plan.faults and ctx is not None:
-            out = faults.on_output(out, ctx.partitionId(), n)
-        if plan.metrics_column is None:
-            yield out
-        elif out.num_rows == 0:
-            yield _with_metrics(out, plan.metrics_column, None)
-        else:
-            # hold the last chunk back: its last row carries this task's final counts
-            if held is not None:
-                yield _with_metrics(held, plan.metrics_column, None)
-            held = out
-        if n == 0 and plan.faults and ctx is not None:
-            faults.on_task_start(ctx.partitionId(), ctx.attemptNumber())
+    try:
+        for n, out in enumerate(_outputs(results, taken, keep, counts)):
+            counts.merge({"rows_per_worker": {counts.worker: out.num_rows}})
+            if plan.faults and ctx is not None:
+                out = faults.on_output(out, ctx.partitionId(), n)
+            if stage is not None:
+                stage.add(out)
+            if plan.metrics_column is None:
+                yield out
+            elif out.num_rows == 0:
+                yield _with_metrics(out, plan.metrics_column, None)
+            else:
+                # hold the last chunk back: its last row carries this task's final counts
+                if held is not None:
+                    yield _with_metrics(held, plan.metrics_column, None)
+                held = out
+            if n == 0 and plan.faults and ctx is not None:
+                faults.on_task_start(ctx.partitionId(), ctx.attemptNumber())
+        _finish_stage(stage, digest, counts)
+    except BaseException:
+        if stage is not None:
+            stage.abandon()
+        raise
     if rows_file is not None:
         rows_file(counts, force=True)
     if held is not None:
         yield _with_metrics(held, plan.metrics_column, json.dumps(counts.counts))
+
+
+def _task_counts(plan: InferencePlan, ctx: Any) -> tuple[WorkerCounts, Any, Any]:
+    """This task's counts, its worker's progress line (None: silent) and its rows-done file (None: none)."""
+    from pipeline.models import cache
+
+    worker = cache.worker_id()
+    progress = None
+    if plan.progress_interval_s:
+        part = f" task {ctx.partitionId()}" if ctx else ""
+        progress = WorkerProgress(f"{plan.job} worker {worker}{part}", plan.progress_interval_s)
+    rows_file = None
+    if plan.progress_dir and ctx is not None:
+        from pipeline.spark.progress import TaskRowsFile
+
+        rows_file = TaskRowsFile(plan.progress_dir, ctx.partitionId())
+    counts = WorkerCounts(on_batch=_each(progress, rows_file), worker=worker,
+                          task=ctx.partitionId() if ctx else None)
+    counts.merge({"tasks_per_worker": {worker: 1}})
+    if ctx is not None and ctx.attemptNumber() > 0:
+        counts.add("task_retries")  # this attempt succeeds only if its rows reach the output
+    return counts, progress, rows_file
+
+
+def _staged_or_inputs(plan: InferencePlan, ctx: Any, batches: Iterator[pa.RecordBatch]) -> tuple[
+        Any, Any, "tuple[pa.Table, dict[str, Any]] | None", Iterator[pa.RecordBatch]]:
+    """``(stage, input digest, reused, inputs)``: with staging, the task's stage and the digest its
+    inputs fill as they are read; ``reused``: the rows and counts of a finished try with the same input
+    (the inputs then read whole), else None and the inputs to score."""
+    if not plan.staging_dir or ctx is None:
+        return None, None, None, batches
+    from pipeline.io.staging import InputDigest, TaskStage
+
+    stage, digest = TaskStage(plan.staging_dir, ctx.partitionId()), InputDigest()
+    if not stage.has_marker():
+        return stage, digest, None, _digesting(batches, digest)
+    read = list(batches)  # a finished try's marker: its input must digest the same to be reused
+    for batch in read:
+        digest.update(batch)
+    reused = stage.reusable(digest.value())
+    return stage, digest, reused, iter(read)
+
+
+def _digesting(batches: Iterator[pa.RecordBatch], digest: Any) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        digest.update(batch)
+        yield batch
+
+
+def _finish_stage(stage: Any, digest: Any, counts: WorkerCounts) -> None:
+    """Stage the task's rows (durable, then its marker); a failure to stage never fails the task."""
+    if stage is None:
+        return
+    try:
+        stage.finish(digest=digest.value(), counts=counts.counts)
+    except (OSError, pa.ArrowException):
+        stage.abandon()
+        counts.add("staging_errors")
+
+
+def _replay(plan: InferencePlan, table: pa.Table, stored: dict[str, Any], *, input_rows: int,
+            rows_file: Any) -> Iterator[pa.RecordBatch]:
+    """A reused task's staged rows, its counts (:func:`~pipeline.metrics.reused_counts` of its
+    ``input_rows``) on the last row."""
+    from pipeline.metrics import reused_counts
+
+    counts = reused_counts(stored, rows=input_rows)
+    if rows_file is not None:
+        done = WorkerCounts()
+        done.merge({"progress_rows": input_rows})
+        rows_file(done, force=True)
+    chunks = [b for b in table.to_batches() if b.num_rows]
+    for n, batch in enumerate(chunks):
+        if plan.metrics_column is None:
+            yield batch
+        else:
+            last = n == len(chunks) - 1
+            yield _with_metrics(batch, plan.metrics_column, json.dumps(counts) if last else None)
 
 
 def _each(*hooks: Any) -> Any:
