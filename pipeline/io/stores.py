@@ -35,8 +35,8 @@ from typing import Any, Iterator, Mapping
 
 from pipeline.io.paths import local_path, uri_scheme
 
-__all__ = ["OBJECT_STORE_SCHEMES", "StoreError", "TableStore", "configured", "delta_uri", "is_object_store", "open_table",
-           "reachable", "storage_options", "table_store"]
+__all__ = ["OBJECT_STORE_SCHEMES", "StoreError", "TableStore", "configured", "delta_uri", "is_object_store",
+           "is_table", "open_table", "reachable", "storage_options", "table_store"]
 
 OBJECT_STORE_SCHEMES = ("s3", "s3a")
 # environment variable -> delta-rs storage option (object_store's AmazonS3ConfigKey names)
