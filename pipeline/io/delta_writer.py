@@ -17,6 +17,11 @@ safe: with ``require_marker`` the commit first takes the write's marker over
 (``pipeline.io.leftovers``) and refuses if a sweep claimed it; after a commit,
 leftovers of dead writes are swept.
 
+The table lives in a local (or mounted) folder or on S3 (``s3://``, ``s3a://``):
+files go through :class:`pipeline.io.stores.TableStore` (pyarrow's ``S3FileSystem``
+there), commits through delta-rs's object store with conditional puts. On S3 the
+markers are objects and no sweep of other writes runs (``pipeline.io.leftovers``).
+
 The result is a standard Delta table that any Delta reader opens. Usage (the
 sink module does this)::
 
