@@ -257,7 +257,7 @@ def _filesystem(options: Mapping[str, str]) -> Any:
     from pyarrow.fs import S3FileSystem
 
     endpoint = options.get("aws_endpoint_url")
-    kwargs: dict[str, Any] = {"region": options.get("aws_region") or "us-east-1"}
+    kwargs: dict[str, Any] = {"region": options["aws_region"]} if options.get("aws_region") else {}
     if options.get("aws_access_key_id"):
         kwargs.update(access_key=options["aws_access_key_id"], secret_key=options.get("aws_secret_access_key"),
                       session_token=options.get("aws_session_token"))
