@@ -86,8 +86,10 @@ demo: demo-data jars
 
 # The demo through the Delta connector into s3a://demo/document_scores on a local S3 server (moto, loopback),
 # read back with deltalake through delta-rs's object store; the server stops after.
-demo-s3: demo-data jars
-	$(PY) jobs/demo_s3.py --rows $(DEMO_ROWS) $(ARGS)
+# WRITER=deltalake: the jar-free writer (delta-rs's object store) instead of the connector (WRITER=delta)
+WRITER ?= delta
+demo-s3: demo-data $(if $(filter delta,$(WRITER)),jars)
+	$(PY) jobs/demo_s3.py --rows $(DEMO_ROWS) --writer $(WRITER) $(ARGS)
 
 # HTML report of the demo's latest run and its history, from the runs table document_scores_runs
 # (make demo ARGS="--ds 2026-11-28" records another night).

@@ -204,7 +204,7 @@ def test_a_straggler_finishing_after_the_job_takes_its_files_back(tmp_path):
     assert late.adds == [] and _parquet_files(tmp_path / "t") == set()
 
 
-@pytest.mark.parametrize("sink_path", ["s3://lake/scores", "abfss://c@acct.dfs.core.windows.net/scores"])
+@pytest.mark.parametrize("sink_path", ["gs://lake/scores", "abfss://c@acct.dfs.core.windows.net/scores"])
 def test_remote_sink_without_connector_fails_before_any_work(spark, tmp_path, monkeypatch, tiny_embed_model, sink_path):
     """The README's own cluster example without the connector: refused before the source is even read."""
     import io

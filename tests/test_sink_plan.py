@@ -23,8 +23,10 @@ REPO = Path(__file__).resolve().parents[1]
 DS = dt.date(2026, 11, 29)
 META = {"sbi.job": "score", "sbi.run_id": "r1"}
 MODES = ("append", "overwrite", "overwrite_partition")
-REMOTE = ("s3://lake/scores", "s3a://lake/scores", "abfss://c@acct.dfs.core.windows.net/scores",
-          "gs://lake/scores", "dbfs:/mnt/lake/scores", "hdfs://nn:8020/scores")
+S3 = ("s3://lake/scores", "s3a://lake/scores")
+UNREACHABLE = ("abfss://c@acct.dfs.core.windows.net/scores", "gs://lake/scores", "dbfs:/mnt/lake/scores",
+               "hdfs://nn:8020/scores")  # by the deltalake writer
+REMOTE = S3 + UNREACHABLE
 
 
 def _plan(sink: SinkConfig, *, connector: bool, path: str | None = None) -> WritePlan:
@@ -86,7 +88,7 @@ def test_writer_delta_without_connector_names_the_package():
         _plan(_sink("append", table=False, writer="delta"), connector=False)
 
 
-@pytest.mark.parametrize("uri", REMOTE)
+@pytest.mark.parametrize("uri", UNREACHABLE)
 def test_remote_uri_without_connector_is_refused_naming_the_connector(uri):
     for writer in ("auto", "deltalake"):
         with pytest.raises(SinkError) as err:
@@ -100,6 +102,18 @@ def test_remote_uri_without_connector_is_refused_naming_the_connector(uri):
             check_sink(_sink("append", table=False, writer=writer, location=uri), connector=False)
 
 
+@pytest.mark.parametrize("uri", S3)
+def test_s3_without_connector_goes_to_the_deltalake_writer_untouched(uri, monkeypatch):
+    monkeypatch.delenv("AWS_S3_ALLOW_UNSAFE_RENAME", raising=False)
+    plan = _plan(_sink("overwrite_partition", table=False, location=uri), connector=False)
+    assert (plan.writer, plan.path, plan.target) == ("deltalake", uri, uri)
+    assert not any("secret" in key for key in plan.options), "the plan carries no credentials"
+    check_sink(_sink("append", table=False, location=uri), connector=False)
+    monkeypatch.setenv("AWS_S3_ALLOW_UNSAFE_RENAME", "true")
+    with pytest.raises(SinkError, match="sink.path: AWS_S3_ALLOW_UNSAFE_RENAME=true is set"):
+        check_sink(_sink("append", table=False, location=uri), connector=False)
+
+
 @pytest.mark.parametrize("uri", REMOTE)
 def test_remote_uri_with_connector_is_passed_untouched(uri):
     plan = _plan(_sink("overwrite_partition", table=False, location=uri), connector=True)
@@ -109,14 +123,14 @@ def test_remote_uri_with_connector_is_passed_untouched(uri):
 
 def test_quarantine_path_follows_the_same_rules():
     local = _sink("append", table=False)
-    with pytest.raises(SinkError, match=r"sink.quarantine_path 's3://lake/q' is a s3: URI"):
-        _plan(local, connector=False, path="s3://lake/q")
+    with pytest.raises(SinkError, match=r"sink.quarantine_path 'gs://lake/q' is a gs: URI"):
+        _plan(local, connector=False, path="gs://lake/q")
     assert _plan(local, connector=True, path="s3://lake/q").path == "s3://lake/q"
     # a table's quarantine table goes to sink.quarantine_path: a missing one is refused up front
     with pytest.raises(SinkError, match="needs sink.quarantine_path"):
         check_sink(SinkConfig(table="main.ml.scores"), connector=True)
-    with pytest.raises(SinkError, match=r"sink.quarantine_path 's3://lake/q'"):
-        check_sink(SinkConfig(path="/data/scores", quarantine_path="s3://lake/q"), connector=False)
+    with pytest.raises(SinkError, match=r"sink.quarantine_path 'gs://lake/q'"):
+        check_sink(SinkConfig(path="/data/scores", quarantine_path="gs://lake/q"), connector=False)
 
 
 def test_local_paths_and_file_uris(tmp_path, monkeypatch):
@@ -156,9 +170,10 @@ def test_uri_rules():
 
 
 def test_remote_delta_source_without_connector_is_refused():
-    with pytest.raises(SourceError, match=r"source.path 's3://lake/docs' is a s3: URI.*--packages io.delta"):
-        check_source(SourceConfig(format="delta", path="s3://lake/docs"), connector=False)
-    check_source(SourceConfig(format="delta", path="s3://lake/docs"), connector=True)
+    with pytest.raises(SourceError, match=r"source.path 'gs://lake/docs' is a gs: URI.*--packages io.delta"):
+        check_source(SourceConfig(format="delta", path="gs://lake/docs"), connector=False)
+    check_source(SourceConfig(format="delta", path="gs://lake/docs"), connector=True)
+    check_source(SourceConfig(format="delta", path="s3a://lake/docs"), connector=False)  # delta-rs reaches S3
     # parquet/json/text go to Spark untouched: its file systems decide
     check_source(SourceConfig(format="parquet", path="s3://lake/docs"), connector=False)
 

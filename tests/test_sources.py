@@ -164,11 +164,11 @@ def test_remote_uris_are_never_made_local(spark, tmp_path, monkeypatch):
     cwd.mkdir()
     monkeypatch.chdir(cwd)
     # Delta without the connector: refused up front, naming the connector
-    with pytest.raises(SourceError, match=r"source.path 's3://lake/docs' is a s3: URI.*--packages io.delta:delta-spark_4.2_2.13"):
-        read_source(spark, SourceConfig(format="delta", path="s3://lake/docs"))
+    with pytest.raises(SourceError, match=r"source.path 'gs://lake/docs' is a gs: URI.*--packages io.delta:delta-spark_4.2_2.13"):
+        read_source(spark, SourceConfig(format="delta", path="gs://lake/docs"))
     with pytest.raises(SourceError, match=r"'abfss://c@a.dfs.core.windows.net/t' is a abfss: URI"):
         read_delta(spark, "abfss://c@a.dfs.core.windows.net/t")
-    assert is_delta_table(spark, "s3://lake/docs") is False
+    assert is_delta_table(spark, "gs://lake/docs") is False
     # Parquet goes to Spark as written: Spark, not a local folder, answers for the scheme
     with pytest.raises(SourceError, match=r"could not read source 's3://lake/docs' \(format parquet\).*s3"):
         read_source(spark, SourceConfig(format="parquet", path="s3://lake/docs"))

@@ -19,14 +19,12 @@ stores. Null keys never match (the output holds no null ids: they are quarantine
 
 from __future__ import annotations
 
-import os
 from collections import defaultdict
 from typing import Any, Iterable, Sequence
 from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 __all__ = ["key_token", "files_added_since", "taken_keys", "drop_taken"]
 
@@ -47,16 +45,16 @@ def key_token(key_columns: Sequence[str], partition_values: dict[str, Any]) -> s
     return TOKEN_PREFIX + (":" + ",".join(parts) if parts else "")
 
 
-def files_added_since(table: Any, path: str, base_version: int | None) -> list[dict[str, Any]]:
+def files_added_since(table: Any, store: Any, base_version: int | None) -> list[dict[str, Any]]:
     """Data files in ``table``'s snapshot that the snapshot at ``base_version`` did not have, as
     ``{"path": <relative, unquoted>, "partition_values": {...}}``. ``base_version`` None (no table when
-    the run read its keys): every file. A base version whose log is gone: every file too (safe)."""
-    from deltalake import DeltaTable
-
+    the run read its keys): every file. A base version whose log is gone: every file too (safe).
+    ``store``: the table's :class:`~pipeline.io.stores.TableStore` (local or S3)."""
+    store = _as_store(store)
     before: set[str] = set()
     if base_version is not None and base_version >= 0:
         try:
-            before = {unquote(a["path"]) for a in _add_actions(DeltaTable(path, version=base_version))}
+            before = {unquote(a["path"]) for a in _add_actions(store.table(version=base_version))}
         except Exception:  # noqa: BLE001 - log cleaned up past that version: compare against every file
             before = set()
     added = []
@@ -72,25 +70,25 @@ def _add_actions(table: Any) -> list[dict[str, Any]]:
     return actions.select([c for c in ("path", "partition") if c in actions.column_names]).to_pylist()
 
 
-def taken_keys(root: str, files: Iterable[dict[str, Any]], key_columns: Sequence[str],
+def taken_keys(store: Any, files: Iterable[dict[str, Any]], key_columns: Sequence[str],
                partition_by: Sequence[str]) -> dict[tuple, pa.Table]:
     """The key columns of ``files``, grouped by the values of the key's partition columns."""
+    store = _as_store(store)
     part_keys = [c for c in key_columns if c in partition_by]
     data_keys = [c for c in key_columns if c not in partition_by]
     groups: dict[tuple, list[pa.Table]] = defaultdict(list)
     for file in files:
         values = file["partition_values"]
         group = tuple(_as_str(values.get(c)) for c in part_keys)
-        full = os.path.join(root, file["path"])
-        if not os.path.exists(full):
+        if not store.exists(file["path"]):
             continue
-        keys = pq.read_table(full, columns=data_keys)
+        keys = store.read_parquet(file["path"], columns=data_keys)
         if keys.num_rows:
             groups[group].append(keys)
     return {g: pa.concat_tables(tables, promote_options="permissive") for g, tables in groups.items()}
 
 
-def drop_taken(root: str, adds: list[dict[str, Any]], taken: dict[tuple, pa.Table],
+def drop_taken(store: Any, adds: list[dict[str, Any]], taken: dict[tuple, pa.Table],
                key_columns: Sequence[str], partition_by: Sequence[str],
                rewrite: Any) -> tuple[list[dict[str, Any]], int]:
     """``adds`` without the rows whose key is in ``taken``; and how many rows were dropped.
@@ -101,6 +99,7 @@ def drop_taken(root: str, adds: list[dict[str, Any]], taken: dict[tuple, pa.Tabl
     """
     if not taken:
         return adds, 0
+    store = _as_store(store)
     part_keys = [c for c in key_columns if c in partition_by]
     data_keys = [c for c in key_columns if c not in partition_by]
     kept: list[dict[str, Any]] = []
@@ -108,16 +107,15 @@ def drop_taken(root: str, adds: list[dict[str, Any]], taken: dict[tuple, pa.Tabl
     for add in adds:
         group = tuple(_as_str(add["partition_values"].get(c)) for c in part_keys)
         theirs = taken.get(group)
-        full = os.path.join(root, unquote(add["path"]))
         if theirs is None:
             kept.append(add)
             continue
-        mine = pq.read_table(full, columns=data_keys)
+        mine = store.read_parquet(unquote(add["path"]), columns=data_keys)
         hit = _rows_with_keys(mine, theirs, data_keys)
         if not len(hit):
             kept.append(add)
             continue
-        rows = pq.read_table(full)
+        rows = store.read_parquet(unquote(add["path"]))
         keep = pc.invert(pc.is_in(pa.array(range(rows.num_rows), pa.int64()), value_set=hit))
         rows = rows.filter(keep)
         dropped += len(hit)
@@ -140,3 +138,10 @@ def _rows_with_keys(mine: pa.Table, theirs: pa.Table, data_keys: Sequence[str]) 
 
 def _as_str(value: Any) -> str | None:
     return None if value is None else str(value)
+
+
+def _as_store(store: Any) -> Any:
+    """A :class:`~pipeline.io.stores.TableStore`; a plain local path is made one."""
+    from pipeline.io.stores import TableStore, table_store
+
+    return store if isinstance(store, TableStore) else table_store(str(store))

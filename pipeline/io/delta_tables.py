@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pipeline.io.paths import local_path
 from pipeline.io.sources import has_delta_connector, latest_version, read_delta
 
 if TYPE_CHECKING:
@@ -43,8 +42,8 @@ def _latest_version(spark: "SparkSession", path: str) -> int | None:
     try:
         if has_delta_connector(spark):
             return latest_version(spark, path)
-        from deltalake import DeltaTable
+        from pipeline.io.stores import open_table
 
-        return DeltaTable(local_path(path)).version()
+        return open_table(path).version()
     except Exception:  # noqa: BLE001 - the version is informative only
         return None

@@ -17,6 +17,11 @@ safe: with ``require_marker`` the commit first takes the write's marker over
 (``pipeline.io.leftovers``) and refuses if a sweep claimed it; after a commit,
 leftovers of dead writes are swept.
 
+The table lives in a local (or mounted) folder or on S3 (``s3://``, ``s3a://``):
+files go through :class:`pipeline.io.stores.TableStore` (pyarrow's ``S3FileSystem``
+there), commits through delta-rs's object store with conditional puts. On S3 the
+markers are objects and no sweep of other writes runs (``pipeline.io.leftovers``).
+
 The result is a standard Delta table that any Delta reader opens. Usage (the
 sink module does this)::
 
@@ -29,10 +34,8 @@ sink module does this)::
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterator, Sequence
 from urllib.parse import quote
 
@@ -82,15 +85,18 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
         path = options.get("path")
         if not path:
             raise ValueError("the sbi_delta writer needs .option('path', <table folder>)")
-        from pipeline.io.paths import is_local, local_path
+        from pipeline.io.stores import TableStore, is_object_store, reachable
 
-        if not is_local(path):
-            # delta-rs and pyarrow would need credentials and object-store commits this writer does not do
+        if not reachable(path):
             raise ValueError(
-                f"the sbi_delta writer writes local or mounted paths only, not {path!r}; "
-                "write object stores through the Delta Spark connector (format 'delta')"
+                f"the sbi_delta writer writes local or mounted paths and s3:// (s3a://) locations, not {path!r}; "
+                "write other object stores through the Delta Spark connector (format 'delta')"
             )
-        self.path = local_path(path)
+        # S3 settings resolved on the driver (pipeline.io.stores.storage_options): the Python workers Spark
+        # starts have the environment of its JVM, which may predate them
+        store_options = json.loads(options.get("storage_options_secret") or "null") if is_object_store(path) else None
+        self.store = TableStore(path, store_options)
+        self.path = self.store.uri
         self.partition_by = _option_list(options.get("partition_by"))
         self.overwrite = overwrite
         self.schema_bytes = schema.serialize().to_pybytes()
@@ -130,7 +136,7 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
                     if current is None or current.rows >= self.target_file_rows:
                         if current is not None:
                             message.adds.append(current.close())
-                        current = writers[key] = _PartFile(self.path, self.partition_by, key, self.write_id, tag)
+                        current = writers[key] = _PartFile(self.store, self.partition_by, key, self.write_id, tag)
                     current.write(part)
                     message.rows += part.num_rows
                     if self.faults and ctx is not None:
@@ -148,13 +154,13 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
             for current in writers.values():
                 current.discard()
             for add in message.adds:
-                _remove_quietly(os.path.join(self.path, add["path"]))
+                self.store.remove(add["path"])
             raise
         return message
 
     # ---------------------------------------------------------------- driver
     def commit(self, messages: Sequence[DeltaWriteMessage | None]) -> None:
-        from deltalake import CommitProperties, DeltaTable
+        from deltalake import CommitProperties
         from deltalake import Schema as DeltaSchema
         from deltalake.exceptions import CommitFailedError, TableNotFoundError
         from deltalake.transaction import AddAction, Transaction, create_table_with_add_actions
@@ -175,7 +181,7 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
         facts: dict[str, Any] = {}
         try:
             try:
-                table = DeltaTable(self.path)
+                table = self.store.table()
             except TableNotFoundError:
                 table = None
             if self.replace_where:
@@ -191,13 +197,14 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
                     facts["already_committed"] = True
                     return
             if self.require_marker:
-                leftovers.claim_for_commit(self.path, self.write_id)
+                leftovers.claim_for_commit(self.store, self.write_id)
             if self.key_columns and not self.overwrite:
                 adds, facts["overlap_rows"] = self._commit_keyed(table, adds, schema, metadata, props)
             elif table is None:
                 create_table_with_add_actions(
                     self.path, DeltaSchema.from_arrow(schema), actions, mode="append",
                     partition_by=self.partition_by or None, commit_properties=props,
+                    storage_options=self.store.options or None,
                 )
             else:
                 _check_partitioning(table, self.partition_by, self.path)
@@ -222,14 +229,15 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
             facts["error"] = f"{type(exc).__name__}: {exc}"[:500]
             raise
         finally:
-            leftovers.finish_marker(self.path, self.write_id, **facts)
+            leftovers.finish_marker(self.store, self.write_id, **facts)
             self._sweep_orphans(keep={a["path"] for a in adds} if "error" not in facts else set())
         try:
-            report = leftovers.sweep_leftovers(self.path, grace_s=self.leftover_grace_s)
-            swept = {"files": len(report.files), "bytes": report.bytes, "markers": len(report.markers)}
+            report = leftovers.sweep_leftovers(self.store, grace_s=self.leftover_grace_s)
+            swept = {"files": len(report.files), "bytes": report.bytes, "markers": len(report.markers),
+                     **({"skipped": report.skipped} if report.skipped else {})}
         except Exception as exc:  # noqa: BLE001 - the commit landed; a failed sweep is retried by the next job
             swept = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-        leftovers.finish_marker(self.path, self.write_id, swept=swept)
+        leftovers.finish_marker(self.store, self.write_id, swept=swept)
 
     def _commit_keyed(self, table: Any, adds: list[dict[str, Any]], schema: pa.Schema,
                       metadata: dict[str, Any], props: Any) -> tuple[list[dict[str, Any]], int]:
@@ -237,7 +245,7 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
         committed and the rows dropped. The commit carries the key's conflict token: when an overlapping
         run's commit with the same token lands first, delta-rs rejects this one and the keys are checked
         again against that commit (``pipeline.io.delta_keys``)."""
-        from deltalake import CommitProperties, DeltaTable
+        from deltalake import CommitProperties
         from deltalake import Schema as DeltaSchema
         from deltalake.exceptions import CommitFailedError
         from deltalake.transaction import AddAction, Transaction, create_table_with_add_actions
@@ -251,9 +259,9 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
                 _check_partitioning(table, self.partition_by, self.path)
                 current = table.version()
                 if base is None or current > base:
-                    added = delta_keys.files_added_since(table, self.path, base)
-                    taken = delta_keys.taken_keys(self.path, added, self.key_columns, self.partition_by)
-                    adds, n = delta_keys.drop_taken(self.path, adds, taken, self.key_columns, self.partition_by,
+                    added = delta_keys.files_added_since(table, self.store, base)
+                    taken = delta_keys.taken_keys(self.store, added, self.key_columns, self.partition_by)
+                    adds, n = delta_keys.drop_taken(self.store, adds, taken, self.key_columns, self.partition_by,
                                                     rewrite=self._rewrite)
                     dropped += n
                 base = current
@@ -270,26 +278,27 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
                     create_table_with_add_actions(
                         self.path, DeltaSchema.from_arrow(schema), actions, mode="append",
                         partition_by=self.partition_by or None, commit_properties=keyed,
+                        storage_options=self.store.options or None,
                     )
                 else:
                     table.create_write_transaction(actions, "append", schema,
                                                    partition_by=self.partition_by or None, commit_properties=keyed)
                 return adds, dropped
             except Exception as exc:  # noqa: BLE001 - a commit that lost the race: check the winner's keys
-                lost = isinstance(exc, CommitFailedError) or (table is None and DeltaTable.is_deltatable(self.path))
+                lost = isinstance(exc, CommitFailedError) or (table is None and self.store.is_table())
                 if not lost or attempt == _KEYED_ATTEMPTS - 1:
                     if lost:
                         raise SinkError(f"conflict: {_KEYED_ATTEMPTS} overlapping commits to {self.path} won the "
                                         "race in a row; this job committed nothing. Rerun it: the keys already "
                                         "written are not scored again") from None
                     raise
-                table = DeltaTable(self.path)
+                table = self.store.table()
         raise AssertionError("unreachable")
 
     def _rewrite(self, partition_values: dict[str, Any], rows: pa.Table) -> dict[str, Any]:
         """A staged file again, with fewer rows (its old file is swept as an orphan after the commit)."""
         key = tuple(partition_values.get(c) for c in self.partition_by)
-        part = _PartFile(self.path, self.partition_by, key, self.write_id, "keyed")
+        part = _PartFile(self.store, self.partition_by, key, self.write_id, "keyed")
         part.write(rows)
         return part.close()
 
@@ -305,14 +314,14 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
     def abort(self, messages: Sequence[DeltaWriteMessage | None]) -> None:
         from pipeline.io import leftovers
 
-        leftovers.finish_marker(self.path, self.write_id, aborted=True)
+        leftovers.finish_marker(self.store, self.write_id, aborted=True)
         self._delete_files([a for m in messages if m is not None for a in m.adds])
         self._sweep_orphans(keep=set())
 
     # ---------------------------------------------------------------- helpers
     def _delete_files(self, adds: list[dict[str, Any]]) -> None:
         for add in adds:
-            _remove_quietly(os.path.join(self.path, add["path"]))
+            self.store.remove(add["path"])
 
     # The driver marks the job finished BEFORE it sweeps, and each task checks the mark AFTER
     # closing its files: a file made before the sweep is swept, one made after the mark is
@@ -320,23 +329,19 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
     def _job_finished(self) -> bool:
         from pipeline.io import leftovers
 
-        return leftovers.is_given_up(self.path, self.write_id)
+        return leftovers.is_given_up(self.store, self.write_id)
 
     def _sweep_orphans(self, keep: set[str]) -> None:
         """Delete files this job wrote that no commit references (failed or speculative attempts)."""
-        root = Path(self.path)
-        if not root.is_dir():
-            return
-        for file in root.rglob(f"*{self.write_id}*.parquet"):
-            rel = file.relative_to(root).as_posix()
+        for rel in list(self.store.files(containing=self.write_id)):
             if rel not in keep and _unquote_rel(rel) not in keep:
-                _remove_quietly(str(file))
+                self.store.remove(rel)
 
 
 class _PartFile:
     """One Parquet data file for one partition value set, written by one task attempt."""
 
-    def __init__(self, root: str, partition_by: list[str], key: tuple, write_id: str, tag: str) -> None:
+    def __init__(self, store: Any, partition_by: list[str], key: tuple, write_id: str, tag: str) -> None:
         self.partition_values = {c: (None if v is None else str(v)) for c, v in zip(partition_by, key)}
         folder = "/".join(
             f"{c}={quote('__HIVE_DEFAULT_PARTITION__' if v is None else str(v), safe='')}"
@@ -344,15 +349,17 @@ class _PartFile:
         )
         name = f"part-{tag}-{write_id}-{uuid.uuid4().hex[:12]}.snappy.parquet"
         self.rel = f"{folder}/{name}" if folder else name
-        self.full = os.path.join(root, self.rel)
-        os.makedirs(os.path.dirname(self.full), exist_ok=True)
+        from pipeline.io.stores import TableStore
+
+        self.store = store if isinstance(store, TableStore) else TableStore(str(store))  # a local folder
         self.writer: pq.ParquetWriter | None = None
         self.rows = 0
         self.stats = _FileStats()
 
     def write(self, table: pa.Table) -> None:
         if self.writer is None:
-            self.writer = pq.ParquetWriter(self.full, table.schema, compression="snappy")
+            where, filesystem = self.store.parquet_target(self.rel)
+            self.writer = pq.ParquetWriter(where, table.schema, compression="snappy", filesystem=filesystem)
         self.writer.write_table(table)
         self.rows += table.num_rows
         self.stats.update(table)
@@ -361,11 +368,12 @@ class _PartFile:
         assert self.writer is not None
         self.writer.close()
         self.writer = None
+        size, mtime = self.store.stat(self.rel)
         return {
             "path": self.rel,
-            "size": os.path.getsize(self.full),
+            "size": size,
             "partition_values": self.partition_values,
-            "modification_time": int(os.path.getmtime(self.full) * 1000),
+            "modification_time": int(mtime * 1000),
             "data_change": True,
             "stats": json.dumps(self.stats.to_delta(self.rows)),
         }
@@ -376,7 +384,7 @@ class _PartFile:
                 self.writer.close()
             except Exception:  # noqa: BLE001 - best effort on the failure path
                 pass
-        _remove_quietly(self.full)
+        self.store.remove(self.rel)
 
 
 def _to_delta_schema(schema: pa.Schema) -> pa.Schema:
@@ -475,9 +483,3 @@ def _unquote_rel(rel: str) -> str:
 
     return unquote(rel)
 
-
-def _remove_quietly(path: str) -> None:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass

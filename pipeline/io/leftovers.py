@@ -40,11 +40,14 @@ from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import unquote
 
-__all__ = ["MARKER_DIR", "SweepReport", "claim_for_commit", "finish_marker", "is_given_up", "running_marker",
+__all__ = ["MARKER_DIR", "REMOTE_SWEEP", "SweepReport", "claim_for_commit", "finish_marker", "is_given_up", "running_marker",
            "sweep_leftovers", "table_data_files", "write_id_of"]
 
 MARKER_DIR = "_sbi_jobs"
 STATES = ("running", "committing", "claimed", "finished")
+# an object store has no atomic rename to claim a dead write's marker by, and no local pid to check
+REMOTE_SWEEP = ("not swept on an object store: a crashed write's files stay (no version references them, "
+                "no reader sees them) until a sweep on a local mount or DeltaTable.vacuum(full=True)")
 _FILE_NAME = re.compile(r"^part-\d{5}-a\d+-(?P<write_id>.+)-[0-9a-f]{12}\.snappy\.parquet$")
 
 
@@ -95,11 +98,19 @@ def owner_gone(info: dict[str, Any]) -> bool:
 
 
 @contextmanager
-def running_marker(root: str, write_id: str, *, table_version: int | None, heartbeat_s: float) -> Iterator[Path]:
+def running_marker(root: Any, write_id: str, *, table_version: int | None, heartbeat_s: float) -> Iterator[Any]:
     """``_sbi_jobs/<write_id>.running`` for the duration of a write, its mtime refreshed every ``heartbeat_s``.
 
     On exit a marker still ``running`` (the write ended without reaching commit or abort) becomes ``finished``.
+    ``root``: a local table folder, or a :class:`~pipeline.io.stores.TableStore` (on S3 the heartbeat
+    rewrites the marker object).
     """
+    store = _remote(root)
+    if store is not None:
+        with _remote_running(store, write_id, table_version=table_version, heartbeat_s=heartbeat_s) as marker:
+            yield marker
+        return
+    root = _local(root)
     path = _marker(root, write_id, "running")
     path.parent.mkdir(parents=True, exist_ok=True)
     info = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(), "table_version": table_version}
@@ -128,12 +139,16 @@ def running_marker(root: str, write_id: str, *, table_version: int | None, heart
             pass
 
 
-def claim_for_commit(root: str, write_id: str) -> dict[str, Any]:
+def claim_for_commit(root: Any, write_id: str) -> dict[str, Any]:
     """Take ``running`` over to ``committing`` (atomic rename); returns the marker's content.
 
     Raises ``RuntimeError`` when the write can no longer commit: its marker was claimed by a
     sweep, or the process that started it is gone.
     """
+    store = _remote(root)
+    if store is not None:
+        return _remote_claim(store, write_id)
+    root = _local(root)
     running = _marker(root, write_id, "running")
     info = _read_json(running)
     if owner_gone(info):
@@ -150,8 +165,13 @@ def claim_for_commit(root: str, write_id: str) -> dict[str, Any]:
     return info
 
 
-def finish_marker(root: str, write_id: str, **facts: Any) -> None:
+def finish_marker(root: Any, write_id: str, **facts: Any) -> None:
     """Mark a write ``finished`` (from any state), recording ``facts`` (version, sweep counts) in it."""
+    store = _remote(root)
+    if store is not None:
+        _remote_finish(store, write_id, facts)
+        return
+    root = _local(root)
     target = _marker(root, write_id, "finished")
     target.parent.mkdir(parents=True, exist_ok=True)
     current = _state_of(root, write_id)
@@ -167,12 +187,19 @@ def finish_marker(root: str, write_id: str, **facts: Any) -> None:
             pass
 
 
-def finished_facts(root: str, write_id: str) -> dict[str, Any]:
-    return _read_json(_marker(root, write_id, "finished"))
+def finished_facts(root: Any, write_id: str) -> dict[str, Any]:
+    store = _remote(root)
+    if store is not None:
+        return store.read_json(_rel(write_id, "finished"))
+    return _read_json(_marker(_local(root), write_id, "finished"))
 
 
-def is_given_up(root: str, write_id: str) -> bool:
+def is_given_up(root: Any, write_id: str) -> bool:
     """Whether nobody will ever commit this write's files any more (a straggler takes its file back)."""
+    store = _remote(root)
+    if store is not None:
+        return store.exists(_rel(write_id, "finished"))
+    root = _local(root)
     return _marker(root, write_id, "finished").exists() or _marker(root, write_id, "claimed").exists()
 
 
@@ -184,6 +211,7 @@ class SweepReport:
     bytes: int = 0
     markers: list[str] = field(default_factory=list)
     live_writes: list[str] = field(default_factory=list)
+    skipped: str = ""  # why no sweep ran (an object store)
 
     def line(self) -> str:
         return (f"{len(self.files)} leftover file(s), {self.bytes / 1e6:.1f} MB; {len(self.markers)} marker(s); "
@@ -271,7 +299,7 @@ def _writes_found(root: Path, keep_write_ids: frozenset[str]) -> tuple[dict[str,
     return files, markers
 
 
-def sweep_leftovers(root: str | Path, *, grace_s: float, dry_run: bool = False,
+def sweep_leftovers(root: Any, *, grace_s: float, dry_run: bool = False,
                     keep_write_ids: frozenset[str] = frozenset()) -> SweepReport:
     """Delete the Parquet files of dead writes that no Delta version references, and old dead markers.
 
@@ -279,7 +307,9 @@ def sweep_leftovers(root: str | Path, *, grace_s: float, dry_run: bool = False,
     a live write is never touched, and a ``running`` write is claimed (atomically) before any of its
     files goes, so it can no longer commit them.
     """
-    root = Path(root)
+    if _remote(root) is not None:
+        return SweepReport(skipped=REMOTE_SWEEP)
+    root = Path(_local(root))
     report = SweepReport()
     if not root.is_dir():
         return report
@@ -342,3 +372,73 @@ def sweep_leftovers(root: str | Path, *, grace_s: float, dry_run: bool = False,
                     continue
             report.markers.append(markers[write_id][1].name)
     return report
+
+
+# ---------------------------------------------------------------- object stores
+# On S3 a marker is an object under ``_sbi_jobs/``; a "rename" is a put then a delete, not atomic,
+# so no sweep claims a write there (``sweep_leftovers`` skips): the markers tell the commit its
+# write's facts and a straggler that its write is over, as on a local folder.
+
+def _remote(root: Any) -> Any:
+    return root if getattr(root, "remote", False) else None
+
+
+def _local(root: Any) -> Any:
+    return root.root if hasattr(root, "remote") else root  # a local TableStore, a path (str or Path)
+
+
+def _rel(write_id: str, state: str) -> str:
+    return f"{MARKER_DIR}/{write_id}.{state}"
+
+
+def _remote_state(store: Any, write_id: str) -> str | None:
+    return next((s for s in STATES if store.exists(_rel(write_id, s))), None)
+
+
+@contextmanager
+def _remote_running(store: Any, write_id: str, *, table_version: int | None, heartbeat_s: float) -> Iterator[Any]:
+    info = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(), "table_version": table_version}
+    store.write_json(_rel(write_id, "running"), info)
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(heartbeat_s):
+            state = _remote_state(store, write_id)
+            if state in ("running", "committing"):
+                store.write_json(_rel(write_id, state), {**store.read_json(_rel(write_id, state)),
+                                                          "heartbeat": time.time()})
+
+    thread = threading.Thread(target=beat, name=f"sbi-heartbeat-{write_id[:8]}", daemon=True)
+    thread.start()
+    try:
+        yield store
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        if store.exists(_rel(write_id, "running")):
+            _remote_finish(store, write_id, {})
+
+
+def _remote_claim(store: Any, write_id: str) -> dict[str, Any]:
+    info = store.read_json(_rel(write_id, "running"))
+    if not store.exists(_rel(write_id, "running")):
+        raise RuntimeError(f"write {write_id} has no running marker ({_remote_state(store, write_id) or 'none'}); "
+                           "committing nothing (a rerun of the job writes its rows)")
+    if owner_gone(info):
+        raise RuntimeError(f"write {write_id} was started by process {info.get('pid')}, which is gone; "
+                           "committing nothing (a rerun of the job writes its rows)")
+    store.write_json(_rel(write_id, "committing"), info)
+    store.remove(_rel(write_id, "running"))
+    return info
+
+
+def _remote_finish(store: Any, write_id: str, facts: dict[str, Any]) -> None:
+    info: dict[str, Any] = {}
+    for state in ("finished", "committing", "running", "claimed"):
+        if store.exists(_rel(write_id, state)):
+            info = store.read_json(_rel(write_id, state))
+            break
+    info.update(facts)
+    store.write_json(_rel(write_id, "finished"), info)
+    for state in ("running", "committing", "claimed"):
+        store.remove(_rel(write_id, state))

@@ -1,12 +1,14 @@
 """A local S3-compatible server (moto's server mode) on loopback, for tests and ``make demo-s3``.
 
 Object-store paths are exercised for real: the Delta connector writes ``s3a://`` through Hadoop's S3A
-file system and the AWS SDK, against this server, exactly as it would against S3. Nothing leaves the
+file system and the AWS SDK, and the deltalake writer through delta-rs's own object store and pyarrow,
+against this server, exactly as they would against S3. Nothing leaves the
 machine: the server binds 127.0.0.1 and every client is pointed at it.
 
     with local_s3(buckets=["demo"]) as s3:
         confs = s3.spark_confs()        # spark.hadoop.fs.s3a.* for a session or spark-submit
         env = s3.credentials_env()      # AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (made-up, local only)
+        env = s3.env()                  # the same and AWS_ENDPOINT_URL / AWS_ALLOW_HTTP, for delta-rs and pyarrow
 
 Credentials come from the environment (S3A's environment-variable provider), never from a config
 file, and are never printed.
@@ -55,6 +57,11 @@ class LocalS3:
         return {"AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key,
                 "AWS_REGION": _REGION}
 
+    def env(self) -> dict[str, str]:
+        """:meth:`credentials_env` and the endpoint (plain HTTP), the variables delta-rs and pyarrow read:
+        what the deltalake writer needs to reach this server (``pipeline.io.stores``)."""
+        return {**self.credentials_env(), "AWS_ENDPOINT_URL": self.endpoint, "AWS_ALLOW_HTTP": "true"}
+
     def client(self):
         """A boto3 S3 client on this server (to create buckets and list what a job wrote)."""
         import boto3
@@ -71,19 +78,31 @@ def _free_port() -> int:
 
 @contextmanager
 def local_s3(*, buckets: Sequence[str] = (), port: int | None = None) -> Iterator[LocalS3]:
-    """Start moto's S3 server on 127.0.0.1 (a free port unless given), create ``buckets``, stop it after."""
-    try:
-        from moto.server import ThreadedMotoServer
-    except ImportError as exc:  # pragma: no cover - moto[server] is in the lock
-        raise RuntimeError("the local S3 server needs moto[server] (pip install 'moto[server]'; make venv has it)") \
-            from exc
-    import logging
+    """Start moto's S3 server on 127.0.0.1 (a free port unless given), create ``buckets``, stop it after.
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # not a line per request on the console
+    The server runs in a process of its own, as a real store does: a client that blocks in native code
+    while holding the GIL (delta-rs listing a log) would otherwise wait on a server thread that cannot run.
+    """
+    import importlib.util
+    import subprocess
+    import sys
+    import time
+
+    if importlib.util.find_spec("moto.server") is None:  # pragma: no cover - moto[server] is in the lock
+        raise RuntimeError("the local S3 server needs moto[server] (pip install 'moto[server]'; make venv has it)")
     port = port or _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto's S3 server did not start on 127.0.0.1:{port}") from None
+                time.sleep(0.2)
         s3 = LocalS3(endpoint=f"http://127.0.0.1:{port}",
                      access_key=os.environ.get("SBI_LOCAL_S3_KEY", "local-test-key"),
                      secret_key=os.environ.get("SBI_LOCAL_S3_SECRET", "local-test-secret"))
@@ -92,4 +111,9 @@ def local_s3(*, buckets: Sequence[str] = (), port: int | None = None) -> Iterato
             client.create_bucket(Bucket=bucket)
         yield s3
     finally:
-        server.stop()
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()

@@ -7,8 +7,8 @@ named ``s3:`` and report success. Plain paths and ``file:`` URIs are local.
 
 The deltalake-backed fallbacks (the ``sbi_delta`` writer, the Delta snapshot
 reader) run Python file I/O on the driver and executors, so they take local
-(or mounted) paths only; for anything else they refuse before any work and
-name the Delta connector. Pure functions (no pyspark import); the check that
+(or mounted) paths, and S3 through delta-rs and pyarrow (``pipeline.io.stores``);
+for anything else they refuse before any work and name the Delta connector. Pure functions (no pyspark import); the check that
 asks the session is :func:`pipeline.io.preflight.check_locations`.
 
 >>> uri_scheme("s3://lake/scores"), uri_scheme("dbfs:/mnt/x"), uri_scheme("/data/x"), uri_scheme("C:\\\\data")
@@ -95,8 +95,8 @@ def remote_refusal(location: str, *, what: str, key: str) -> str:
     """The error text for a remote ``location`` that only the Delta connector can handle."""
     return (
         f"{key} {location!r} is a {uri_scheme(location)}: URI, but this session has no Delta Spark connector and "
-        f"the deltalake-backed {what} handles local or mounted paths only (it would not reach the object "
-        f"store). Run with the connector ({connector_hint()}; on Databricks it is built in), or set {key} to a "
-        "local path or file: URI."
+        f"the deltalake-backed {what} handles local or mounted paths and S3 (s3://, s3a://) only (it would not "
+        f"reach this store). Run with the connector ({connector_hint()}; on Databricks it is built in), or set "
+        f"{key} to a local path, a file: URI or an S3 location."
     )
 

@@ -13,8 +13,9 @@ options such as ``replaceWhere`` and ``userMetadata``, partitioning, table or
 path); :func:`execute_write` carries a plan out. Both writers run in the tests
 (the connector from the jars ``make jars`` caches; see ``docs/object_stores.md``
 for what the connector path does differently). Paths are URIs: a path with a
-scheme reaches the connector untouched, and the deltalake writer, which handles
-local or mounted paths only, refuses it before any work.
+scheme reaches the connector untouched; the deltalake writer handles local or
+mounted paths and ``s3://``/``s3a://`` (delta-rs's own object store, settings from
+the environment: :mod:`pipeline.io.stores`) and refuses any other scheme before any work.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pipeline.config import SinkConfig, SourceConfig
 from pipeline.errors import SinkError
 from pipeline.io.paths import connector_hint, is_local, local_path, remote_refusal, resolve_location
 from pipeline.io.sources import has_delta_connector
+from pipeline.io.stores import StoreError, configured, is_object_store, open_table, storage_options, table_store
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -110,6 +112,12 @@ def _location(config: SinkConfig, path: str | None, writer: Writer) -> tuple[str
             f"sink.table {config.table!r} needs the Delta Spark connector (catalog tables; "
             f"{connector_hint()}); without it set sink.path to a folder instead"
         )
+    if is_object_store(str(location)):
+        try:
+            storage_options(str(location))  # an unsafe commit setting is refused before any work
+        except StoreError as exc:
+            raise SinkError(f"{key}: {exc}") from None
+        return None, str(location)
     if not is_local(str(location)):
         raise SinkError(remote_refusal(str(location), what="Delta writer", key=key))
     return None, local_path(str(location))
@@ -260,22 +268,26 @@ def execute_write(df: "DataFrame", plan: WritePlan) -> WriteResult:
             return WriteResult(plan.target, plan.writer, found, plan.write_id, already_committed=True)
         return WriteResult(plan.target, plan.writer, version, plan.write_id)
 
-    _check_writable(str(plan.path))
+    path = str(plan.path)
+    store = table_store(path)
+    if not store.remote:
+        _check_writable(path)
     from pipeline.io import leftovers
     from pipeline.io.delta_writer import DeltaLakeDataSource
 
     _register_once(spark, DeltaLakeDataSource)
-    path = str(plan.path)
     grace = float(plan.options.get("leftover_grace_s", "900"))
-    marker = (leftovers.running_marker(path, plan.write_id, table_version=_table_version(path),
+    marker = (leftovers.running_marker(store, plan.write_id, table_version=_table_version(path),
                                        heartbeat_s=min(30.0, grace / 4))
               if plan.options.get("require_marker") == "true" else nullcontext())
+    # the S3 settings travel with the write, not the plan; Spark redacts option values whose key says "secret"
+    secret = {"storage_options_secret": json.dumps(store.options)} if store.remote else {}
     try:
         with marker:
-            df.write.format(plan.format).mode(plan.mode).options(**plan.options).save()
+            df.write.format(plan.format).mode(plan.mode).options(**plan.options, **secret).save()
     except Exception as exc:  # noqa: BLE001
         raise SinkError(f"writing Delta table {plan.target} failed: {_root_cause(exc)}") from exc
-    facts = leftovers.finished_facts(path, plan.write_id)
+    facts = leftovers.finished_facts(store, plan.write_id)
     swept = dict(facts.get("swept") or {})
     if facts.get("already_committed"):
         found = committed_run(path, plan.options.get("txn_app_id", ""))
@@ -423,14 +435,15 @@ def _check_writable(path: str) -> None:
 
 def _deltalake_version(path: str, write_id: str) -> int | None:
     """The version of the commit carrying ``write_id`` (None if it is not in recent history)."""
-    for entry in consistent_history(path, limit=50):
+    for entry in consistent_history(path, limit=50):  # a local path or an S3 URI
         if commit_metadata(entry).get("sbi.write_id") == write_id:
             return int(entry["version"])
     return None
 
 
 def consistent_history(path: str, *, limit: int | None = None, table: Any = None) -> list[dict[str, Any]]:
-    """``DeltaTable(path).history(limit)`` with versions that are right while other jobs commit.
+    """``DeltaTable(path).history(limit)`` with versions that are right while other jobs commit
+    (``path``: a local folder or an S3 URI).
 
     deltalake labels the commit infos it lists by counting down from the version the table
     object was loaded at, but lists commits that landed after the load too: a commit made by
@@ -438,24 +451,21 @@ def consistent_history(path: str, *, limit: int | None = None, table: Any = None
     at version 1 reported versions 1, 0, -1 for the commits 2, 1, 0). A listing is kept only
     when a fresh load afterwards is at the version the listing starts from.
     """
-    from deltalake import DeltaTable
-
     for _ in range(50):
-        table = table or DeltaTable(path)
+        table = table or open_table(path)
         entries = table.history(limit)
         top = entries[0]["version"] if entries else table.version()
-        if top == table.version() == DeltaTable(path).version():
+        if top == table.version() == open_table(path).version():
             return entries
         table = None
     raise RuntimeError(f"could not read a stable history of {path}: it kept changing during 50 reads")
 
 
 def _table_version(path: str) -> int | None:
-    from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
     try:
-        return DeltaTable(path).version()
+        return open_table(path).version()
     except TableNotFoundError:
         return None
 
@@ -501,11 +511,18 @@ def source_snapshot(source: SourceConfig) -> str | None:
     """What identifies the source's content, where it can be known cheaply on the driver.
 
     A local Delta source: ``delta:<version>``. A local file source (parquet, json, text,
-    binary_file): ``files:<hash of names, sizes and mtimes>``. A catalog table or a remote URI:
+    binary_file): ``files:<hash of names, sizes and mtimes>``. A Delta source on S3 whose keys or endpoint the environment names: its version too.
+    A catalog table or another remote URI:
     None (unknown; the run key then rests on the config, the model revision and ``ds``).
     """
     from pipeline.io.paths import is_local, local_path
 
+    if source.path and source.format == "delta" and is_object_store(source.path) and configured(source.path):
+        try:
+            version = _table_version(source.path)
+        except Exception:  # noqa: BLE001 - unreachable: unknown, as for any other remote source
+            version = None
+        return None if version is None else f"delta:{version}"
     if not source.path or not is_local(source.path):
         return None
     path = local_path(source.path)
@@ -535,13 +552,12 @@ def committed_run(path: str, app_id: str) -> tuple[int, str | None] | None:
     insert-only MERGE) records no transaction action, only ``sbi.app_id`` in its commit info: without
     the action the last 1,000 commits are searched for it.
     """
-    from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
-    if not app_id or not os.path.isdir(path):
+    if not app_id or (not is_object_store(path) and not os.path.isdir(path)):
         return None
     try:
-        table = DeltaTable(path)
+        table = open_table(path)
     except TableNotFoundError:
         return None
     recorded = table.transaction_version(app_id) is not None
@@ -612,6 +628,8 @@ def committed_run_via(spark: Any, location: str, app_id: str) -> tuple[int, str 
         return None
     if is_local(location):
         return committed_run(local_path(location), app_id)
+    if is_object_store(location) and not has_delta_connector(spark):
+        return committed_run(location, app_id)
     found = [(v, meta) for v, meta in _connector_commits(spark, f"delta.`{location}`", app_id, limit=1000)
              if meta.get("sbi.app_id") == app_id]
     return (found[0][0], found[0][1].get("sbi.run_id")) if found else None

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.config import SourceConfig
 from pipeline.errors import SourceError
-from pipeline.io.paths import connector_hint, is_local, local_path, remote_refusal, resolve_location
+from pipeline.io.paths import connector_hint, local_path, remote_refusal, resolve_location
+from pipeline.io.stores import is_object_store, is_table, open_table, reachable, table_store
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -76,11 +77,11 @@ def check_source(config: SourceConfig, *, connector: bool) -> None:
     """Refuse, before any work, a source the readers of this session cannot honour.
 
     Without the Delta connector a ``delta`` source is read through deltalake,
-    which reads local or mounted paths only: a remote URI is refused with the
-    connector to add. Parquet, JSON and text paths go to Spark untouched
+    which reads local or mounted paths and S3 (``s3://``/``s3a://``): any other
+    remote URI is refused with the connector to add. Parquet, JSON and text paths go to Spark untouched
     (Spark's file systems decide).
     """
-    if config.format == "delta" and not connector and config.path and not is_local(config.path):
+    if config.format == "delta" and not connector and config.path and not reachable(config.path):
         raise SourceError(remote_refusal(config.path, what="Delta reader", key="source.path"))
 
 
@@ -88,7 +89,7 @@ def read_delta(spark: "SparkSession", path: str, *, version: int | None = None) 
     """A Delta table's current snapshot (or the snapshot at ``version``) as a DataFrame.
 
     ``path`` is a local path or any URI: the connector gets it untouched; the
-    deltalake fallback takes local paths and ``file:`` URIs and refuses the rest.
+    deltalake fallback takes local paths, ``file:`` URIs and S3 URIs and refuses the rest.
 
     Either way the DataFrame is one snapshot, pinned when it is made: a connector read without
     ``versionAsOf`` would resolve the table's latest version again at every action, so a job that
@@ -102,9 +103,9 @@ def read_delta(spark: "SparkSession", path: str, *, version: int | None = None) 
             if version is None:
                 raise SourceError(f"no Delta table at {path}")
         return spark.read.format("delta").option("versionAsOf", int(version)).load(location)
-    if not is_local(path):
+    if not reachable(path):
         raise SourceError(remote_refusal(path, what="Delta reader", key="path"))
-    return _read_delta_with_deltalake(spark, local_path(path), version=version)
+    return _read_delta_with_deltalake(spark, path if is_object_store(path) else local_path(path), version=version)
 
 
 def latest_version(spark: "SparkSession", location: str) -> int | None:
@@ -121,13 +122,12 @@ def table_version(spark: "SparkSession", path: str) -> int | None:
     None when there is no table. Reading at this version then sees exactly that snapshot."""
     if has_delta_connector(spark):
         return latest_version(spark, resolve_location(path))
-    if not is_local(path):
+    if not reachable(path):
         return None
-    from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
     try:
-        return DeltaTable(local_path(path)).version()
+        return open_table(path).version()
     except TableNotFoundError:
         return None
 
@@ -136,7 +136,7 @@ def is_delta_table(spark: "SparkSession", path: str) -> bool:
     """Whether ``path`` holds a Delta table; no local path is made from a URI.
 
     With the connector Spark answers (object stores included); without it
-    deltalake looks at local paths, and a remote URI is never a table it can use.
+    deltalake looks at local paths and S3; another remote URI is never a table it can use.
     """
     if has_delta_connector(spark):
         try:
@@ -144,22 +144,20 @@ def is_delta_table(spark: "SparkSession", path: str) -> bool:
             return True
         except Exception:  # noqa: BLE001 - not a Delta table (or unreachable): nothing to append to
             return False
-    if not is_local(path):
+    if not reachable(path):
         return False
-    from deltalake import DeltaTable
-
-    return DeltaTable.is_deltatable(local_path(path))
+    return is_table(path)
 
 
 def _read_delta_with_deltalake(spark: "SparkSession", path: str, *, version: int | None = None) -> "DataFrame":
     import pyarrow as pa
-    from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
+    store = table_store(path)
     try:
-        table = DeltaTable(path, version=version)
+        table = store.table(version=version)
     except TableNotFoundError:
         raise SourceError(
             f"no Delta table at {path} (no _delta_log folder); for the demo run `make demo`, "
@@ -185,6 +183,15 @@ def _read_delta_with_deltalake(spark: "SparkSession", path: str, *, version: int
     actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
     if not actions:
         return spark.createDataFrame([], spark_schema)
+    if store.remote:  # Spark has no s3a:// file system without the connector's jars: pyarrow reads the files
+        from urllib.parse import unquote
+
+        from pipeline.io.delta_reader import read_snapshot
+
+        files = [{"path": unquote(a["path"]),
+                  "partition_values": {c: _log_string(a.get(f"partition.{c}")) for c in partition_cols}}
+                 for a in actions]
+        return read_snapshot(spark, store, files, arrow_schema, spark_schema)
     root = table.table_uri.rstrip("/")
     groups: dict[tuple, list[str]] = {}
     for action in actions:
@@ -200,6 +207,15 @@ def _read_delta_with_deltalake(spark: "SparkSession", path: str, *, version: int
     for df in frames[1:]:
         result = result.unionByName(df)
     return result
+
+
+def _log_string(value: Any) -> str | None:
+    """A typed partition value as the Delta log writes it (``2026-11-28``, ``true``), for a cast back."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return str(value).lower()
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
 
 
 def _join(root: str, rel: str) -> str:

@@ -1,0 +1,92 @@
+"""Read a Delta snapshot whose files Spark cannot open itself: a Spark Python data source on pyarrow.
+
+Without the Delta connector (and its Hadoop S3A jars) Spark has no ``s3a://`` file system, so a
+table on S3 is read here: the driver resolves the snapshot's files with delta-rs and hands them
+over; each Spark task reads one file through pyarrow's ``S3FileSystem`` and adds the partition
+columns from the log. One task per file, so a table is read in parallel as Spark would.
+
+    read_snapshot(spark, store, files, arrow_schema, partition_columns)
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["DeltaFilesDataSource", "READ_FORMAT", "read_snapshot"]
+
+READ_FORMAT = "sbi_delta_files"
+_registered: set[Any] = set()
+_lock = threading.Lock()
+
+
+class _File(InputPartition):
+    def __init__(self, rel: str, partition_values: dict[str, Any]) -> None:
+        super().__init__(rel)
+        self.rel = rel
+        self.partition_values = partition_values
+
+
+class DeltaFilesDataSource(DataSource):
+    """``format("sbi_delta_files")``: the given Parquet files of a snapshot, with their partition values."""
+
+    @classmethod
+    def name(cls) -> str:
+        return READ_FORMAT
+
+    def reader(self, schema: Any) -> "DeltaFilesReader":
+        return DeltaFilesReader(dict(self.options))
+
+
+class DeltaFilesReader(DataSourceReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        from pipeline.io.stores import TableStore
+
+        self.store = TableStore(options["path"], json.loads(options.get("storage_options_secret") or "null"))
+        self.files = json.loads(options["files"])
+        self.schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(options["arrow_schema"])))
+
+    def partitions(self) -> Sequence[_File]:
+        return [_File(f["path"], f["partition_values"]) for f in self.files]
+
+    def read(self, partition: _File) -> Iterator[pa.RecordBatch]:
+        data = self.store.read_parquet(partition.rel)
+        columns = []
+        for field in self.schema:
+            if field.name in partition.partition_values:
+                value = partition.partition_values[field.name]
+                columns.append(pa.array([value] * data.num_rows, pa.string()).cast(field.type))
+            elif field.name in data.column_names:
+                columns.append(data[field.name].cast(field.type))
+            else:  # a column added to the table after this file was written
+                columns.append(pa.nulls(data.num_rows, field.type))
+        yield from pa.Table.from_arrays(columns, schema=self.schema).to_batches()
+
+
+def read_snapshot(spark: "SparkSession", store: Any, files: list[dict[str, Any]], arrow_schema: pa.Schema,
+                  spark_schema: Any) -> "DataFrame":
+    """The rows of ``files`` (``{"path": <relative, unquoted>, "partition_values": {...}}``) of ``store``."""
+    _register(spark)
+    options = {"path": store.location, "files": json.dumps(files),
+               "arrow_schema": arrow_schema.serialize().to_pybytes().hex()}
+    if store.remote:  # Spark redacts option values whose key says "secret"
+        options["storage_options_secret"] = json.dumps(store.options)
+    return spark.read.format(READ_FORMAT).schema(spark_schema).options(**options).load()
+
+
+def _register(spark: "SparkSession") -> None:
+    from pipeline.spark.session import activate_for_this_thread, session_key
+
+    activate_for_this_thread(spark)
+    key = session_key(spark)
+    with _lock:
+        if key not in _registered:
+            spark.dataSource.register(DeltaFilesDataSource)
+            _registered.add(key)
