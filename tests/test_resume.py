@@ -144,15 +144,54 @@ def _start(tmp_path: Path, config_file: Path, log: str, faults: dict | None = No
                                 start_new_session=True)
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from ``/proc``), whatever process group it put itself in."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = [], [pid]
+    while frontier:
+        children = [p for p, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
 def _kill_when(driver: subprocess.Popen, ready, log: Path, *, timeout_s: float = 300) -> None:
-    """SIGKILL the driver's whole process group (JVM and Python workers too) once ``ready()`` holds."""
+    """SIGKILL the driver and everything below it once ``ready()`` holds, as a lost node takes them all.
+
+    The driver's process group alone is not all: PySpark's worker daemon puts itself and its Python
+    workers in a group of their own, and a worker left running finishes its task (and stages it) after
+    the kill, which made the count of tasks finished before the kill a race.
+    """
     deadline = time.monotonic() + timeout_s
     try:
         while not ready():
             assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.1)
     finally:
-        os.killpg(driver.pid, signal.SIGKILL)
+        below = _descendants(driver.pid)
+        groups = set()
+        for pid in below:
+            try:
+                groups.add(os.getpgid(pid))  # the daemon's group: a worker it forks meanwhile is in it too
+            except ProcessLookupError:
+                pass
+        for group in {driver.pid, *groups} - {os.getpgrp()}:
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in below:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         driver.wait(timeout=60)
 
 
