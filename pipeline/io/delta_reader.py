@@ -11,7 +11,6 @@ columns from the log. One task per file, so a table is read in parallel as Spark
 from __future__ import annotations
 
 import json
-import threading
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import pyarrow as pa
@@ -23,8 +22,6 @@ if TYPE_CHECKING:
 __all__ = ["DeltaFilesDataSource", "READ_FORMAT", "read_snapshot"]
 
 READ_FORMAT = "sbi_delta_files"
-_registered: set[Any] = set()
-_lock = threading.Lock()
 
 
 class _File(InputPartition):
@@ -82,11 +79,6 @@ def read_snapshot(spark: "SparkSession", store: Any, files: list[dict[str, Any]]
 
 
 def _register(spark: "SparkSession") -> None:
-    from pipeline.spark.session import activate_for_this_thread, session_key
+    from pipeline.spark.session import register_data_source
 
-    activate_for_this_thread(spark)
-    key = session_key(spark)
-    with _lock:
-        if key not in _registered:
-            spark.dataSource.register(DeltaFilesDataSource)
-            _registered.add(key)
+    register_data_source(spark, DeltaFilesDataSource)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import hashlib
-import threading
 import uuid
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -404,20 +403,11 @@ def write_sink(
     return execute_write(df, plan)
 
 
-_registered: set[Any] = set()
-_register_lock = threading.Lock()
-
-
 def _register_once(spark: Any, source: type) -> None:
-    """Register the data source once per session: re-registering races with writes in other threads."""
-    from pipeline.spark.session import activate_for_this_thread, session_key
+    """Register the data source once per session (:func:`pipeline.spark.session.register_data_source`)."""
+    from pipeline.spark.session import register_data_source
 
-    activate_for_this_thread(spark)
-    key = session_key(spark)
-    with _register_lock:
-        if key not in _registered:
-            spark.dataSource.register(source)
-            _registered.add(key)
+    register_data_source(spark, source)
 
 
 def _check_writable(path: str) -> None:

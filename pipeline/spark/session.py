@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
 from typing import TYPE_CHECKING, Any
 
 from pipeline.config import SparkConfig
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 __all__ = ["activate_for_this_thread", "apply_session_settings", "get_session", "is_connect", "quiet_task_failure_logs",
+           "register_data_source",
            "remote_url", "session_key", "session_settings", "with_local_task_attempts"]
 
 # Spark's own patterns (SparkContext.createTaskScheduler): these local masters allow one attempt per task
@@ -233,6 +235,21 @@ def session_key(spark: "SparkSession") -> Any:
     if is_connect(spark):
         return ("connect", spark.session_id)
     return id(spark._jsparkSession)
+
+
+_data_sources: set[tuple[Any, str]] = set()
+_data_sources_lock = threading.Lock()
+
+
+def register_data_source(spark: "SparkSession", source: type) -> None:
+    """Register the Python data source ``source`` on ``spark`` once per session and source name
+    (re-registering races with writes in other threads), with ``spark`` active for this thread."""
+    activate_for_this_thread(spark)
+    key = (session_key(spark), source.name())
+    with _data_sources_lock:
+        if key not in _data_sources:
+            spark.dataSource.register(source)
+            _data_sources.add(key)
 
 
 def activate_for_this_thread(spark: "SparkSession") -> None:
