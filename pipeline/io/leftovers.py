@@ -113,26 +113,20 @@ def running_marker(root: Any, write_id: str, *, table_version: int | None, heart
     root = _local(root)
     path = _marker(root, write_id, "running")
     path.parent.mkdir(parents=True, exist_ok=True)
-    info = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(), "table_version": table_version}
-    path.write_text(json.dumps(info))
-    stop = threading.Event()
+    path.write_text(json.dumps(_owner(table_version)))
 
     def beat() -> None:
-        while not stop.wait(heartbeat_s):
-            for state in ("running", "committing"):
-                try:
-                    os.utime(_marker(root, write_id, state))
-                    break
-                except FileNotFoundError:
-                    continue
+        for state in ("running", "committing"):
+            try:
+                os.utime(_marker(root, write_id, state))
+                break
+            except FileNotFoundError:
+                continue
 
-    thread = threading.Thread(target=beat, name=f"sbi-heartbeat-{write_id[:8]}", daemon=True)
-    thread.start()
     try:
-        yield path
+        with _heartbeat(beat, every=heartbeat_s, write_id=write_id):
+            yield path
     finally:
-        stop.set()
-        thread.join(timeout=5)
         try:
             os.rename(path, _marker(root, write_id, "finished"))
         except FileNotFoundError:
@@ -397,26 +391,43 @@ def _remote_state(store: Any, write_id: str) -> str | None:
 
 @contextmanager
 def _remote_running(store: Any, write_id: str, *, table_version: int | None, heartbeat_s: float) -> Iterator[Any]:
-    info = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(), "table_version": table_version}
-    store.write_json(_rel(write_id, "running"), info)
-    stop = threading.Event()
+    store.write_json(_rel(write_id, "running"), _owner(table_version))
 
     def beat() -> None:
-        while not stop.wait(heartbeat_s):
-            state = _remote_state(store, write_id)
-            if state in ("running", "committing"):
-                store.write_json(_rel(write_id, state), {**store.read_json(_rel(write_id, state)),
-                                                          "heartbeat": time.time()})
+        state = _remote_state(store, write_id)
+        if state in ("running", "committing"):
+            marker = _rel(write_id, state)
+            store.write_json(marker, {**store.read_json(marker), "heartbeat": time.time()})
 
-    thread = threading.Thread(target=beat, name=f"sbi-heartbeat-{write_id[:8]}", daemon=True)
+    try:
+        with _heartbeat(beat, every=heartbeat_s, write_id=write_id):
+            yield store
+    finally:
+        if store.exists(_rel(write_id, "running")):
+            _remote_finish(store, write_id, {})
+
+
+def _owner(table_version: int | None) -> dict[str, Any]:
+    """What a running marker records of the write's process (read by :func:`owner_gone` and the sweep)."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(), "table_version": table_version}
+
+
+@contextmanager
+def _heartbeat(beat: Any, *, every: float, write_id: str) -> Iterator[None]:
+    """``beat()`` every ``every`` seconds in a daemon thread while the block runs; stopped and joined after."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(every):
+            beat()
+
+    thread = threading.Thread(target=loop, name=f"sbi-heartbeat-{write_id[:8]}", daemon=True)
     thread.start()
     try:
-        yield store
+        yield
     finally:
         stop.set()
         thread.join(timeout=5)
-        if store.exists(_rel(write_id, "running")):
-            _remote_finish(store, write_id, {})
 
 
 def _remote_claim(store: Any, write_id: str) -> dict[str, Any]:

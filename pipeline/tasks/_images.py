@@ -94,6 +94,10 @@ class ImageTask:
         if value is None:
             raise ImageRejected("skipped_null", "no image: the value is null")
         data = read_image_bytes(str(value)) if self.config.image_input == "path" else value
+        return self.decode_bytes(data)
+
+    def decode_bytes(self, data: bytes) -> DecodedImage:
+        """One image's bytes to an upright RGB image (the first frame of a multi-frame file)."""
         return decode_image(data, max_pixels=self.config.max_pixels, draft=self.draft_size)
 
     def process(self, loaded: Any, chunk: pa.RecordBatch, counts: WorkerCounts) -> pa.RecordBatch:

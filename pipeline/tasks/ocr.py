@@ -310,13 +310,10 @@ class OcrTask(ImageTask):
                 turned[mine] = upside_down[mine] > 1 - self.config.direction_threshold
         return turned
 
-    def decode(self, value: Any) -> DecodedImage:
+    def decode_bytes(self, data: bytes) -> DecodedImage:
         """Every page of a multi-page TIFF (up to ``task.max_pages``, within ``task.max_pixels``)."""
-        from pipeline.images.decode import ImageRejected, decode_pages, read_image_bytes
+        from pipeline.images.decode import decode_pages
 
-        if value is None:
-            raise ImageRejected("skipped_null", "no image: the value is null")
-        data = read_image_bytes(str(value)) if self.config.image_input == "path" else value
         return decode_pages(data, max_pixels=self.config.max_pixels, max_pages=self.config.max_pages)
 
     def run_group(self, loaded: LoadedOcr, images: list[DecodedImage], counts: WorkerCounts) -> list[dict[str, Any]]:
