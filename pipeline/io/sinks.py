@@ -347,9 +347,10 @@ def _merge_keyed(df: "DataFrame", plan: WritePlan) -> WriteResult:
         for k, v in before.items():
             spark.conf.unset(k) if v is None else spark.conf.set(k, v)
         spark.catalog.dropTempView(view)
-    version = _connector_version(spark, plan.table, plan.target, "sbi.write_id", plan.write_id)
-    return WriteResult(plan.target, plan.writer, version, plan.write_id,
-                       overlapped=_merge_left_out(spark, name, version))
+    # the commit's version and its operation metrics from one bounded history read
+    found = _connector_commit(spark, plan.table, plan.target, "sbi.write_id", plan.write_id)
+    version, metrics = found if found else (None, {})
+    return WriteResult(plan.target, plan.writer, version, plan.write_id, overlapped=_merge_left_out(metrics))
 
 
 def _connector_table_exists(spark: Any, name: str) -> bool:
@@ -360,15 +361,12 @@ def _connector_table_exists(spark: Any, name: str) -> bool:
         return False
 
 
-def _merge_left_out(spark: Any, name: str, version: int | None) -> int:
-    """The source rows a MERGE did not insert because their key was there (its operation metrics)."""
-    if version is None:
-        return 0
-    from pyspark.sql import functions as F
+def _merge_left_out(metrics: Mapping[str, Any]) -> int:
+    """The source rows a MERGE did not insert because their key was there, from its operation metrics.
 
-    rows = (spark.sql(f"DESCRIBE HISTORY {name}").where(F.col("version") == version)
-            .select("operationMetrics").collect())
-    metrics = dict(rows[0]["operationMetrics"] or {}) if rows else {}
+    >>> _merge_left_out({"numSourceRows": "12", "numTargetRowsInserted": "9"}), _merge_left_out({})
+    (3, 0)
+    """
     source = int(metrics.get("numSourceRows", 0) or 0)
     inserted = int(metrics.get("numTargetRowsInserted", source) or 0)
     return max(0, source - inserted)
@@ -586,17 +584,29 @@ def commit_metadata(entry: Mapping[str, Any]) -> dict[str, Any]:
     return found
 
 
-def _connector_commits(spark: Any, name: str, needle: str, *, limit: int) -> list[tuple[int, dict[str, Any]]]:
-    """``(version, sbi.* metadata)`` of the last ``limit`` commits of ``name`` whose userMetadata holds
-    ``needle``, newest first, read through the connector; [] when there is no such table."""
+def _connector_commits(spark: Any, name: str, needle: str, *,
+                       limit: int) -> list[tuple[int, dict[str, Any], dict[str, str]]]:
+    """``(version, sbi.* metadata, operation metrics)`` of the last ``limit`` commits of ``name`` whose
+    userMetadata holds ``needle``, newest first, read through the connector; [] when there is no such table."""
     from pyspark.sql import functions as F
 
     try:
         rows = (spark.sql(f"DESCRIBE HISTORY {name} LIMIT {int(limit)}")
-                .where(F.col("userMetadata").contains(needle)).select("version", "userMetadata").collect())
+                .where(F.col("userMetadata").contains(needle))
+                .select("version", "userMetadata", "operationMetrics").collect())
     except Exception:  # noqa: BLE001 - no table (nothing committed) or no history
         return []
-    return sorted(((int(r["version"]), commit_metadata(r.asDict())) for r in rows), key=lambda c: -c[0])
+    return sorted(((int(r["version"]), commit_metadata(r.asDict()), dict(r["operationMetrics"] or {}))
+                   for r in rows), key=lambda c: -c[0])
+
+
+def _connector_commit(spark: Any, table: str | None, target: str, key: str, value: str,
+                      *, limit: int = 100) -> tuple[int, dict[str, str]] | None:
+    """``(version, operation metrics)`` of the commit whose ``userMetadata`` carries ``key: value``, read
+    through the connector (one history read); None when the last ``limit`` commits hold none."""
+    name = table or f"delta.`{target}`"
+    return next(((v, metrics) for v, meta, metrics in _connector_commits(spark, name, value, limit=limit)
+                 if str(meta.get(key)) == value), None)
 
 
 def _connector_version(spark: Any, table: str | None, target: str, key: str, value: str,
@@ -606,9 +616,8 @@ def _connector_version(spark: Any, table: str | None, target: str, key: str, val
     Never the table's latest version: a concurrent commit (another job, the other day's run) may
     have landed on top of this write, and reading that version back would miss this run's rows.
     """
-    name = table or f"delta.`{target}`"
-    return next((v for v, meta in _connector_commits(spark, name, value, limit=limit)
-                 if str(meta.get(key)) == value), None)
+    found = _connector_commit(spark, table, target, key, value, limit=limit)
+    return found[0] if found else None
 
 
 def committed_run_via(spark: Any, location: str, app_id: str) -> tuple[int, str | None] | None:
@@ -620,7 +629,7 @@ def committed_run_via(spark: Any, location: str, app_id: str) -> tuple[int, str 
         return committed_run(local_path(location), app_id)
     if is_object_store(location) and not has_delta_connector(spark):
         return committed_run(location, app_id)
-    found = [(v, meta) for v, meta in _connector_commits(spark, f"delta.`{location}`", app_id, limit=1000)
+    found = [(v, meta) for v, meta, _ in _connector_commits(spark, f"delta.`{location}`", app_id, limit=1000)
              if meta.get("sbi.app_id") == app_id]
     return (found[0][0], found[0][1].get("sbi.run_id")) if found else None
 
