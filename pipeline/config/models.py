@@ -285,8 +285,8 @@ class StorageConfig(_Model):
             "aws_endpoint_url": self.endpoint_url,
             "aws_allow_http": None if self.allow_http is None else str(self.allow_http).lower(),
         }
-        return {k: v.get_secret_value() if isinstance(v, SecretStr) else v
-                for k, v in values.items() if v is not None and v != ""}
+        revealed = {k: v.get_secret_value() if isinstance(v, SecretStr) else v for k, v in values.items()}
+        return {k: v for k, v in revealed.items() if v}  # `${TOKEN:-}` left empty: not given
 
 
 class MlflowConfig(_Model):
