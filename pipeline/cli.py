@@ -152,6 +152,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m pipeline")
     from pipeline.errors import PipelineError
 
     args = build_parser(prog).parse_args(argv)
+    secrets: list[str] = []  # the config's storage keys, kept out of the error line
     try:
         if args.command == "report":
             return report_command(args)
@@ -172,6 +173,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m pipeline")
                 print(config_reference())
             return 0
         config = config_from_args(args)
+        secrets = config.secret_values()
         if args.command == "check":
             import json
 
@@ -186,19 +188,22 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m pipeline")
         run_job(config)
         return 0
     except PipelineError as exc:  # every deliberate error: its message says what to change
-        _print_error(exc, verbose=getattr(args, "verbose", False))
+        _print_error(exc, verbose=getattr(args, "verbose", False), secrets=secrets)
         return 2
     except Exception as exc:  # a failure Spark reports (e.g. a worker's exception): one line, not pages of Java
         from pipeline.spark.errors import is_spark_error
 
         if not is_spark_error(exc):
             raise  # our bug: the full traceback is the useful report
-        _print_error(exc, verbose=getattr(args, "verbose", False))
+        _print_error(exc, verbose=getattr(args, "verbose", False), secrets=secrets)
         return 1
 
 
-def _print_error(exc: BaseException, *, verbose: bool) -> None:
-    """``error: <one line>`` on stderr; with ``verbose`` the whole traceback (and Spark's text) first."""
+def _print_error(exc: BaseException, *, verbose: bool, secrets: Sequence[str] = ()) -> None:
+    """``error: <one line>`` on stderr, ``secrets`` (the config's keys) scrubbed; with ``verbose`` the whole
+    traceback (and Spark's text) first."""
+    from pipeline.config.redaction import scrub
+
     from pipeline.errors import PipelineError
     from pipeline.spark.errors import error_line, is_spark_error
 
@@ -210,7 +215,7 @@ def _print_error(exc: BaseException, *, verbose: bool) -> None:
     line = str(exc).strip() if isinstance(exc, PipelineError) else error_line(exc)
     if spark_cause is not None and not verbose:
         line += " (--verbose prints Spark's full error)"
-    print(f"error: {line}", file=sys.stderr, flush=True)
+    print(f"error: {scrub(line, secrets)}", file=sys.stderr, flush=True)
 
 
 def job_main(default_config: str, argv: Sequence[str] | None = None) -> int:

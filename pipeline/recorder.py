@@ -15,7 +15,8 @@ import datetime as dt
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
-from pipeline.io.paths import is_local
+from pipeline.config.redaction import scrub
+from pipeline.io.stores import unreachable_reason
 from pipeline.report import write_report
 from pipeline.runs import run_row, spark_identity, write_run_row
 from pipeline.tracking import log_run
@@ -39,9 +40,10 @@ class RunRecorder:
         self.config, self.run_id, self.ds, self.out = config, run_id, ds, out
         self.started_at = started_at or dt.datetime.now(dt.timezone.utc)
         self.path = config.resolved_runs_path()
-        # Written with deltalake from the driver, so, like the deltalake-backed sink, local or mounted paths
-        # only: a remote URI is never tried (no credentials lookups, no traffic to cloud metadata endpoints).
-        self.remote_skipped = self.path if self.path is not None and not is_local(self.path) else None
+        # Written with deltalake from the driver, so where the deltalake writer reaches: local or mounted paths
+        # and S3. Another store (gs://, abfss://) is never tried (no credentials lookups, no traffic to it).
+        self.unreachable = unreachable_reason(self.path) if self.path is not None else None
+        self.remote_skipped = self.path if self.unreachable else None
         if self.remote_skipped:
             self.path = None
         self.summary: "RunSummary | None" = None
@@ -73,8 +75,8 @@ class RunRecorder:
         if self.version is not None and summary is not None:
             print(f"runs table              : {self.path} (version {self.version})", file=self.out, flush=True)
         elif self.remote_skipped and error is None:
-            print(f"runs table              : not recorded: {self.remote_skipped} is remote; the runs table is "
-                  "written with deltalake from the driver, so set run.runs_path to a local or mounted path",
+            print(f"runs table              : not recorded at {self.remote_skipped}: the runs table is written with "
+                  f"deltalake from the driver, and {self.unreachable}; set run.runs_path to one of those",
                   file=self.out, flush=True)
         report_path = self.config.run.report_path
         if report_path:
@@ -109,5 +111,6 @@ class RunRecorder:
             self._warn(f"could not record the run ({outcome})", self.path, exc)
 
     def _warn(self, what: str, where: Any, exc: BaseException) -> None:
-        print(f"[{self.config.job}] warning: {what} at {where}: {type(exc).__name__}: {exc} "
+        text = scrub(str(exc), self.config.secret_values())
+        print(f"[{self.config.job}] warning: {what} at {where}: {type(exc).__name__}: {text} "
               "(the run itself is not affected; set run.runs_path to a writable location)", file=self.out, flush=True)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from pipeline.errors import ReportError
+from pipeline.io.stores import is_table, open_table, reachable, unreachable_reason
 
 __all__ = ["ReportError", "Thresholds", "find_deviations", "render_report", "resolve_runs", "write_report"]
 
@@ -50,31 +51,36 @@ def resolve_runs(target: str, *, runs_path: str | None = None) -> tuple[str, lis
     """``(runs table path, its rows oldest first, run id or None)`` for a CLI target.
 
     ``target`` is a runs table, an output table (its runs table is ``<path>_runs``)
-    or a run id (then ``runs_path`` names the runs table).
+    or a run id (then ``runs_path`` names the runs table). Tables may be local or on S3 (``s3://``,
+    ``s3a://``, settings from the environment: :mod:`pipeline.io.stores`).
     """
-    from deltalake import DeltaTable
-
     from pipeline.runs import read_runs
 
     if runs_path:
-        path, run_id = runs_path, None if DeltaTable.is_deltatable(target) else target
-    elif DeltaTable.is_deltatable(target):
-        names = DeltaTable(target).schema().to_arrow().names
+        path, run_id = runs_path, None if _is_table(target) else target
+    elif _is_table(target):
+        names = open_table(target).schema().to_arrow().names
         path = target if {"run_id", "outcome", "config_hash"} <= set(names) else target.rstrip("/") + "_runs"
         run_id = None
-    elif DeltaTable.is_deltatable(target.rstrip("/") + "_runs"):  # an output path whose table is gone or elsewhere
+    elif _is_table(target.rstrip("/") + "_runs"):  # an output path whose table is gone or elsewhere
         path, run_id = target.rstrip("/") + "_runs", None
     else:
         raise ReportError(
             f"{target!r} is not a Delta table; pass an output table, its runs table (<output>_runs), "
             "or a run id together with --runs <runs table>"
         )
-    if not DeltaTable.is_deltatable(path):
-        raise ReportError(f"no runs table at {path}; runs are recorded there by pipeline run (run.runs_path)")
+    if not _is_table(path):
+        reason = unreachable_reason(path)
+        raise ReportError(f"no runs table at {path}; runs are recorded there by pipeline run (run.runs_path)"
+                          + (f" ({reason})" if reason else ""))
     rows = read_runs(path)
     if run_id is not None and not any(r["run_id"] == run_id for r in rows):
         raise ReportError(f"run id {run_id!r} is not in the runs table {path} ({len(rows)} runs)")
     return path, rows, run_id
+
+
+def _is_table(location: str) -> bool:
+    return reachable(location) and is_table(location)
 
 
 def pick_runs(rows: Sequence[Mapping[str, Any]], *, run_id: str | None = None,

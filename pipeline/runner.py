@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from pipeline.config import JobConfig, SinkConfig
 from pipeline.errors import JobError
 from pipeline.fingerprint import task_fingerprint
+from pipeline.io.stores import using_settings
 from pipeline.metrics import RunSummary, StageClock, batch_metrics
 from pipeline.registry import ModelInfo, TaskKind, get_task_kind
 from pipeline.rows import QUARANTINED_STATUSES
@@ -481,16 +482,18 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
     run = config.run.model_copy(update={"run_id": config.run.resolved_run_id(), "ds": config.run.resolved_ds()})
     config = config.model_copy(update={"run": run})  # one run id and ds for the record and the run
     clock = StageClock()
-    recorder = RunRecorder.begin(config, run_id=run.run_id, ds=run.ds, out=out)
-    clock.lap("runs table")
-    try:
-        summary = _run_job(config, spark=spark, out=out, recorder=recorder, clock=clock)
-    except BaseException as exc:
-        recorder.end(error=exc)
-        raise
-    clock.skip()
-    recorder.end(summary=summary)
-    clock.lap("runs table")  # after the summary was printed: the returned summary has it, the printed one not
+    # the config's storage: section over the AWS_* environment for every table the job opens on S3
+    with using_settings(config.storage.options()):
+        recorder = RunRecorder.begin(config, run_id=run.run_id, ds=run.ds, out=out)
+        clock.lap("runs table")
+        try:
+            summary = _run_job(config, spark=spark, out=out, recorder=recorder, clock=clock)
+        except BaseException as exc:
+            recorder.end(error=exc)
+            raise
+        clock.skip()
+        recorder.end(summary=summary)
+        clock.lap("runs table")  # after the summary was printed: the returned summary has it, the printed one not
     summary.stage_seconds = dict(clock.seconds)
     return summary
 
@@ -606,7 +609,8 @@ def _prepare(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     clock.lap("model check")
     if spark is None:  # a metastore or object store endpoint nobody answers fails in seconds, not minutes
         check_job_addresses(config, timeout_s=config.spark.connect_timeout_s)
-    spark = spark or get_session(config.spark, object_stores=_uses_object_store(config))
+    spark = spark or get_session(config.spark, object_stores=_uses_object_store(config),
+                                 storage=config.storage.options())
     recorder.note(spark=spark)
     clock.lap("session")
     check_locations(spark, source=config.source, sink=config.sink)  # a remote path the session cannot reach fails here, before any work

@@ -6,7 +6,9 @@ on which ``ds``, with which resolved config (secrets redacted) and model, how
 it ended (``ok``, or ``failed`` with the error class and message), its counts,
 throughput, padding, per-batch metrics and the Delta version it wrote.
 
-The row is written twice from the driver with ``deltalake`` (no Spark job):
+The row is written twice from the driver with ``deltalake`` (no Spark job), on a local or
+mounted path or on S3 (``s3://``, ``s3a://``: delta-rs's object store with the settings of
+:mod:`pipeline.io.stores`, every commit a conditional put):
 ``started`` when the run begins, so a run that crashes half-way still leaves
 a trace, then replaced in one MERGE by its final row. Recording is best
 effort by design: a runs table that cannot be written prints a warning and
@@ -29,7 +31,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import pyarrow as pa
 
-from pipeline.config.redaction import redact_config
+from pipeline.config.redaction import redact_config, scrub
+from pipeline.io.stores import delta_uri, is_table, open_table, storage_options
 
 if TYPE_CHECKING:
     from pipeline.config import JobConfig
@@ -67,12 +70,14 @@ RUNS_SCHEMA = pa.schema([
 
 
 def config_hash(redacted: Mapping[str, Any]) -> str:
-    """sha256 (16 hex digits) of the redacted config without ``run.ds``/``run.run_id``: same settings, same hash.
+    """sha256 (16 hex digits) of the redacted config without ``run.ds``/``run.run_id`` and ``storage``
+    (how the store is reached, keys that rotate): same settings, same hash.
 
     >>> config_hash({"job": "a", "run": {"ds": "2026-01-01"}}) == config_hash({"job": "a", "run": {"ds": "2026-01-02"}})
     True
     """
     data = json.loads(json.dumps(redacted, default=str))
+    data.pop("storage", None)
     run = data.get("run")
     if isinstance(run, dict):
         run.pop("ds", None)
@@ -98,7 +103,7 @@ def run_row(
     )
     if error is not None:
         row["error_class"] = f"{type(error).__module__}.{type(error).__qualname__}".removeprefix("builtins.")
-        message = str(error)
+        message = scrub(str(error), config.secret_values())
         row["error_message"] = message if len(message) <= _MESSAGE_CHARS else message[:_MESSAGE_CHARS] + "…"
     if summary is not None:
         s = summary
@@ -126,20 +131,23 @@ def run_row(
 def write_run_row(path: str, row: Mapping[str, Any]) -> int:
     """Insert ``row``, or replace the row of its ``run_id``, in one Delta commit; returns the table version.
 
-    Creates the table on first use. Concurrent runs writing the same runs table
-    conflict only at commit time; the write is retried a few times.
+    ``path``: a local path or an S3 URI (:mod:`pipeline.io.stores` resolves its settings). Creates the
+    table on first use. Concurrent runs writing the same runs table conflict only at commit time; the
+    write is retried a few times.
     """
-    from deltalake import DeltaTable, write_deltalake
+    from deltalake import write_deltalake
     from deltalake.exceptions import CommitFailedError, DeltaError
 
     data = pa.Table.from_pylist([dict(row)], schema=RUNS_SCHEMA)
+    options = storage_options(path)
     for attempt in range(_WRITE_ATTEMPTS):
         try:
-            if not DeltaTable.is_deltatable(path):
+            if not is_table(path, options=options or {}):
                 _ensure_parent(path)
-                write_deltalake(path, data, mode="append", description="sbi runs table")
-                return DeltaTable(path).version()
-            table = DeltaTable(path)
+                write_deltalake(delta_uri(path), data, mode="append", description="sbi runs table",
+                                storage_options=options)
+                return open_table(path, options=options or {}).version()
+            table = open_table(path, options=options or {})
             (table.merge(source=data, predicate="t.run_id = s.run_id", source_alias="s", target_alias="t")
              .when_matched_update_all().when_not_matched_insert_all().execute())
             return table.version()
@@ -161,10 +169,8 @@ def _ensure_parent(path: str) -> None:
 
 
 def read_runs(path: str, *, job: str | None = None, run_id: str | None = None) -> list[dict[str, Any]]:
-    """The rows of a runs table, oldest first (by ``started_at``), optionally one job's or one run's."""
-    from deltalake import DeltaTable
-
-    rows = DeltaTable(path).to_pyarrow_table().to_pylist()
+    """The rows of a runs table (local or S3), oldest first (by ``started_at``), optionally one job's or one run's."""
+    rows = open_table(path).to_pyarrow_table().to_pylist()
     if job is not None:
         rows = [r for r in rows if r["job"] == job]
     if run_id is not None:

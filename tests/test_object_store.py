@@ -8,18 +8,29 @@ import datetime as dt
 import io
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pytest
 
+from pipeline.config import StorageConfig
 from pipeline.io.local_s3 import local_s3
+from pipeline.io.stores import storage_options, using_settings
 from pipeline.io.sinks import SinkError, write_sink
+from pipeline.report import report_main
 from pipeline.runner import run_job
+from pipeline.runs import read_runs
 
 from .conftest import make_documents, sink_config, write_delta
 from .test_runner import job_config
 
 D1 = dt.date(2026, 11, 28)
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +44,12 @@ def s3(spark):  # the connector's
         yield server
         for key in confs:
             hadoop.unset(key)
+
+
+def _storage(server) -> dict[str, str]:
+    """The server as a config's storage: section (the deltalake package's settings, over the environment)."""
+    return {"access_key_id": server.access_key, "secret_access_key": server.secret_key, "region": "us-east-1",
+            "endpoint_url": server.endpoint, "allow_http": "true"}
 
 
 def _keys(s3, prefix: str) -> list[str]:
@@ -69,7 +86,8 @@ def test_a_job_scores_into_s3a_with_its_quarantine_and_a_retry_adds_nothing(spar
     texts[4] = "a POISON row"
     write_delta(tmp_path / "docs", docs.set_column(1, "text", __import__("pyarrow").array(texts)))
     sink = {"path": "s3a://lake/scores", "quarantine_path": "s3a://lake/scores_quarantine", "writer": "delta"}
-    config = job_config(tmp_path, tiny_embed_model, sink=sink,
+    storage = _storage(s3)  # for the runs table, which deltalake writes from the driver
+    config = job_config(tmp_path, tiny_embed_model, sink=sink, storage=storage,
                         run={"faults": {"poison_marker": "POISON"}, "max_error_fraction": 0.1, "run_id": "s3-1"})
     out = io.StringIO()
     summary = run_job(config, spark=spark, out=out)
@@ -80,15 +98,46 @@ def test_a_job_scores_into_s3a_with_its_quarantine_and_a_retry_adds_nothing(spar
     assert scores.count() == 29 and scores.select("doc_id").distinct().count() == 29
     quarantine = spark.read.format("delta").load("s3a://lake/scores_quarantine").collect()
     assert [r["doc_id"] for r in quarantine] == ["d00004"]
-    # the runs table is written by deltalake on local paths only: said, not failed
-    assert "runs table              : not recorded: s3a://lake/scores_runs is remote" in out.getvalue()
+    # the runs table next to the output, on S3 too: written by deltalake with the config's storage settings
+    assert "runs table              : s3a://lake/scores_runs (version 1)" in out.getvalue()
+    runs = spark.read.format("delta").load("s3a://lake/scores_runs").collect()
+    assert [(r["run_id"], r["outcome"], r["writer"], r["delta_version"], r["rows_out"]) for r in runs] == [
+        ("s3-1", "ok", "delta", 0, 29)]
 
     retry_out = io.StringIO()  # the scheduler retries the run after its commit landed: found in S3's history
-    retry = run_job(job_config(tmp_path, tiny_embed_model, sink=sink,
+    retry = run_job(job_config(tmp_path, tiny_embed_model, sink=sink, storage=storage,
                                run={"faults": {"poison_marker": "POISON"}, "max_error_fraction": 0.1,
                                     "run_id": "s3-retry"}), spark=spark, out=retry_out)
     assert "already committed at version 0 by run s3-1; nothing to do" in retry_out.getvalue()
     assert retry.writer == "delta" and spark.read.format("delta").load("s3a://lake/scores").count() == 29
+
+
+@pytest.mark.connector
+def test_one_s3a_table_takes_commits_from_both_writers_and_each_reads_the_others(spark, s3):
+    """The connector (Hadoop S3A) and the deltalake writer (delta-rs's object store) append to one table on
+    s3a:// in turn; the connector reads delta-rs's commits and delta-rs the connector's."""
+    from deltalake import DeltaTable
+    from pyspark.sql import functions as F
+
+    path = "s3a://lake/both"
+
+    def append(ids: range, writer: str):
+        frame = spark.range(ids.start, ids.stop).withColumn("ds", F.lit(D1))
+        return write_sink(frame, sink_config(path=path, mode="append", partition_by=["ds"], writer=writer))
+
+    with using_settings(StorageConfig.model_validate(_storage(s3)).options()):  # the deltalake writer's
+        results = [append(range(0, 5), "delta"), append(range(5, 8), "deltalake"), append(range(8, 10), "delta")]
+    assert [(r.writer, r.version) for r in results] == [("delta", 0), ("deltalake", 1), ("delta", 2)]
+    by_connector = spark.read.format("delta").load(path)
+    assert sorted(r["id"] for r in by_connector.collect()) == list(range(10))
+    assert sorted(r["id"] for r in spark.read.format("delta").option("versionAsOf", 1).load(path).collect()) == \
+        list(range(8)), "the connector time-travels to the deltalake writer's version"
+    table = DeltaTable("s3://lake/both", storage_options=storage_options("s3://lake/both", environ=s3.env()))
+    assert table.version() == 2 and sorted(table.to_pyarrow_table()["id"].to_pylist()) == list(range(10))
+    assert sorted(DeltaTable("s3://lake/both", version=0, storage_options=storage_options(
+        "s3://lake/both", environ=s3.env())).to_pyarrow_table()["id"].to_pylist()) == list(range(5))
+    assert [k.rsplit("/", 1)[-1] for k in _keys(s3, "both/_delta_log/") if k.endswith(".json")] == [
+        f"{v:020d}.json" for v in range(3)]
 
 
 # ---------------------------------------------------------------- the deltalake writer (no jars)
@@ -150,6 +199,13 @@ def test_the_deltalake_writer_runs_a_job_on_s3a_from_an_s3_source(spark, lake, t
     assert any(k.startswith("scores/ds=2026-11-28/part-") and k.endswith(".parquet") for k in keys)
     printed = out.getvalue() + summary_path.read_text()
     assert lake.secret_key not in printed and lake.access_key not in printed, "credentials are never printed"
+    # its runs row, on S3 next to the output (a started row, then the final one: two commits)
+    assert "runs table              : s3a://lake/scores_runs (version 1)" in out.getvalue()
+    [row] = read_runs("s3a://lake/scores_runs")
+    assert (row["run_id"], row["outcome"], row["output"], row["writer"], row["delta_version"]) == (
+        "s3-1", "ok", "s3a://lake/scores", "deltalake", 0)
+    assert (row["rows_in"], row["rows_out"], row["rows_quarantined"]) == (30, 29, 1)
+    assert "scores_runs/_delta_log/00000000000000000001.json" in _keys(lake, "scores_runs/")
 
     retry_out = io.StringIO()  # the scheduler retries the run after its commit landed: found in the S3 log
     retry = run_job(_s3_job(tmp_path, tiny_embed_model, run={**faults, "run_id": "s3-retry"}), spark=spark,
@@ -162,6 +218,12 @@ def test_the_deltalake_writer_runs_a_job_on_s3a_from_an_s3_source(spark, lake, t
     assert again.complete and again.delta_version == 1
     day = _table(lake, "s3://lake/scores").to_pyarrow_table()
     assert day.num_rows == 29 and set(day["run_id"].to_pylist()) == {"s3-2"}, "the rerun replaced the day"
+
+    runs = {r["run_id"]: r for r in read_runs("s3://lake/scores_runs")}  # s3:// and s3a:// name one table
+    assert {k: (r["outcome"], r["delta_version"]) for k, r in runs.items()} == {
+        "s3-1": ("ok", 0), "s3-retry": ("ok", 0), "s3-2": ("ok", 1)}
+    written, reported, _ = report_main("s3a://lake/scores", out=str(tmp_path / "report.html"))  # pipeline report
+    assert reported == "s3-2" and "s3-1" in written.read_text() and "s3-2" in written.read_text()
 
 
 def test_a_keyed_append_on_s3_writes_only_the_missing_keys(spark, lake, tmp_path, tiny_embed_model):
@@ -180,6 +242,43 @@ def test_a_keyed_append_on_s3_writes_only_the_missing_keys(spark, lake, tmp_path
     assert len(ids) == len(set(ids)) == 20, "each key once"
     assert sorted(table.filter(pa.compute.equal(table["run_id"], "k-2"))["doc_id"].to_pylist()) == \
         [f"d{i:05d}" for i in range(12, 20)]
+
+
+def test_the_runs_table_of_an_s3a_output_is_recorded_there_and_reported_from_there(lake, tmp_path, monkeypatch):
+    """The recorder alone (no Spark job, seconds): a job into s3a://lake/rec records its started row, then its
+    final row, in s3a://lake/rec_runs with the storage: settings the runner applies (keys only as ${VAR}, no
+    AWS_* in the environment), and `pipeline report` reads them back from there."""
+    from pipeline.config import build_config
+    from pipeline.recorder import RunRecorder
+
+    from .test_runs import summary
+
+    for var in lake.env():
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SBI_T_REC_KEY", "AKIDRECORDER1")
+    monkeypatch.setenv("SBI_T_REC_SECRET", "recorder-secret-77")
+    config = build_config({
+        "job": "score_documents", "source": {"path": str(tmp_path / "docs")}, "model": {"path": str(tmp_path)},
+        "task": {"kind": "embed"}, "sink": {"path": "s3a://lake/rec"},
+        "storage": {"access_key_id": "${SBI_T_REC_KEY}", "secret_access_key": "${SBI_T_REC_SECRET}",
+                    "endpoint_url": lake.endpoint, "allow_http": True, "region": "us-east-1"},
+    })
+    out = io.StringIO()
+    with using_settings(config.storage.options()):  # as run_job does for the whole run
+        recorder = RunRecorder.begin(config, run_id="r1", ds=D1, out=out)
+        [started] = read_runs("s3a://lake/rec_runs")
+        assert (started["run_id"], started["outcome"]) == ("r1", "started")
+        recorder.end(summary=summary("r1"))
+        [row] = read_runs("s3://lake/rec_runs")
+        written, reported, _ = report_main("s3a://lake/rec", out=str(tmp_path / "report.html"))
+    assert out.getvalue() == "runs table              : s3a://lake/rec_runs (version 1)\n"
+    assert (row["run_id"], row["outcome"], row["rows_in"], row["rows_out"], row["delta_version"]) == (
+        "r1", "ok", 100, 99, 4)
+    assert reported == "r1" and "r1" in written.read_text()
+    assert _keys(lake, "rec_runs/_delta_log/") == ["rec_runs/_delta_log/00000000000000000000.json",
+                                                   "rec_runs/_delta_log/00000000000000000001.json"]
+    shown = out.getvalue() + json.dumps(row, default=str) + written.read_text()
+    assert "AKIDRECORDER1" not in shown and "recorder-secret-77" not in shown
 
 
 def test_two_concurrent_commits_of_one_version_on_s3_do_not_both_win(lake):
@@ -221,3 +320,85 @@ def test_the_deltalake_writer_refuses_a_store_it_cannot_reach_before_any_work(sp
     with pytest.raises(SinkError, match="handles local or mounted paths"):
         write_sink(spark.range(3).withColumn("ds", F.lit(D1)),
                    sink_config(path="abfss://c@account.dfs.core.windows.net/t", mode="append", writer="deltalake"))
+
+
+def test_keys_given_only_as_variables_in_the_config_reach_s3_and_are_never_shown(
+        spark, lake, tmp_path, tiny_embed_model, monkeypatch, capfd):
+    """No AWS_* in the environment: the endpoint and keys come from ${VAR} in the storage: section only. The
+    driver resolves them and hands them to its read and write tasks; they show nowhere a run leaves text."""
+    write_delta("s3://lake/docs_cfg", make_documents(10, with_bad_rows=False), storage_options=_options(lake))
+    for var in lake.env():
+        monkeypatch.delenv(var, raising=False)
+    key_id, secret = "AKIDCONFIGONLY7", "config-only-secret-9f2c"  # moto takes any keys; these are ours alone
+    monkeypatch.setenv("SBI_T_S3_KEY_ID", key_id)
+    monkeypatch.setenv("SBI_T_S3_SECRET", secret)
+    monkeypatch.setenv("SBI_T_S3_ENDPOINT", lake.endpoint)
+    storage = {"access_key_id": "${SBI_T_S3_KEY_ID}", "secret_access_key": "${SBI_T_S3_SECRET}",
+               "endpoint_url": "${SBI_T_S3_ENDPOINT}", "region": "us-east-1", "allow_http": True}
+    summary_path, report_path = tmp_path / "summary.json", tmp_path / "report.html"
+    config = job_config(tmp_path, tiny_embed_model, source={"path": "s3a://lake/docs_cfg"}, storage=storage,
+                        sink={"path": "s3a://lake/cfg_scores", "quarantine_path": "s3a://lake/cfg_quarantine",
+                              "writer": "deltalake"},
+                        run={"run_id": "cfg-1", "summary_path": str(summary_path), "report_path": str(report_path)})
+    out = io.StringIO()
+    summary = run_job(config, spark=spark, out=out)
+    assert summary.complete and (summary.rows_in, summary.rows_out, summary.delta_version) == (10, 10, 0)
+    assert "runs table              : s3a://lake/cfg_scores_runs (version 1)" in out.getvalue()
+    assert not os.environ.get("AWS_ACCESS_KEY_ID") and not os.environ.get("AWS_ENDPOINT_URL")
+    with using_settings(config.storage.options()):
+        [row] = read_runs("s3a://lake/cfg_scores_runs")
+    assert (row["run_id"], row["outcome"], row["rows_out"]) == ("cfg-1", "ok", 10)
+    assert json.loads(row["config_json"])["storage"]["access_key_id"] == "***"
+    assert len(_table(lake, "s3://lake/cfg_scores").to_pyarrow_table()) == 10
+    captured = capfd.readouterr()  # the process's own stdout and stderr: Spark's and the workers' logs too
+    shown = "\n".join([out.getvalue(), captured.out, captured.err, summary_path.read_text(),
+                       report_path.read_text(), json.dumps(row, default=str)])
+    for value in (key_id, secret):
+        assert value not in shown, f"{value} shown"
+
+
+@pytest.mark.timeout(1500)  # two whole jobs, one in its own JVM: minutes on a loaded 2-core machine
+def test_a_driver_killed_before_its_commit_on_s3_leaves_each_key_once_after_the_rerun(
+        spark, lake, tmp_path, tiny_embed_model):
+    """The kill drill of tests/test_commits.py on S3: the driver (and its workers' process group) killed while its
+    write's files are in the bucket and its commit waits; the same command again commits each key once. No
+    sweep runs on S3: the dead write's files stay, in no version of the table."""
+    write_delta(tmp_path / "docs", make_documents(12, with_bad_rows=False))
+    barrier = tmp_path / "barrier"
+    sink = {"path": "s3a://lake/drill", "quarantine_path": "s3a://lake/drill_quarantine", "writer": "deltalake"}
+    config = job_config(tmp_path, tiny_embed_model, sink=sink, run={
+        "run_id": "killed", "faults": {"commit_barrier": {"dir": str(barrier), "parties": 9, "timeout_s": 15}}})
+    config_file = tmp_path / "job.json"
+    config_file.write_text(config.model_dump_json())
+    # the S3 settings from the environment (the lake fixture's); no jars: the writer and reader are delta-rs's
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO), "SBI_NO_JARS": "1"}
+    log = tmp_path / "driver.log"
+    with open(log, "wb") as sink_log:
+        driver = subprocess.Popen([sys.executable, str(REPO / "tests" / "commit_job.py"), str(config_file)],
+                                  env=env, cwd=str(REPO), stdout=sink_log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+    try:
+        deadline = time.monotonic() + 400
+        while not list(barrier.glob("*.ready")):
+            assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)  # the executors wrote their files; the commit waits
+        driver.wait(timeout=60)
+    released_at = time.time() + 15  # the barrier's timeout: a surviving commit worker would go on from here
+    orphans = {k for k in _keys(lake, "drill/") if k.endswith(".parquet")}
+    assert orphans and not _keys(lake, "drill/_delta_log/"), "files written, nothing committed"
+
+    out = io.StringIO()
+    summary = run_job(job_config(tmp_path, tiny_embed_model, sink=sink, run={"run_id": "rerun"}), spark=spark,
+                      out=out)
+    assert summary.complete and summary.rows_out == 12 and summary.delta_version == 0, out.getvalue()
+    while time.time() < released_at + 2:  # whatever survived of the killed job has given up by now
+        time.sleep(0.5)
+    table = _table(lake, "s3://lake/drill")
+    ids = table.to_pyarrow_table()["doc_id"].to_pylist()
+    assert len(ids) == len(set(ids)) == 12, "each key once"
+    assert table.version() == 0, "the killed job never committed, not even after the kill"
+    live = {"drill/" + unquote(p) for p in table.get_add_actions(flatten=True).column("path").to_pylist()}
+    assert live and not live & orphans
+    assert orphans <= set(_keys(lake, "drill/")), "no sweep on S3: the dead write's files stay, in no version"

@@ -177,3 +177,50 @@ def test_spark_identity_on_both_session_kinds(any_spark) -> None:
 
     app_id, master = spark_identity(any_spark)
     assert app_id and master and master.startswith("local")
+
+
+def test_storage_keys_are_secrets_everywhere_a_config_shows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The storage: keys, from ${VAR} or written in the file, never show in the runs row, `pipeline check`,
+    a dump of the config or an error message the row records; they still reach the stores."""
+    conf = tmp_path / "job.yaml"
+    conf.write_text(
+        "job: j\nsource: {path: /d}\nmodel: {path: /m}\ntask: {kind: embed}\nsink: {path: s3a://lake/out}\n"
+        "storage: {access_key_id: '${T_KEY_ID}', secret_access_key: '${T_SECRET}', session_token: literal-tok,"
+        " region: eu-west-1, endpoint_url: 'http://127.0.0.1:9', allow_http: true}\n"
+    )
+    monkeypatch.setenv("T_KEY_ID", "AKIDSEEN0")
+    monkeypatch.setenv("T_SECRET", "s3cr3t-never-shown")
+    config = load_config(conf)
+    assert config.storage.options() == {
+        "aws_access_key_id": "AKIDSEEN0", "aws_secret_access_key": "s3cr3t-never-shown",
+        "aws_session_token": "literal-tok", "aws_region": "eu-west-1", "aws_endpoint_url": "http://127.0.0.1:9",
+        "aws_allow_http": "true"}
+    error = PermissionError("denied for AKIDSEEN0 with s3cr3t-never-shown")
+    row = run_row(config=config, run_id="r", ds=dt.date(2026, 1, 1), started_at=dt.datetime.now(dt.timezone.utc),
+                  outcome="failed", error=error)
+    shown = [row["config_json"], row["error_message"], json.dumps(config.printable()), config.model_dump_json(),
+             repr(config), str(config.model_dump())]
+    for text in shown:
+        for secret in ("AKIDSEEN0", "s3cr3t-never-shown", "literal-tok"):
+            assert secret not in text, (secret, text)
+    stored = json.loads(row["config_json"])["storage"]
+    assert stored["access_key_id"] == stored["secret_access_key"] == stored["session_token"] == "***"
+    assert stored["region"] == "eu-west-1" and row["error_message"] == "denied for *** with ***"
+    shown_by_check = config.printable()["storage"]  # a ${VAR} shows as its name, a key named like a secret as ***
+    assert (shown_by_check["access_key_id"], shown_by_check["secret_access_key"]) == ("${T_KEY_ID}", "***")
+    # the keys (rotating) are not settings of the run: same hash with other keys
+    monkeypatch.setenv("T_SECRET", "rotated")
+    kw = dict(run_id="r", ds=dt.date(2026, 1, 1), started_at=dt.datetime.now(dt.timezone.utc), outcome="started")
+    assert run_row(config=load_config(conf), **kw)["config_hash"] == row["config_hash"]
+
+
+def test_a_runs_table_the_deltalake_package_cannot_reach_is_skipped_and_said_so(tmp_path: Path) -> None:
+    config = job_config(tmp_path, runs_path="gs://bucket/runs")
+    out = io.StringIO()
+    recorder = RunRecorder.begin(config, run_id="r1", ds=dt.date(2026, 11, 30), out=out)
+    recorder.end(summary=summary("r1"))
+    assert out.getvalue() == (
+        "runs table              : not recorded at gs://bucket/runs: the runs table is written with deltalake "
+        "from the driver, and the deltalake package here reaches local or mounted paths, s3:// and s3a://, "
+        "not gs:; set run.runs_path to one of those\n")
+    assert recorder.row is not None and recorder.row["outcome"] == "ok"

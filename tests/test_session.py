@@ -36,3 +36,21 @@ def test_a_local_master_replays_the_delta_log_in_as_many_partitions_as_cores():
     assert _local_delta_defaults("local-cluster[2, 1, 2048]") == {key: "2"}
     assert _local_delta_defaults("local[*,4]") == {key: str(min(os.cpu_count() or 1, 50))}
     assert _local_delta_defaults("yarn") == {} and _local_delta_defaults("spark://host:7077") == {}
+
+
+def test_storage_settings_become_the_s3a_settings_of_a_session_built_here():
+    from pipeline.config import StorageConfig
+    from pipeline.spark.session import s3a_settings
+
+    storage = StorageConfig(access_key_id="ak", secret_access_key="sk", region="eu-west-1",
+                            endpoint_url="http://127.0.0.1:9000", allow_http=True)
+    assert s3a_settings(storage.options()) == {
+        "spark.hadoop.fs.s3a.aws.credentials.provider": "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
+        "spark.hadoop.fs.s3a.access.key": "ak", "spark.hadoop.fs.s3a.secret.key": "sk",
+        "spark.hadoop.fs.s3a.endpoint.region": "eu-west-1", "spark.hadoop.fs.s3a.endpoint": "http://127.0.0.1:9000",
+        "spark.hadoop.fs.s3a.path.style.access": "true", "spark.hadoop.fs.s3a.connection.ssl.enabled": "false",
+    }
+    temporary = s3a_settings(StorageConfig(access_key_id="ak", secret_access_key="sk", session_token="t").options())
+    assert temporary["spark.hadoop.fs.s3a.aws.credentials.provider"].endswith(".TemporaryAWSCredentialsProvider")
+    assert temporary["spark.hadoop.fs.s3a.session.token"] == "t"
+    assert s3a_settings(StorageConfig().options()) == {}, "nothing given: S3A's own chain and settings"

@@ -12,10 +12,13 @@ import re
 import uuid
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SerializeAsAny, field_validator, model_validator
+from pydantic import (
+    BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, SerializeAsAny, field_serializer, field_validator,
+    model_validator,
+)
 
 from pipeline.config.kinds import known_kinds, task_config_class
-from pipeline.config.redaction import redact_config
+from pipeline.config.redaction import REDACTED, redact_config
 
 __all__ = [
     "AccuracyGateConfig",
@@ -28,6 +31,7 @@ __all__ = [
     "SinkConfig",
     "SourceConfig",
     "SparkConfig",
+    "StorageConfig",
     "TaskConfig",
 ]
 
@@ -244,6 +248,47 @@ class SinkConfig(_Model):
         return self
 
 
+class StorageConfig(_Model):
+    """S3 settings of the job's ``s3://``/``s3a://`` locations, over the environment's ``AWS_*`` variables.
+
+    Give the keys as ``${VAR}`` (secrets stay out of YAML): they are held as secrets, dumped and
+    printed as ``***``, and reach only the stores (the deltalake writer and readers, resolved on the
+    driver and handed to their tasks) and the S3A settings of a session the library builds.
+    """
+
+    access_key_id: SecretStr | None = Field(
+        None, description="S3 access key id, as `${VAR}`; none: `$AWS_ACCESS_KEY_ID`, else the SDKs' own chain")
+    secret_access_key: SecretStr | None = Field(
+        None, description="S3 secret access key, as `${VAR}`; none: `$AWS_SECRET_ACCESS_KEY`")
+    session_token: SecretStr | None = Field(
+        None, description="session token of temporary keys, as `${VAR}`; none: `$AWS_SESSION_TOKEN`")
+    region: str | None = Field(None, description="the buckets' region; none: `$AWS_REGION`/`$AWS_DEFAULT_REGION`")
+    endpoint_url: str | None = Field(
+        None, description="an S3-compatible server (MinIO, moto), e.g. `http://127.0.0.1:9000` (S3A then uses "
+        "path-style access); none: `$AWS_ENDPOINT_URL`, else AWS")
+    allow_http: bool | None = Field(
+        None, description="`true` for a plain-HTTP `endpoint_url`; none: `$AWS_ALLOW_HTTP`")
+
+    @field_serializer("access_key_id", "secret_access_key", "session_token")
+    def _hidden(self, value: SecretStr | None) -> str | None:
+        return None if value is None else REDACTED
+
+    def options(self) -> dict[str, str]:
+        """The settings given, in delta-rs's option names (``aws_access_key_id``, ...), secrets revealed.
+
+        >>> StorageConfig(region="eu-west-1", allow_http=True).options()
+        {'aws_region': 'eu-west-1', 'aws_allow_http': 'true'}
+        """
+        values = {
+            "aws_access_key_id": self.access_key_id, "aws_secret_access_key": self.secret_access_key,
+            "aws_session_token": self.session_token, "aws_region": self.region,
+            "aws_endpoint_url": self.endpoint_url,
+            "aws_allow_http": None if self.allow_http is None else str(self.allow_http).lower(),
+        }
+        revealed = {k: v.get_secret_value() if isinstance(v, SecretStr) else v for k, v in values.items()}
+        return {k: v for k, v in revealed.items() if v}  # `${TOKEN:-}` left empty: not given
+
+
 class MlflowConfig(_Model):
     """Where a run logs its params, metrics and report (see ``pipeline.tracking``)."""
 
@@ -319,6 +364,7 @@ class JobConfig(_Model):
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
     sink: SinkConfig
     run: RunConfig = Field(default_factory=RunConfig)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
     # key paths (e.g. "sink.path") whose values came from ${VAR}: the runs table redacts them
     _env_paths: frozenset[str] = PrivateAttr(default_factory=frozenset)
     # the same key paths -> their text before expansion (e.g. "${LAKE}/scores"), for `pipeline check`
@@ -342,6 +388,12 @@ class JobConfig(_Model):
             return value
 
         return redact_config(show(self.model_dump(mode="json"), ""))
+
+    def secret_values(self) -> list[str]:
+        """The secrets this config holds (``storage`` keys), to scrub from error text (:func:`scrub`)."""
+        storage = self.storage
+        return [v.get_secret_value() for v in (storage.access_key_id, storage.secret_access_key,
+                                                storage.session_token) if v is not None]
 
     def resolved_runs_path(self) -> str | None:
         """The runs table: ``run.runs_path``, else the output path + ``_runs`` (none for a catalog sink)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Mapping
 
-__all__ = ["REDACTED", "redact_config"]
+__all__ = ["REDACTED", "redact_config", "scrub"]
 
 REDACTED = "***"
 # key names whose values are secrets: anywhere for the unambiguous words, as the last word for token/key
@@ -45,3 +45,15 @@ def redact_config(data: Any, env_paths: Iterable[str] = (), *, _where: str = "")
                 for i, v in enumerate(data)]
     return data
 
+
+
+def scrub(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every occurrence of a secret value replaced by ``***``: for error messages a library
+    wrote (a store's reply may quote a key), before they are printed or recorded.
+
+    >>> scrub("access key AKIA123 denied", ["AKIA123", ""])
+    'access key *** denied'
+    """
+    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    return text

@@ -461,6 +461,7 @@ def _table_version(path: str) -> int | None:
 # settings that differ between two tries of one logical run without changing what it writes
 _RUN_UNIQUE = {
     "spark": None,
+    "storage": None,  # how the store is reached (keys rotate), not what is written
     "run": {"run_id", "progress", "progress_interval_s", "sample_rows", "summary_path", "faults", "runs_path",
             "report_path", "mlflow", "staging", "staging_path", "staging_max_age_hours"},
 }
@@ -472,7 +473,7 @@ def run_app_id(job: str, settings: Mapping[str, Any], *, model_revision: str, so
     A hash of the job name, the output location, the run date, the model revision, the source
     snapshot (:func:`source_snapshot`; None where unknown) and the job's ``settings`` (the config as
     JSON) minus what differs between tries (``run.run_id``, progress and reporting settings, fault
-    drills, ``spark.*``).
+    drills, ``spark.*``, ``storage.*``).
 
     >>> from pipeline.config import build_config
     >>> raw = {"job": "j", "source": {"path": "/d"}, "model": {"path": "/m"}, "task": {"kind": "embed"},

@@ -3,7 +3,8 @@
 delta-rs opens ``s3://`` locations with its own object store (no JVM, no jars); pyarrow's
 ``S3FileSystem`` writes and reads the Parquet files. Hadoop's ``s3a://`` names the same objects,
 so it is mapped to ``s3://`` for both. Settings come from the environment of the process that
-resolves them (the driver), in the names the AWS SDKs read:
+resolves them (the driver), in the names the AWS SDKs read, unless a job's config names them
+(its ``storage:`` section, applied with :func:`using_settings` while the job runs: they win):
 
 ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN``   the keys (or none: the
     SDKs' own chain, an instance profile, is used)
@@ -16,6 +17,11 @@ log entry, delta-rs's ``conditional_put: etag``): of two writers creating the sa
 wins, the other gets a conflict and re-checks. A store configured to commit by unsafe rename
 (``AWS_S3_ALLOW_UNSAFE_RENAME=true``) is refused: two writers could both win.
 
+The settings are resolved once, on the driver, and travel to the write and read tasks inside their
+:class:`TableStore` (or a Spark option whose key says ``secret``, which Spark redacts): executors need
+neither the variables nor the config. Other object stores (``gs://``, ``abfss://``, ``wasbs://``,
+``dbfs:/``) are not reached here: :data:`OBJECT_STORE_SCHEMES` are the only remote schemes.
+
 >>> delta_uri("s3a://lake/scores"), delta_uri("s3://lake/scores/")
 ('s3://lake/scores', 's3://lake/scores')
 >>> is_object_store("s3a://lake/t"), is_object_store("/data/t"), is_object_store("abfss://c@a/t")
@@ -24,19 +30,25 @@ wins, the other gets a conflict and re-checks. A store configured to commit by u
 ...                                                 "AWS_ALLOW_HTTP": "true", "AWS_REGION": "eu-west-1"})
 >>> opts["aws_conditional_put"], opts["aws_endpoint_url"], opts["aws_region"], opts["aws_allow_http"]
 ('etag', 'http://127.0.0.1:9000', 'eu-west-1', 'true')
+>>> with using_settings({"aws_region": "us-east-2"}):
+...     storage_options("s3://lake/t", environ={"AWS_REGION": "eu-west-1"})["aws_region"]
+'us-east-2'
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
 from pipeline.io.paths import local_path, uri_scheme
 
 __all__ = ["OBJECT_STORE_SCHEMES", "StoreError", "TableStore", "configured", "delta_uri", "is_object_store",
-           "is_table", "open_table", "reachable", "storage_options", "table_store"]
+           "is_table", "open_table", "reachable", "storage_options", "table_store", "unreachable_reason",
+           "using_settings"]
 
 OBJECT_STORE_SCHEMES = ("s3", "s3a")
 # environment variable -> delta-rs storage option (object_store's AmazonS3ConfigKey names)
@@ -50,6 +62,12 @@ _ENV_OPTIONS = {
     "AWS_ALLOW_HTTP": "aws_allow_http",
 }
 UNSAFE_RENAME = "AWS_S3_ALLOW_UNSAFE_RENAME"
+SETTING_NAMES = frozenset(_ENV_OPTIONS.values())
+
+# the settings of the job this process runs (its config's ``storage:``), over the environment's
+_settings: dict[str, str] = {}
+_settings_users = 0
+_settings_lock = threading.Lock()
 
 
 class StoreError(ValueError):
@@ -66,6 +84,44 @@ def reachable(location: str) -> bool:
     return uri_scheme(location) in (None, "file", *OBJECT_STORE_SCHEMES)
 
 
+def unreachable_reason(location: str) -> str | None:
+    """Why the deltalake writer and readers cannot reach ``location``; None when they can.
+
+    >>> unreachable_reason("s3a://b/t") is None, unreachable_reason("gs://b/t")
+    (True, 'the deltalake package here reaches local or mounted paths, s3:// and s3a://, not gs:')
+    """
+    if reachable(location):
+        return None
+    return f"the deltalake package here reaches local or mounted paths, s3:// and s3a://, not {uri_scheme(location)}:"
+
+
+@contextmanager
+def using_settings(settings: Mapping[str, str | None] | None) -> Iterator[None]:
+    """Resolve S3 settings from ``settings`` (delta-rs option names: ``aws_access_key_id``, ``aws_region``,
+    ...) over the environment's while the block runs; empty values are left to the environment.
+
+    The runner wraps a job in it with the config's ``storage:`` section. The settings are the process's
+    (the job's threads see them too), so two jobs in one process at once must name the same ones.
+    """
+    given = {k: str(v) for k, v in (settings or {}).items() if v not in (None, "")}
+    unknown = sorted(set(given) - SETTING_NAMES)
+    if unknown:
+        raise StoreError(f"unknown S3 setting(s) {unknown}; known: {sorted(SETTING_NAMES)}")
+    global _settings, _settings_users
+    with _settings_lock:
+        if _settings_users and given != _settings:
+            raise StoreError("another job in this process runs with other storage settings; run jobs with "
+                             "different storage: sections in separate processes")
+        _settings, _settings_users = given, _settings_users + 1
+    try:
+        yield
+    finally:
+        with _settings_lock:
+            _settings_users -= 1
+            if not _settings_users:
+                _settings = {}
+
+
 def delta_uri(location: str) -> str:
     """What delta-rs opens: ``s3://bucket/key`` for an S3 URI, else the absolute local path."""
     if is_object_store(location):
@@ -74,7 +130,8 @@ def delta_uri(location: str) -> str:
 
 
 def storage_options(location: str, *, environ: Mapping[str, str] | None = None) -> dict[str, str] | None:
-    """delta-rs storage options for ``location`` from ``environ`` (the process environment); None if local.
+    """delta-rs storage options for ``location`` from ``environ`` (the process environment) and the
+    settings of :func:`using_settings` over it; None if local.
 
     Always ``aws_conditional_put: etag``: every log entry is created with ``If-None-Match``, so two
     concurrent commits of one version cannot both land. Raises :class:`StoreError` when the
@@ -90,12 +147,13 @@ def storage_options(location: str, *, environ: Mapping[str, str] | None = None) 
             "conditional puts (If-None-Match), which S3 and S3-compatible stores (MinIO, R2) honour"
         )
     options = {opt: env[var] for var, opt in _ENV_OPTIONS.items() if env.get(var)}
+    options.update(_settings)
     options["aws_conditional_put"] = "etag"
     return options
 
 
 def configured(location: str) -> bool:
-    """Whether the environment names keys or an endpoint for S3 ``location`` (no lookup of instance
+    """Whether the environment (or the job's settings) names keys or an endpoint for S3 ``location`` (no lookup of instance
     credentials, no traffic to a cloud metadata endpoint, is needed to try it)."""
     try:
         options = storage_options(location) or {}

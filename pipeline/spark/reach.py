@@ -14,7 +14,7 @@ Addresses checked: ``spark.remote`` / ``$SPARK_REMOTE`` (``sc://host:port``,
 port 15002 by default); a Hive metastore named in ``spark.conf``
 (``spark.hadoop.hive.metastore.uris`` or ``hive.metastore.uris``, any one of a
 list answering is enough); the S3A endpoint in ``spark.conf``
-(``spark.hadoop.fs.s3a.endpoint``) when the source or the sink is an
+(``spark.hadoop.fs.s3a.endpoint``, else ``storage.endpoint_url``) when the source or the sink is an
 ``s3a://``/``s3://`` location. AWS's own endpoints (no endpoint setting) are not
 probed: proxies and VPC endpoints decide there.
 """
@@ -129,10 +129,12 @@ def job_addresses(config: Any) -> list[tuple[str, list[tuple[str, int]], str]]:
         addresses = [endpoint_address(u.strip(), default_port=9083) for u in uris.split(",") if u.strip()]
         out.append(("the Hive metastore", addresses, "spark.conf hive.metastore.uris and that the metastore runs"))
     locations = [config.source.path or "", config.sink.path or ""]
-    endpoint = conf.get("spark.hadoop.fs.s3a.endpoint")
+    endpoint, key = conf.get("spark.hadoop.fs.s3a.endpoint"), "spark.conf spark.hadoop.fs.s3a.endpoint"
+    if not endpoint and getattr(getattr(config, "storage", None), "endpoint_url", None):
+        endpoint, key = config.storage.endpoint_url, "storage.endpoint_url"
     if endpoint and any(loc.startswith(("s3a://", "s3://")) for loc in locations):
         out.append(("the S3 endpoint", [endpoint_address(endpoint, default_port=443)],
-                    "spark.conf spark.hadoop.fs.s3a.endpoint, the network and that the store runs"))
+                    f"{key}, the network and that the store runs"))
     return out
 
 

@@ -12,7 +12,7 @@ import os
 import re
 import sys
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from pipeline.config import SparkConfig
 from pipeline.spark.jars import GROUPS, session_jar_confs
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = ["activate_for_this_thread", "apply_session_settings", "get_session", "is_connect", "quiet_task_failure_logs",
            "register_data_source",
-           "remote_url", "session_key", "session_settings", "with_local_task_attempts"]
+           "remote_url", "s3a_settings", "session_key", "session_settings", "with_local_task_attempts"]
 
 # Spark's own patterns (SparkContext.createTaskScheduler): these local masters allow one attempt per task
 _LOCAL_ONE_ATTEMPT = re.compile(r"local(?:\[\s*([0-9]+|\*)\s*\])?")
@@ -68,6 +68,40 @@ def session_settings(config: SparkConfig) -> dict[str, str]:
     }
 
 
+def s3a_settings(options: Mapping[str, str]) -> dict[str, str]:
+    """``spark.hadoop.fs.s3a.*`` for S3 settings in delta-rs's names (``StorageConfig.options()``): what
+    Hadoop's S3A (the connector's file system) needs to reach the same store with the same keys.
+
+    Keys make S3A take them from its settings (``SimpleAWSCredentialsProvider``, or the temporary
+    provider with a session token) instead of its default chain; an endpoint gets path-style access
+    (MinIO, moto and most S3-compatible servers need it). Spark redacts these values in its UI and
+    logs (``spark.redaction.regex`` matches ``access.key``, ``secret`` and ``token``).
+
+    >>> s3a_settings({"aws_endpoint_url": "http://127.0.0.1:9000", "aws_allow_http": "true"})
+    {'spark.hadoop.fs.s3a.endpoint': 'http://127.0.0.1:9000', 'spark.hadoop.fs.s3a.path.style.access': 'true', 'spark.hadoop.fs.s3a.connection.ssl.enabled': 'false'}
+    >>> sorted(s3a_settings({"aws_access_key_id": "a", "aws_secret_access_key": "b", "aws_session_token": "c"}))[0]
+    'spark.hadoop.fs.s3a.access.key'
+    """
+    confs: dict[str, str] = {}
+    if options.get("aws_access_key_id"):
+        provider = "TemporaryAWSCredentialsProvider" if options.get("aws_session_token") else \
+            "SimpleAWSCredentialsProvider"
+        confs["fs.s3a.aws.credentials.provider"] = f"org.apache.hadoop.fs.s3a.{provider}"
+        confs["fs.s3a.access.key"] = options["aws_access_key_id"]
+        if options.get("aws_secret_access_key"):
+            confs["fs.s3a.secret.key"] = options["aws_secret_access_key"]
+        if options.get("aws_session_token"):
+            confs["fs.s3a.session.token"] = options["aws_session_token"]
+    if options.get("aws_region"):
+        confs["fs.s3a.endpoint.region"] = options["aws_region"]
+    if options.get("aws_endpoint_url"):
+        confs["fs.s3a.endpoint"] = options["aws_endpoint_url"]
+        confs["fs.s3a.path.style.access"] = "true"
+    if str(options.get("aws_allow_http", "")).lower() == "true":
+        confs["fs.s3a.connection.ssl.enabled"] = "false"
+    return {f"spark.hadoop.{k}": v for k, v in confs.items()}
+
+
 def is_connect(spark: Any) -> bool:
     """Whether ``spark`` is a Spark Connect session (no ``sparkContext``, JVM or RDD API on the driver)."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
@@ -95,7 +129,8 @@ def apply_session_settings(spark: "SparkSession", config: SparkConfig, *, out: A
                   file=out or sys.stderr, flush=True)
 
 
-def get_session(config: SparkConfig, *, object_stores: bool = True) -> "SparkSession":
+def get_session(config: SparkConfig, *, object_stores: bool = True,
+                storage: Mapping[str, str] | None = None) -> "SparkSession":
     """A Spark Connect session (``spark.remote`` / ``SPARK_REMOTE``), the active session, or a new local one.
 
     Our runtime SQL settings are applied in every case. Under spark-submit the
@@ -103,7 +138,9 @@ def get_session(config: SparkConfig, *, object_stores: bool = True) -> "SparkSes
     set when Python started Spark itself. ``object_stores=False`` leaves the
     cached S3A jars off a session built here (the runner passes it for a job
     with no ``s3a://`` location: 690 MB of AWS SDK on the classpath cost about
-    4 s of every start on 2 cores).
+    4 s of every start on 2 cores). ``storage`` (S3 settings in delta-rs's names, the config's
+    ``storage:`` section) becomes the S3A settings of a session built here (:func:`s3a_settings`;
+    ``spark.conf`` can still set any one of them); an active or Spark Connect session keeps its own.
     """
     url = remote_url(config)
     if url:
@@ -143,7 +180,8 @@ def get_session(config: SparkConfig, *, object_stores: bool = True) -> "SparkSes
         jars["spark.jars"] = f"{config.conf['spark.jars']},{jars['spark.jars']}"
     if master is not None:
         defaults.update(_local_delta_defaults(master))
-    for key, value in {**defaults, **session_settings(config), **config.conf, **jars}.items():
+    s3a = s3a_settings(storage or {}) if object_stores else {}
+    for key, value in {**defaults, **session_settings(config), **s3a, **config.conf, **jars}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
