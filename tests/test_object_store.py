@@ -222,7 +222,8 @@ def test_the_deltalake_writer_runs_a_job_on_s3a_from_an_s3_source(spark, lake, t
     runs = {r["run_id"]: r for r in read_runs("s3://lake/scores_runs")}  # s3:// and s3a:// name one table
     assert {k: (r["outcome"], r["delta_version"]) for k, r in runs.items()} == {
         "s3-1": ("ok", 0), "s3-retry": ("ok", 0), "s3-2": ("ok", 1)}
-    written, reported, _ = report_main("s3a://lake/scores", out=str(tmp_path / "report.html"))  # pipeline report
+    written, reported, _ = report_main("s3a://lake/scores", out=str(tmp_path / "report.html"),
+                                     history=5)  # pipeline report --history 5
     assert reported == "s3-2" and "s3-1" in written.read_text() and "s3-2" in written.read_text()
 
 
