@@ -138,23 +138,7 @@ def test_a_driver_killed_before_its_commit_leaves_nothing_after_the_rerun(spark,
     config = job_config(tmp_path, tiny_embed_model, sink={"leftover_grace_s": 1},
                         run={"run_id": "killed", "faults": {"commit_barrier": {"dir": str(barrier), "parties": 9,
                                                                                "timeout_s": 15}}})
-    config_file = tmp_path / "job.json"
-    config_file.write_text(config.model_dump_json())
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
-    log = tmp_path / "driver.log"
-    with open(log, "wb") as sink:
-        driver = subprocess.Popen([sys.executable, str(REPO / "tests" / "commit_job.py"), str(config_file)],
-                                  env=env, cwd=str(REPO), stdout=sink, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
-    try:
-        deadline = time.monotonic() + 400
-        while not list(barrier.glob("*.ready")):
-            assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
-    finally:
-        os.killpg(driver.pid, signal.SIGKILL)  # the executors wrote their files; the commit waits
-        driver.wait(timeout=60)
-    released_at = time.time() + 15  # the barrier's timeout: a surviving commit worker would go on from here
+    released_at = kill_driver_at_its_commit(config, tmp_path, barrier)
     scores = tmp_path / "scores"
     orphans = on_disk(scores)
     dead = {leftovers.write_id_of(Path(f).name) for f in orphans}
@@ -181,6 +165,29 @@ def test_a_driver_killed_before_its_commit_leaves_nothing_after_the_rerun(spark,
     assert not on_disk(scores) & orphans
     markers = {p.name for p in (scores / leftovers.MARKER_DIR).iterdir()}
     assert not any(m.startswith(next(iter(dead))) for m in markers), markers
+
+
+def kill_driver_at_its_commit(config, tmp_path: Path, barrier: Path, **env: str) -> float:
+    """Run ``config`` as ``tests/commit_job.py`` in a process group of its own and SIGKILL the group once the
+    commit waits at its barrier (``run.faults.commit_barrier``: the executors wrote their files). Returns when
+    the barrier's 15 s timeout would release a surviving commit worker."""
+    config_file = tmp_path / "job.json"
+    config_file.write_text(config.model_dump_json())
+    environ = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO), **env}
+    log = tmp_path / "driver.log"
+    with open(log, "wb") as sink:
+        driver = subprocess.Popen([sys.executable, str(REPO / "tests" / "commit_job.py"), str(config_file)],
+                                  env=environ, cwd=str(REPO), stdout=sink, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+    try:
+        deadline = time.monotonic() + 400
+        while not list(barrier.glob("*.ready")):
+            assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)  # the executors wrote their files; the commit waits
+        driver.wait(timeout=60)
+    return time.time() + 15
 
 
 def test_a_sweep_leaves_running_writes_alone_and_a_claimed_write_cannot_commit(tmp_path):

@@ -8,9 +8,6 @@ import datetime as dt
 import io
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from urllib.parse import unquote
@@ -27,10 +24,10 @@ from pipeline.runner import run_job
 from pipeline.runs import read_runs
 
 from .conftest import make_documents, sink_config, write_delta
+from .test_commits import kill_driver_at_its_commit
 from .test_runner import job_config
 
 D1 = dt.date(2026, 11, 28)
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -369,24 +366,8 @@ def test_a_driver_killed_before_its_commit_on_s3_leaves_each_key_once_after_the_
     sink = {"path": "s3a://lake/drill", "quarantine_path": "s3a://lake/drill_quarantine", "writer": "deltalake"}
     config = job_config(tmp_path, tiny_embed_model, sink=sink, run={
         "run_id": "killed", "faults": {"commit_barrier": {"dir": str(barrier), "parties": 9, "timeout_s": 15}}})
-    config_file = tmp_path / "job.json"
-    config_file.write_text(config.model_dump_json())
     # the S3 settings from the environment (the lake fixture's); no jars: the writer and reader are delta-rs's
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO), "SBI_NO_JARS": "1"}
-    log = tmp_path / "driver.log"
-    with open(log, "wb") as sink_log:
-        driver = subprocess.Popen([sys.executable, str(REPO / "tests" / "commit_job.py"), str(config_file)],
-                                  env=env, cwd=str(REPO), stdout=sink_log, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
-    try:
-        deadline = time.monotonic() + 400
-        while not list(barrier.glob("*.ready")):
-            assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
-    finally:
-        os.killpg(driver.pid, signal.SIGKILL)  # the executors wrote their files; the commit waits
-        driver.wait(timeout=60)
-    released_at = time.time() + 15  # the barrier's timeout: a surviving commit worker would go on from here
+    released_at = kill_driver_at_its_commit(config, tmp_path, barrier, SBI_NO_JARS="1")
     orphans = {k for k in _keys(lake, "drill/") if k.endswith(".parquet")}
     assert orphans and not _keys(lake, "drill/_delta_log/"), "files written, nothing committed"
 
