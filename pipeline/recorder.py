@@ -42,8 +42,7 @@ class RunRecorder:
         self.path = config.resolved_runs_path()
         # Written with deltalake from the driver, so where the deltalake writer reaches: local or mounted paths
         # and S3. Another store (gs://, abfss://) is never tried (no credentials lookups, no traffic to it).
-        self.unreachable = unreachable_reason(self.path) if self.path is not None else None
-        self.remote_skipped = self.path if self.unreachable else None
+        self.remote_skipped = self.path if self.path is not None and unreachable_reason(self.path) else None
         if self.remote_skipped:
             self.path = None
         self.summary: "RunSummary | None" = None
@@ -76,7 +75,8 @@ class RunRecorder:
             print(f"runs table              : {self.path} (version {self.version})", file=self.out, flush=True)
         elif self.remote_skipped and error is None:
             print(f"runs table              : not recorded at {self.remote_skipped}: the runs table is written with "
-                  f"deltalake from the driver, and {self.unreachable}; set run.runs_path to one of those",
+                  f"deltalake from the driver, and {unreachable_reason(self.remote_skipped)}; set run.runs_path to "
+                  "one of those",
                   file=self.out, flush=True)
         report_path = self.config.run.report_path
         if report_path:

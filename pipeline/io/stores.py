@@ -153,8 +153,8 @@ def storage_options(location: str, *, environ: Mapping[str, str] | None = None) 
 
 
 def configured(location: str) -> bool:
-    """Whether the environment (or the job's settings) names keys or an endpoint for S3 ``location`` (no lookup of instance
-    credentials, no traffic to a cloud metadata endpoint, is needed to try it)."""
+    """Whether the environment (or the job's settings) names keys or an endpoint for S3 ``location`` (no
+    lookup of instance credentials, no traffic to a cloud metadata endpoint, is needed to try it)."""
     try:
         options = storage_options(location) or {}
     except StoreError:
