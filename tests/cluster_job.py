@@ -26,6 +26,8 @@ def main(workdir: Path, model: Path) -> dict:
     spark = (
         SparkSession.builder.master("local-cluster[2,1,1024]").appName("cluster-test")
         .config("spark.ui.enabled", "false")
+        # the executor JVMs start like the driver (see FAST_START_JVM in tests/conftest.py)
+        .config("spark.executor.extraJavaOptions", os.environ.get("SPARK_SUBMIT_OPTS", ""))
         .config("spark.worker.resource.gpu.amount", "1")
         .config("spark.worker.resource.gpu.discoveryScript", str(script))
         .config("spark.executor.resource.gpu.amount", "1")
