@@ -122,7 +122,8 @@ demo-extract-vllm: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
 	  $(VLLM_VENV)/bin/spark-submit $(EXTRACT_SUBMIT) --set task.backend=vllm $(ARGS)
 
 # Log lines: component, severity and error code per line of LOG_FILES (any text logs) into warehouse/demo/log_fields.
-LOG_FILES ?= /var/log/postgresql/*.log
+# The default: real logs on any Debian or Ubuntu machine.
+LOG_FILES ?= /var/log/alternatives.log /var/log/dpkg.log
 demo-extract-logs: jars $(LLM_DIR)/model.safetensors
 	mkdir -p warehouse/demo/logs && cp $(LOG_FILES) warehouse/demo/logs/
 	$(VENV)/bin/spark-submit $(JAR_ARGS) --master 'local[*,4]' --driver-memory 2g --conf spark.ui.enabled=false \
