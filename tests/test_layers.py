@@ -143,3 +143,30 @@ def test_the_checker_sees_imports_inside_functions_and_circles():
     assert upward_imports(graph) == ["pipeline.errors (core) imports pipeline.runner (run)"]
     assert cycles(graph) == [["pipeline.errors", "pipeline.runner"]]
     assert imports_of("pipeline.io", "from pipeline.io import sinks", known, is_package=True) == {"pipeline.io.sinks"}
+
+
+MAX_FUNCTION_LINES = 80  # docs/architecture.md: a function that does more is split into named steps
+
+
+def long_functions(source: str, module: str) -> list[str]:
+    """``module.name (N lines)`` for each function or method in ``source`` over :data:`MAX_FUNCTION_LINES`,
+    counted from its ``def`` to its last line (a nested function counts inside its parent, and on its own)."""
+    return [f"{module}.{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+
+
+def test_no_function_in_the_package_is_over_80_lines():
+    found = [f for path in sorted(PACKAGE.rglob("*.py"))
+             for f in long_functions(path.read_text(), str(path.relative_to(PACKAGE.parent)))]
+    assert found == []
+
+
+def test_the_length_check_counts_a_long_function():
+    def body(lines: int) -> str:
+        return "".join(f"    x{i} = {i}\n" for i in range(lines))
+
+    too_long = f"def f():\n{body(MAX_FUNCTION_LINES)}\ndef g():\n    pass\n"
+    assert long_functions(too_long, "m") == [f"m.f ({MAX_FUNCTION_LINES + 1} lines)"]
+    assert long_functions(f"def f():\n{body(MAX_FUNCTION_LINES - 1)}", "m") == []
