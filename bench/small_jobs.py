@@ -2,6 +2,8 @@
 
     make bench-small-jobs                                   # 100 and 10,000 rows, 3 repeats, both writers
     PYTHONPATH=. .venv/bin/python bench/small_jobs.py --rows 100 --repeats 1 --writers deltalake
+    PYTHONPATH=. .venv/bin/python bench/small_jobs.py --rows 100 --writers deltalake \
+        --jvm-options '' '-XX:TieredStopAtLevel=1 -XX:+UseSerialGC' --out /tmp/jvm.json   # driver JVM options
 
 Each repeat is a new Python process (``cold``: what ``python -m pipeline run`` or
 ``spark-submit`` pays: interpreter and imports, a new JVM, new Python workers that
@@ -75,10 +77,14 @@ def _child(rows: int, writer: str, root: str) -> dict[str, Any]:
     return runs
 
 
-def _subprocess(args: list[str], timeout: float, *, file_cache: bool = True) -> dict[str, Any]:
-    env = {**({} if file_cache else {"SBI_FILE_CACHE": "0"}), **os.environ, "PYTHONPATH": str(REPO), "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
+def _subprocess(args: list[str], timeout: float, *, file_cache: bool = True, jvm_options: str | None = None
+                ) -> dict[str, Any]:
+    env = {**({} if file_cache else {"SBI_FILE_CACHE": "0"}), **os.environ, "PYTHONPATH": str(REPO),
+           "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
            "PYSPARK_DRIVER_PYTHON": os.environ.get("PYSPARK_DRIVER_PYTHON", sys.executable),
            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    if jvm_options is not None:  # the driver JVM's options, read by spark-submit's launcher
+        env["SPARK_SUBMIT_OPTS"] = jvm_options
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, env=env,
                           timeout=timeout, cwd=REPO)
@@ -152,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-file-cache", action="store_true",
                         help="SBI_FILE_CACHE=0: the model check and the weights' sha256 computed in every process, "
                              "as on a machine that never ran the model (the figures before the cache)")
+    parser.add_argument("--jvm-options", nargs="+", default=None, metavar="OPTS",
+                        help="compare driver JVM options (SPARK_SUBMIT_OPTS), each repeat running every one in "
+                             "turn; '' is Spark's defaults, e.g. --jvm-options '' '-XX:TieredStopAtLevel=1'")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--timeout", type=float, default=1800)
     args = parser.parse_args(argv)
@@ -164,18 +173,25 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="sbi-small-jobs-") as root:
         for rows in args.rows:
             for writer in args.writers:
-                raw: dict[str, list[dict[str, Any]]] = {"cold": [], "warm": []}
+                variants = args.jvm_options if args.jvm_options is not None else [None]
+                raw: dict[str | None, dict[str, list[dict[str, Any]]]] = {v: {"cold": [], "warm": []}
+                                                                          for v in variants}
                 for i in range(args.repeats):
-                    out = _subprocess(["--child", str(rows), writer, f"{root}/{rows}-{writer}-{i}"], args.timeout,
-                                      file_cache=not args.no_file_cache)
-                    for kind in raw:
-                        raw[kind].append(out[kind])
-                    print(f"rows {rows:,} {writer} #{i + 1}: cold {out['cold']['wall_s']:.1f} s, "
-                          f"warm {out['warm']['wall_s']:.1f} s", flush=True)
-                for kind, runs in raw.items():
-                    key = f"{rows:,} rows {kind} ({runs[0]['writer']}{', no file cache' if args.no_file_cache else ''})"
-                    results["runs"][key] = summarise(runs)
-                    results["raw"][key] = runs
+                    for j, variant in enumerate(variants):  # interleaved: the machine's drift hits each alike
+                        out = _subprocess(["--child", str(rows), writer, f"{root}/{rows}-{writer}-{i}-{j}"],
+                                          args.timeout, file_cache=not args.no_file_cache, jvm_options=variant)
+                        for kind in raw[variant]:
+                            raw[variant][kind].append(out[kind])
+                        label = "" if variant is None else f" jvm '{variant}'"
+                        print(f"rows {rows:,} {writer}{label} #{i + 1}: cold {out['cold']['wall_s']:.1f} s, "
+                              f"warm {out['warm']['wall_s']:.1f} s", flush=True)
+                for variant, kinds in raw.items():
+                    for kind, runs in kinds.items():
+                        extra = (", no file cache" if args.no_file_cache else "") + (
+                            "" if variant is None else f", jvm '{variant or 'defaults'}'")
+                        key = f"{rows:,} rows {kind} ({runs[0]['writer']}{extra})"
+                        results["runs"][key] = summarise(runs)
+                        results["raw"][key] = runs
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(table(results))
     print(f"results: {args.out}")
