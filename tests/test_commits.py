@@ -196,8 +196,10 @@ def test_a_driver_killed_before_its_commit_leaves_nothing_after_the_rerun(spark,
         assert f"swept {len(orphans)} leftover file(s)" in out.getvalue(), out.getvalue()
     while time.time() < released_at + 2:  # whatever survived of the killed job has given up by now
         time.sleep(0.5)
-    ids = read_scores(tmp_path)["doc_id"].to_pylist()
+    rows = read_scores(tmp_path)
+    ids = rows["doc_id"].to_pylist()
     assert len(ids) == 20 and len(set(ids)) == 20
+    assert set(rows["run_id"].to_pylist()) == {"rerun"}, "no row of the killed run"
     table = DeltaTable(str(scores))
     assert table.version() == 0, "the killed job never committed, not even after the kill"
     assert [commit_metadata(e).get("sbi.run_id") for e in consistent_history(str(scores))] == ["rerun"]
