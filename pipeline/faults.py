@@ -11,7 +11,8 @@ executor's environment after Spark started would not). Keys:
 ``slow_batch_s``           every batch takes this many seconds longer (a slow model: long tasks for progress drills)
 ``fail_infer_partitions``  these partitions fail their first attempt during inference
 ``kill_worker_partitions`` these partitions' Python worker dies (``os._exit``) mid-task, first attempt
-``fail_write_partitions``  these partitions fail their first attempt after writing a Parquet file
+``fail_write_partitions``  these partitions fail their first attempt after writing a Parquet file (the
+                           connector: in its write stage, as ``exit_write_partitions`` below)
 ``lose_and_duplicate_partitions`` these partitions drop their first row and emit their second twice
                            (every attempt): a lost row and a duplicated one that a row count cannot see
 ``lose_row_at_commit``     the output commit leaves out the row with this id (a writer that loses a row after
@@ -21,10 +22,14 @@ executor's environment after Spark started would not). Keys:
 ``fail_after_quarantine_commit`` the driver fails right after committing the quarantine table,
                            before the output (a crash between the two commits)
 ``exit_write_partitions``  these partitions' Python worker dies (``os._exit``) in the middle of ``write()``,
-                           after the first batch went into its Parquet file, first attempt
+                           after the first batch went into its Parquet file, first attempt. The connector
+                           has no ``write()`` of ours: its write stage's rows pass through a Python step
+                           that dies once half of a task's first chunk went on to the connector
 ``commit_barrier``         ``{"dir": folder, "parties": n, "timeout_s": s}``: the ``sbi_delta`` commit touches
                            ``<dir>/<write id>.ready`` once it has read the table, then waits until ``n`` such
-                           files exist (or ``<dir>/release`` does, or ``s`` seconds pass) before committing
+                           files exist (or ``<dir>/release`` does, or ``s`` seconds pass) before committing.
+                           The connector writes and commits in one call (``save``, ``MERGE``): its driver
+                           waits so right before that call
 ``quarantine_barrier``     the same, for the driver right after its quarantine commit (``<dir>/<run id>.ready``):
                            overlapping runs interleave their quarantine and output commits
 
@@ -117,7 +122,8 @@ def on_task_start(partition: int, attempt: int) -> None:
 
 
 def on_write(partition: int, attempt: int, faults: Mapping[str, Any]) -> None:
-    """Write-side fault: called after a task attempt has written a Parquet file."""
+    """Write-side fault: called after a task attempt has written a Parquet file (the connector: once half
+    of a write task's first chunk went on to it)."""
     if _first_attempt_of("exit_write_partitions", partition, attempt, faults):
         os._exit(14)  # the Python worker dies with its Parquet file half written, its cleanup never runs
     if _first_attempt_of("fail_write_partitions", partition, attempt, faults):
@@ -155,7 +161,8 @@ def lost_at_output_commit(faults: Mapping[str, Any]) -> Any:
 
 
 def on_commit(write_id: str, faults: Mapping[str, Any]) -> None:
-    """Commit-side fault (``commit_barrier``): called by the driver-side commit after it read the table."""
+    """Commit-side fault (``commit_barrier``): called by the driver-side commit after it read the table
+    (the connector's write: right before its ``save``/``MERGE``, which writes and commits)."""
     barrier = faults.get("commit_barrier")
     if barrier:
         _wait_at(barrier, write_id)

@@ -16,8 +16,11 @@ def main(config_file: str) -> None:
     from pipeline.spark.session import get_session
 
     config = JobConfig.model_validate_json(Path(config_file).read_text())
+    # the connector's log replay in 2 tasks, not 50 (tests/conftest.py's DELTA_TEST_CONFS; unused without it)
     spark = get_session(SparkConfig(master="local[2,4]", app_name="commit-kill-test", shuffle_partitions=2,
-                                    arrow_max_records_per_batch=20, conf={"spark.default.parallelism": "2"}))
+                                    arrow_max_records_per_batch=20,
+                                    conf={"spark.default.parallelism": "2",
+                                          "spark.databricks.delta.snapshotPartitions": "2"}))
     run_job(config, spark=spark)
 
 

@@ -25,7 +25,7 @@ from deltalake import DeltaTable
 
 from pipeline.config import SinkConfig
 from pipeline.io import leftovers
-from pipeline.io.sinks import SinkError, consistent_history, write_sink
+from pipeline.io.sinks import SinkError, commit_metadata, consistent_history, write_sink
 from pipeline.runner import run_job
 
 from .conftest import make_documents, sink_config, write_delta
@@ -115,24 +115,58 @@ def test_a_retried_run_that_already_committed_is_a_no_op(spark, tmp_path, tiny_e
 
 
 # ----------------------------------------------------------------------------- crash leftovers
-def test_a_worker_killed_in_the_middle_of_write_is_retried_and_leaves_no_file(spark, tmp_path):
+@pytest.mark.timeout(300)  # one write (and the connector's VACUUM): a minute on a loaded 2-core machine
+def test_a_worker_killed_in_the_middle_of_write_is_retried_and_its_file_is_never_live(spark, tmp_path, writer):
+    """The deltalake writer's commit deletes the dead attempt's half-written file. The connector leaves it in
+    the folder, in no version, until Delta's VACUUM removes it."""
+    from pyspark.sql import functions as F
+
     path = tmp_path / "t"
-    sink = SinkConfig(path=str(path), mode="append", partition_by=["ds"])
+    # the connector sorts a partitioned write's rows before it opens a file, so a worker dying before then
+    # leaves none; unpartitioned, the rows stream into the file the dead attempt had open
+    sink = sink_config(path=str(path), mode="append", partition_by=["ds"] if writer == "deltalake" else [])
+    # 4 kB a row: a Python worker sends its rows on in 64 KiB writes, so half a task's rows reach the connector
+    frame = _frame(spark, range(300), D1).withColumn("text", F.lit("x" * 4000))
     group = f"exit-write-{tmp_path.name}"
     spark.sparkContext.setJobGroup(group, "worker killed mid-write")
     try:
-        result = write_sink(_frame(spark, range(300), D1), sink, faults={"exit_write_partitions": [1]})
+        result = write_sink(frame, sink, faults={"exit_write_partitions": [1]})
     finally:
         spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
     assert _failed_tasks(spark, group) == 1, "the killed attempt failed once and was retried"
     assert result.version == 0
     ids = DeltaTable(str(path)).to_pyarrow_table()["id"].to_pylist()
     assert sorted(ids) == list(range(300))
-    assert on_disk(path) == in_log(path) == live(path)
+    assert in_log(path) == live(path)
+    if writer == "deltalake":
+        assert on_disk(path) == in_log(path)
+        return
+    dead = on_disk(path) - in_log(path)
+    assert len(dead) == 1 and next(iter(dead)).startswith("part-00001-"), (dead, in_log(path))
+    _vacuum_now(spark, path)
+    assert on_disk(path) == in_log(path), "Delta's VACUUM removes the dead attempt's file"
+
+
+def _vacuum_now(spark, path: Path) -> None:
+    """Delta's ``VACUUM`` through the connector of every file no version references, however new (retention 0,
+    its check off), listing the folder in 2 tasks (10,000 by default: 210 s instead of 7 s on 2 loaded cores)."""
+    confs = {"spark.databricks.delta.retentionDurationCheck.enabled": "false",
+             "spark.sql.sources.parallelPartitionDiscovery.parallelism": "2"}
+    before = {k: spark.conf.get(k, None) for k in confs}
+    try:
+        for k, v in confs.items():
+            spark.conf.set(k, v)
+        spark.sql(f"VACUUM delta.`{path}` RETAIN 0 HOURS").collect()
+    finally:
+        for k, v in before.items():
+            spark.conf.unset(k) if v is None else spark.conf.set(k, v)
 
 
 @pytest.mark.timeout(1500)  # two whole jobs, one in its own JVM: minutes on a loaded 2-core machine
-def test_a_driver_killed_before_its_commit_leaves_nothing_after_the_rerun(spark, tmp_path, tiny_embed_model):
+def test_a_driver_killed_before_its_commit_leaves_nothing_after_the_rerun(spark, tmp_path, tiny_embed_model, writer):
+    """The deltalake writer's driver is killed with its executors' files in the table folder; the connector's
+    right before its ``save`` (which writes and commits in one call). Either way nothing is ever committed by
+    the killed run, and the same logical run again commits each key once."""
     write_delta(tmp_path / "docs", make_documents(20))
     barrier = tmp_path / "barrier"
     config = job_config(tmp_path, tiny_embed_model, sink={"leftover_grace_s": 1},
@@ -141,36 +175,49 @@ def test_a_driver_killed_before_its_commit_leaves_nothing_after_the_rerun(spark,
     released_at = kill_driver_at_its_commit(config, tmp_path, barrier)
     scores = tmp_path / "scores"
     orphans = on_disk(scores)
-    dead = {leftovers.write_id_of(Path(f).name) for f in orphans}
-    assert orphans and len(dead) == 1 and not (scores / "_delta_log").exists(), "files written, nothing committed"
-    assert (scores / leftovers.MARKER_DIR / f"{next(iter(dead))}.running").exists()
+    assert not (scores / "_delta_log").exists(), "nothing committed"
+    if writer == "deltalake":
+        dead = {leftovers.write_id_of(Path(f).name) for f in orphans}
+        assert orphans and len(dead) == 1, "files written"
+        assert (scores / leftovers.MARKER_DIR / f"{next(iter(dead))}.running").exists()
 
-    from pipeline.cli import main
+        from pipeline.cli import main
 
-    assert main(["vacuum", str(scores), "--dry-run", "--grace-s", "1"]) == 0
-    assert on_disk(scores) == orphans, "a dry run deletes nothing"
+        assert main(["vacuum", str(scores), "--dry-run", "--grace-s", "1"]) == 0
+        assert on_disk(scores) == orphans, "a dry run deletes nothing"
+    else:
+        assert not orphans, "the connector had not begun its write"
 
     rerun = job_config(tmp_path, tiny_embed_model, sink={"leftover_grace_s": 1}, run={"run_id": "rerun"})
     out = io.StringIO()
     summary = run_job(rerun, spark=spark, out=out)
-    assert summary.complete and summary.rows_out == 20
-    assert f"swept {len(orphans)} leftover file(s)" in out.getvalue(), out.getvalue()
+    assert summary.complete and (summary.rows_in, summary.rows_out) == (20, 20), out.getvalue()
+    if writer == "deltalake":
+        assert f"swept {len(orphans)} leftover file(s)" in out.getvalue(), out.getvalue()
     while time.time() < released_at + 2:  # whatever survived of the killed job has given up by now
         time.sleep(0.5)
-    ids = read_scores(tmp_path)["doc_id"].to_pylist()
+    rows = read_scores(tmp_path)
+    ids = rows["doc_id"].to_pylist()
     assert len(ids) == 20 and len(set(ids)) == 20
+    assert set(rows["run_id"].to_pylist()) == {"rerun"}, "no row of the killed run"
     table = DeltaTable(str(scores))
     assert table.version() == 0, "the killed job never committed, not even after the kill"
+    assert [commit_metadata(e).get("sbi.run_id") for e in consistent_history(str(scores))] == ["rerun"]
+    # the log and the table read back agree: the files it adds, their row counts, the rows Spark reads
     assert on_disk(scores) == in_log(scores) == live(scores)
+    assert sum(table.get_add_actions(flatten=True).column("num_records").to_pylist()) == 20
+    assert sorted(r["doc_id"] for r in _table_rows(spark, scores)) == sorted(ids)
     assert not on_disk(scores) & orphans
-    markers = {p.name for p in (scores / leftovers.MARKER_DIR).iterdir()}
-    assert not any(m.startswith(next(iter(dead))) for m in markers), markers
+    if writer == "deltalake":
+        markers = {p.name for p in (scores / leftovers.MARKER_DIR).iterdir()}
+        assert not any(m.startswith(next(iter(dead))) for m in markers), markers
 
 
 def kill_driver_at_its_commit(config, tmp_path: Path, barrier: Path, **env: str) -> float:
     """Run ``config`` as ``tests/commit_job.py`` in a process group of its own and SIGKILL the group once the
-    commit waits at its barrier (``run.faults.commit_barrier``: the executors wrote their files). Returns when
-    the barrier's 15 s timeout would release a surviving commit worker."""
+    commit waits at its barrier (``run.faults.commit_barrier``: the deltalake writer's executors wrote their
+    files; the connector's driver is about to write and commit). Returns when the barrier's 15 s timeout would
+    release a surviving commit worker."""
     config_file = tmp_path / "job.json"
     config_file.write_text(config.model_dump_json())
     environ = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO), **env}

@@ -82,6 +82,9 @@ class WritePlan:
     key_columns: tuple[str, ...] = ()
     # the key's partition values, for the MERGE's partition pruning: {"ds": date}
     key_scope: Mapping[str, Any] = field(default_factory=dict)
+    # fault drills (tests only, :mod:`pipeline.faults`) the connector's write fires; the deltalake
+    # writer carries its own in ``options``
+    faults: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def target(self) -> str:
@@ -204,7 +207,7 @@ def plan_write(
     if writer == "delta":
         return _connector_plan(config, mode=mode, metadata=metadata, txn_app_id=txn_app_id, keyed=keyed,
                                replace=replace, partition_values=partition_values, table=table, location=location,
-                               write_id=write_id)
+                               write_id=write_id, faults=faults)
     from pipeline.io.delta_writer import FORMAT_NAME
 
     options = {
@@ -228,7 +231,7 @@ def plan_write(
 def _connector_plan(config: SinkConfig, *, mode: Literal["append", "overwrite"], metadata: str,
                     txn_app_id: str | None, keyed: tuple[str, ...], replace: dict[str, Any],
                     partition_values: Mapping[str, Any] | None, table: str | None, location: str | None,
-                    write_id: str) -> WritePlan:
+                    write_id: str, faults: Mapping[str, Any] | None) -> WritePlan:
     """:func:`plan_write` for the Delta connector: its write options, or a keyed MERGE's."""
     if txn_app_id:  # the history names the logical run for both writers (committed_run reads it)
         metadata = json.dumps({**json.loads(metadata), "sbi.app_id": txn_app_id}, default=str)
@@ -243,7 +246,7 @@ def _connector_plan(config: SinkConfig, *, mode: Literal["append", "overwrite"],
         options["replaceWhere"] = " AND ".join(f"{c} = {_sql_literal(v)}" for c, v in replace.items())
     scope = {c: v for c, v in (partition_values or {}).items() if c in keyed}
     return WritePlan("delta", "delta", mode, options, tuple(config.partition_by), table, location, write_id,
-                     keyed, scope)
+                     keyed, scope, dict(faults or {}))
 
 
 def execute_write(df: "DataFrame", plan: WritePlan) -> WriteResult:
@@ -252,10 +255,11 @@ def execute_write(df: "DataFrame", plan: WritePlan) -> WriteResult:
     if plan.writer == "delta" and plan.key_columns:
         return _merge_keyed(df, plan)
     if plan.writer == "delta":
-        w = _plain_string_types(df).write.format(plan.format).mode(plan.mode).options(**plan.options)
+        w = _connector_source(df, plan).write.format(plan.format).mode(plan.mode).options(**plan.options)
         if plan.partition_by:
             w = w.partitionBy(*plan.partition_by)
         try:
+            _before_connector_commit(plan)
             w.saveAsTable(plan.table) if plan.table else w.save(plan.path)
         except Exception as exc:  # noqa: BLE001
             raise SinkError(_connector_failure(spark, plan, exc)) from exc
@@ -315,8 +319,10 @@ def _merge_keyed(df: "DataFrame", plan: WritePlan) -> WriteResult:
     spark = df.sparkSession
     name = plan.table or f"delta.`{plan.path}`"
     view = f"sbi_keyed_{plan.write_id}"
-    source = _plain_string_types(df)
-    if not _connector_table_exists(spark, name):
+    source = _connector_source(df, plan)
+    exists = _connector_table_exists(spark, name)
+    _before_connector_commit(plan)
+    if not exists:
         try:
             w = source.write.format("delta").mode("append").options(**plan.options)
             w = w.partitionBy(*plan.partition_by) if plan.partition_by else w
@@ -351,6 +357,51 @@ def _merge_keyed(df: "DataFrame", plan: WritePlan) -> WriteResult:
     found = _connector_commit(spark, plan.table, plan.target, "sbi.write_id", plan.write_id)
     version, metrics = found if found else (None, {})
     return WriteResult(plan.target, plan.writer, version, plan.write_id, overlapped=_merge_left_out(metrics))
+
+
+# task-side write drills: the connector's write has no write() of ours, so its rows pass through one
+_CONNECTOR_WRITE_DRILLS = ("exit_write_partitions", "fail_write_partitions")
+
+
+def _connector_source(df: "DataFrame", plan: WritePlan) -> "DataFrame":
+    """``df`` as the connector writes it (:func:`_plain_string_types`). Under a write drill
+    (``exit_write_partitions``, ``fail_write_partitions``) its rows first pass through
+    :func:`_drill_write_stage` inside the write's own tasks, so the drill fires in the connector's write stage."""
+    drills = {k: plan.faults[k] for k in _CONNECTOR_WRITE_DRILLS if plan.faults.get(k)}
+    if drills:
+        import functools
+
+        df = df.mapInArrow(functools.partial(_drill_write_stage, drills=drills), df.schema)
+    return _plain_string_types(df)
+
+
+def _drill_write_stage(batches: Any, *, drills: Mapping[str, Any]) -> Any:
+    """The write stage's rows, unchanged, in slices of 8 rows; the drill (:func:`pipeline.faults.on_write`)
+    fires once half of a task's first chunk has gone on to the connector.
+
+    Rows leave the worker in writes of ``spark.buffer.size`` (64 KiB): what it still buffers dies with it.
+    An unpartitioned write streams the rows it got into the file it has open, so a worker that dies there
+    leaves a file of the failed attempt behind; a partitioned one sorts its rows first and has no file open yet.
+    """
+    from pyspark import TaskContext
+
+    from pipeline import faults
+
+    ctx = TaskContext.get()
+    for n, batch in enumerate(batches):
+        for start in range(0, batch.num_rows, 8):
+            yield batch.slice(start, 8)
+            if n == 0 and ctx is not None and start + 8 >= batch.num_rows // 2:
+                faults.on_write(ctx.partitionId(), ctx.attemptNumber(), drills)
+
+
+def _before_connector_commit(plan: WritePlan) -> None:
+    """The driver-side drill (``commit_barrier``) right before the connector's ``save``/``MERGE``: the closest
+    point to its commit, which the connector makes inside that call, after its tasks wrote their files."""
+    if plan.faults:
+        from pipeline import faults
+
+        faults.on_commit(plan.write_id, plan.faults)
 
 
 def _connector_table_exists(spark: Any, name: str) -> bool:
