@@ -119,21 +119,8 @@ def test_a_retried_run_that_already_committed_is_a_no_op(spark, tmp_path, tiny_e
 def test_a_worker_killed_in_the_middle_of_write_is_retried_and_its_file_is_never_live(spark, tmp_path, writer):
     """The deltalake writer's commit deletes the dead attempt's half-written file. The connector leaves it in
     the folder, in no version, until Delta's VACUUM removes it."""
-    from pyspark.sql import functions as F
-
     path = tmp_path / "t"
-    # the connector sorts a partitioned write's rows before it opens a file, so a worker dying before then
-    # leaves none; unpartitioned, the rows stream into the file the dead attempt had open
-    sink = sink_config(path=str(path), mode="append", partition_by=["ds"] if writer == "deltalake" else [])
-    # 4 kB a row: a Python worker sends its rows on in 64 KiB writes, so half a task's rows reach the connector
-    frame = _frame(spark, range(300), D1).withColumn("text", F.lit("x" * 4000))
-    group = f"exit-write-{tmp_path.name}"
-    spark.sparkContext.setJobGroup(group, "worker killed mid-write")
-    try:
-        result = write_sink(frame, sink, faults={"exit_write_partitions": [1]})
-    finally:
-        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
-    assert _failed_tasks(spark, group) == 1, "the killed attempt failed once and was retried"
+    result = write_with_a_worker_killed(spark, str(path), writer, f"exit-write-{tmp_path.name}")
     assert result.version == 0
     ids = DeltaTable(str(path)).to_pyarrow_table()["id"].to_pylist()
     assert sorted(ids) == list(range(300))
@@ -143,11 +130,30 @@ def test_a_worker_killed_in_the_middle_of_write_is_retried_and_its_file_is_never
         return
     dead = on_disk(path) - in_log(path)
     assert len(dead) == 1 and next(iter(dead)).startswith("part-00001-"), (dead, in_log(path))
-    _vacuum_now(spark, path)
+    vacuum_now(spark, path)
     assert on_disk(path) == in_log(path), "Delta's VACUUM removes the dead attempt's file"
 
 
-def _vacuum_now(spark, path: Path) -> None:
+def write_with_a_worker_killed(spark, path: str, writer: str, group: str):
+    """``write_sink`` of 300 ids (4 kB of text each) to ``path`` on ``writer``, with partition 1's Python worker
+    killed (``os._exit``) in the middle of its write; asserts Spark retried that one task. Returns the result."""
+    from pyspark.sql import functions as F
+
+    # the connector sorts a partitioned write's rows before it opens a file, so a worker dying before then
+    # leaves none; unpartitioned, the rows stream into the file the dead attempt had open
+    sink = sink_config(path=path, mode="append", partition_by=["ds"] if writer == "deltalake" else [])
+    # 4 kB a row: a Python worker sends its rows on in 64 KiB writes, so half a task's rows reach the connector
+    frame = _frame(spark, range(300), D1).withColumn("text", F.lit("x" * 4000))
+    spark.sparkContext.setJobGroup(group, "worker killed mid-write")
+    try:
+        result = write_sink(frame, sink, faults={"exit_write_partitions": [1]})
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    assert _failed_tasks(spark, group) == 1, "the killed attempt failed once and was retried"
+    return result
+
+
+def vacuum_now(spark, path: Path | str) -> None:
     """Delta's ``VACUUM`` through the connector of every file no version references, however new (retention 0,
     its check off), listing the folder in 2 tasks (10,000 by default: 210 s instead of 7 s on 2 loaded cores)."""
     confs = {"spark.databricks.delta.retentionDurationCheck.enabled": "false",

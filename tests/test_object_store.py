@@ -24,7 +24,7 @@ from pipeline.runner import run_job
 from pipeline.runs import read_runs
 
 from .conftest import make_documents, sink_config, write_delta
-from .test_commits import kill_driver_at_its_commit
+from .test_commits import kill_driver_at_its_commit, vacuum_now, write_with_a_worker_killed
 from .test_runner import job_config
 
 D1 = dt.date(2026, 11, 28)
@@ -384,3 +384,31 @@ def test_a_driver_killed_before_its_commit_on_s3_leaves_each_key_once_after_the_
     live = {"drill/" + unquote(p) for p in table.get_add_actions(flatten=True).column("path").to_pylist()}
     assert live and not live & orphans
     assert orphans <= set(_keys(lake, "drill/")), "no sweep on S3: the dead write's files stay, in no version"
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_killed_mid_write_on_s3_is_retried_and_its_object_is_never_live(spark, request, writer):
+    """The worker drill of tests/test_commits.py on S3: the deltalake writer's commit leaves exactly the objects
+    its log adds; the connector leaves the dead attempt's object (S3A uploads what it has when the task aborts),
+    in no version, until Delta's VACUUM."""
+    server = request.getfixturevalue("lake" if writer == "deltalake" else "s3")
+    prefix = f"killed-worker-{writer}"
+    uri = f"s3a://lake/{prefix}"
+    result = write_with_a_worker_killed(spark, uri, writer, f"exit-write-s3-{writer}")
+    assert result.version == 0
+    table = _table(server, uri)
+    assert sorted(table.to_pyarrow_table()["id"].to_pylist()) == list(range(300))
+
+    def data_objects() -> set[str]:  # Parquet data files: not the log's, not the writer's markers
+        return {k for k in _keys(server, prefix + "/") if k.endswith(".parquet")
+                and not any(part.startswith("_") for part in k.split("/")[1:])}
+
+    live = {unquote(u).split("://lake/", 1)[1] for u in _table(server, uri).file_uris()}
+    assert live and live <= data_objects()
+    if writer == "deltalake":
+        assert data_objects() == live, "the commit left no object of the dead attempt"
+        return
+    dead = data_objects() - live
+    assert len(dead) == 1 and next(iter(dead)).rsplit("/", 1)[1].startswith("part-00001-"), (dead, live)
+    vacuum_now(spark, uri)
+    assert data_objects() == live, "Delta's VACUUM removes the dead attempt's object"
