@@ -25,6 +25,11 @@ executor's environment after Spark started would not). Keys:
                            after the first batch went into its Parquet file, first attempt. The connector
                            has no ``write()`` of ours: its write stage's rows pass through a Python step
                            that dies once half of a task's first chunk went on to the connector
+``stall_write``            ``{"partitions": [n, ...], "s": seconds}``: these partitions' write task waits ``s``
+                           seconds (first attempt) where ``exit_write_partitions`` would kill it, so a drill
+                           acts while the write job runs: other tasks' files are in the table folder and the
+                           driver waits inside the write (the connector: inside its ``save`` or ``MERGE``;
+                           a partitioned write sorts its rows before it opens a file, so the held task has none)
 ``commit_barrier``         ``{"dir": folder, "parties": n, "timeout_s": s}``: the ``sbi_delta`` commit touches
                            ``<dir>/<write id>.ready`` once it has read the table, then waits until ``n`` such
                            files exist (or ``<dir>/release`` does, or ``s`` seconds pass) before committing.
@@ -124,6 +129,11 @@ def on_task_start(partition: int, attempt: int) -> None:
 def on_write(partition: int, attempt: int, faults: Mapping[str, Any]) -> None:
     """Write-side fault: called after a task attempt has written a Parquet file (the connector: once half
     of a write task's first chunk went on to it)."""
+    stall = faults.get("stall_write")
+    if stall and attempt == 0 and partition in set(stall.get("partitions") or ()):
+        import time
+
+        time.sleep(float(stall.get("s", 60)))
     if _first_attempt_of("exit_write_partitions", partition, attempt, faults):
         os._exit(14)  # the Python worker dies with its Parquet file half written, its cleanup never runs
     if _first_attempt_of("fail_write_partitions", partition, attempt, faults):

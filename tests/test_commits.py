@@ -29,6 +29,7 @@ from pipeline.io.sinks import SinkError, commit_metadata, consistent_history, wr
 from pipeline.runner import run_job
 
 from .conftest import make_documents, sink_config, write_delta
+from .drivers import kill_when, start_driver
 from .test_runner import job_config, read_scores
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,6 +50,11 @@ def in_log(path: Path) -> set[str]:
             if line.strip() and "add" in json.loads(line):
                 files.add(unquote(json.loads(line)["add"]["path"]))
     return files
+
+
+def finished(path: Path) -> set[str]:
+    """The data files in the table folder that their task finished writing (a whole Parquet file ends in PAR1)."""
+    return {f for f in on_disk(path) if (path / f).read_bytes()[-4:] == b"PAR1"}
 
 
 def live(path: Path) -> set[str]:
@@ -241,6 +247,67 @@ def kill_driver_at_its_commit(config, tmp_path: Path, barrier: Path, **env: str)
         os.killpg(driver.pid, signal.SIGKILL)  # the executors wrote their files; the commit waits
         driver.wait(timeout=60)
     return time.time() + 15
+
+
+@pytest.mark.connector
+@pytest.mark.timeout(900)  # a job in a JVM of its own, its rerun, and for the MERGE a seed run before
+@pytest.mark.parametrize("call", ["save", "merge"])
+def test_a_driver_killed_inside_the_connectors_write_commits_nothing_and_the_rerun_writes_each_id_once(
+        spark, tmp_path, tiny_embed_model, call):
+    """The connector writes and commits in one call: ``save`` into a new table, or the insert-only ``MERGE`` of
+    a keyed append into a table that holds 8 of the day's ids. The driver is killed inside that call while
+    its write job runs: one task held (``stall_write``), another's whole Parquet file in the table folder.
+    Inference ran in a stage before (the scored rows are persisted for the checks), so ``slow_batch_s``
+    could not hold the write. Nothing of the killed run is ever committed, its files stay on disk in no
+    version, and the same logical run again writes each id once."""
+    write_delta(tmp_path / "docs", make_documents(20))
+    scores = tmp_path / "scores"
+    # 4 write tasks, 2 at a time. A MERGE into a partitioned table shuffles its rows by the partition column
+    # before it writes (Delta's merge.repartitionBeforeWrite): the day's rows reach one write task with no
+    # Python step of ours in front of it, so the drill could hold the MERGE only before its write stage. Into
+    # an unpartitioned table the MERGE's write tasks are the source's, as a save's are.
+    sink = {"writer": "delta", **({"partition_by": []} if call == "merge" else {})}
+    sections = {"sink": sink, "source": {"repartition": 4}}
+    seeded: set[str] = set()
+    if call == "merge":
+        seed = run_job(job_config(tmp_path, tiny_embed_model, sink=sink,
+                                  source={"repartition": 4, "limit": 8}, run={"run_id": "seed"}),
+                       spark=spark, out=io.StringIO())
+        assert seed.complete and seed.rows_out == 8
+        seeded = set(read_scores(tmp_path)["doc_id"].to_pylist())
+    before = on_disk(scores)
+    stall = {"stall_write": {"partitions": [1], "s": 120}}  # far longer than the kill takes to come
+    config = job_config(tmp_path, tiny_embed_model, **sections, run={"run_id": "killed", "faults": stall})
+    config_file = tmp_path / "job.json"
+    config_file.write_text(config.model_dump_json())
+    driver = start_driver(config_file, tmp_path / "driver.log")
+    kill_when(driver, lambda: bool(finished(scores) - before), tmp_path / "driver.log")
+    killed_at = time.time()
+    orphans = on_disk(scores) - before  # a whole file of one task at least, maybe another's begun
+    assert not any(Path(f).name.startswith("part-00001-") for f in orphans), "the held task had written nothing"
+    versions = sorted((scores / "_delta_log").glob("*.json"))
+    assert len(versions) == (1 if seeded else 0), "the killed run committed nothing"
+
+    out = io.StringIO()
+    summary = run_job(job_config(tmp_path, tiny_embed_model, **sections, run={"run_id": "rerun"}), spark=spark,
+                      out=out)
+    new = 20 - len(seeded)
+    assert summary.complete and (summary.rows_in, summary.rows_out) == (new, new), out.getvalue()
+    assert summary.resumed_tasks == 4, "the killed run had scored and staged every task: it died in the write"
+    while time.time() < killed_at + 3:  # whatever survived of the killed job has had its chance to commit
+        time.sleep(0.5)
+    rows = read_scores(tmp_path)
+    ids = rows["doc_id"].to_pylist()
+    assert sorted(ids) == [f"d{i:05d}" for i in range(20)], "each id once"
+    assert {i for i, r in zip(ids, rows["run_id"].to_pylist()) if r == "seed"} == seeded
+    assert set(rows["run_id"].to_pylist()) == {"rerun"} | ({"seed"} if seeded else set()), "no row of the killed run"
+    history = [(commit_metadata(e).get("sbi.run_id"), e["operation"]) for e in consistent_history(str(scores))]
+    assert history == ([("rerun", "MERGE"), ("seed", "WRITE")] if seeded else [("rerun", "WRITE")]), history
+    # the log and the table read back agree; the killed tasks' files are on disk in no version
+    table = DeltaTable(str(scores))
+    assert in_log(scores) == live(scores) and on_disk(scores) - in_log(scores) == orphans
+    assert sum(table.get_add_actions(flatten=True).column("num_records").to_pylist()) == 20
+    assert sorted(r["doc_id"] for r in _table_rows(spark, scores)) == sorted(ids)
 
 
 def test_a_sweep_leaves_running_writes_alone_and_a_claimed_write_cannot_commit(tmp_path):

@@ -8,12 +8,15 @@ import datetime as dt
 import io
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from urllib.parse import unquote
 
 import pyarrow as pa
 import pytest
+import yaml
 
 from pipeline.config import StorageConfig
 from pipeline.io.local_s3 import local_s3
@@ -23,7 +26,7 @@ from pipeline.report import report_main
 from pipeline.runner import run_job
 from pipeline.runs import read_runs
 
-from .conftest import make_documents, sink_config, write_delta
+from .conftest import DELTA_TEST_CONFS, REPO, make_documents, sink_config, write_delta
 from .test_commits import kill_driver_at_its_commit, vacuum_now, write_with_a_worker_killed
 from .test_runner import job_config
 
@@ -107,6 +110,64 @@ def test_a_job_scores_into_s3a_with_its_quarantine_and_a_retry_adds_nothing(spar
                                     "run_id": "s3-retry"}), spark=spark, out=retry_out)
     assert "already committed at version 0 by run s3-1; nothing to do" in retry_out.getvalue()
     assert retry.writer == "delta" and spark.read.format("delta").load("s3a://lake/scores").count() == 29
+
+
+@pytest.mark.connector
+@pytest.mark.timeout(600)  # a job in a JVM of its own (the connector and S3A jars on its class path)
+def test_a_session_the_library_builds_reaches_s3a_with_the_storage_section_alone(tmp_path, tiny_embed_model,
+                                                                                monkeypatch):
+    """``python -m pipeline run --conf job.yaml`` in a process of its own: the library builds its session, with
+    the cached jars and the S3A settings of the config's ``storage:`` section, whose endpoint and keys are
+    ``${VAR}`` of that process's environment. No ``AWS_*`` variable and no ``fs.s3a.*`` setting anywhere else:
+    S3A reaches the server through ``storage:`` or not at all."""
+    from pipeline.config import load_config
+    from pipeline.io.stores import open_table
+
+    write_delta(tmp_path / "docs", make_documents(20))
+    key_id, secret = "AKIDSESSIONBUILT3", "session-built-secret-5e1a"  # moto takes any keys; these are ours alone
+    job = {
+        "job": "score_test",
+        "source": {"format": "delta", "path": str(tmp_path / "docs"), "id_column": "doc_id", "text_column": "text"},
+        "model": {"path": str(tiny_embed_model), "name": "tiny-bert"},
+        "task": {"kind": "embed", "labels": {"pos": "good great", "neg": "bad awful"}},
+        "sink": {"path": "s3a://lake/built/scores", "quarantine_path": "s3a://lake/built/scores_quarantine",
+                 "mode": "append"},  # writer auto: the connector if the session has it, else deltalake
+        "storage": {"access_key_id": "${SBI_T_S3A_KEY_ID}", "secret_access_key": "${SBI_T_S3A_SECRET}",
+                    "endpoint_url": "${SBI_T_S3A_ENDPOINT}", "region": "us-east-1", "allow_http": True},
+        "spark": {"master": "local[2]", "shuffle_partitions": 2,
+                  "conf": {"spark.default.parallelism": "2", **DELTA_TEST_CONFS}},
+        "run": {"ds": "2026-11-28", "run_id": "built-1", "progress": False,
+                "summary_path": str(tmp_path / "summary.json")},
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    with local_s3(buckets=["lake"]) as server:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        for name in ("SBI_NO_JARS", "SBI_FAULTS", "SPARK_REMOTE", "PYSPARK_GATEWAY_PORT", "HADOOP_CONF_DIR"):
+            env.pop(name, None)
+        env.update(PYTHONPATH=str(REPO), PYSPARK_PYTHON=sys.executable, SBI_T_S3A_KEY_ID=key_id,
+                   SBI_T_S3A_SECRET=secret, SBI_T_S3A_ENDPOINT=server.endpoint)
+        done = subprocess.run([sys.executable, "-m", "pipeline", "run", "--conf", str(tmp_path / "job.yaml")],
+                              env=env, cwd=str(REPO), capture_output=True, text=True, timeout=540)
+        printed = done.stdout + done.stderr
+        assert done.returncode == 0, printed[-4000:]
+        for var in ("SBI_T_S3A_KEY_ID", "SBI_T_S3A_SECRET", "SBI_T_S3A_ENDPOINT"):  # the read-back's config
+            monkeypatch.setenv(var, env[var])
+        config = load_config(tmp_path / "job.yaml")
+        with using_settings(config.storage.options()):  # those settings alone, none from this environment
+            table = open_table("s3a://lake/built/scores", options=storage_options("s3://lake/built", environ={}))
+            rows = table.to_pyarrow_table()
+        listed = {o["Key"] for o in server.client().list_objects_v2(Bucket="lake", Prefix="built/")["Contents"]}
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["complete"] and (saved["rows_in"], saved["rows_out"]) == (20, 20)
+    assert (saved["writer"], saved["output"], saved["delta_version"]) == ("delta", "s3a://lake/built/scores", 0), \
+        "the session the library built carries the connector: sink.writer auto picked it"
+    assert "s3a://lake/built/scores (Delta version 0, delta writer)" in done.stdout, done.stdout[-3000:]
+    assert sorted(rows["doc_id"].to_pylist()) == [f"d{i:05d}" for i in range(20)], "each id once"
+    assert table.version() == 0 and "built/scores/_delta_log/00000000000000000000.json" in listed
+    assert "built/scores_runs/_delta_log/00000000000000000001.json" in listed, "its runs row, beside the output"
+    shown = printed + (tmp_path / "summary.json").read_text()
+    for value in (key_id, secret):
+        assert value not in shown, f"{value} shown"
 
 
 @pytest.mark.connector

@@ -9,10 +9,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,9 +20,9 @@ from pipeline.io.staging import staged_tasks
 from pipeline.runner import run_job
 
 from .conftest import make_documents, write_delta
+from .drivers import kill_when, start_driver
 from .test_runner import job_config, read_scores
 
-REPO = Path(__file__).resolve().parents[1]
 TASKS = 4
 
 
@@ -133,68 +129,6 @@ def test_a_changed_setting_reuses_nothing_and_says_why_and_vacuum_removes_it(spa
 
 
 # ----------------------------------------------------------------------------- real drivers, killed
-def _start(tmp_path: Path, config_file: Path, log: str, faults: dict | None = None) -> subprocess.Popen:
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
-    env.pop("SBI_FAULTS", None)
-    if faults:  # drills ride in the environment: the command and its config stay the same
-        env["SBI_FAULTS"] = json.dumps(faults)
-    with open(tmp_path / log, "wb") as sink:
-        return subprocess.Popen([sys.executable, str(REPO / "tests" / "commit_job.py"), str(config_file)],
-                                env=env, cwd=str(REPO), stdout=sink, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (from ``/proc``), whatever process group it put itself in."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found, frontier = [], [pid]
-    while frontier:
-        children = [p for p, parent in parents.items() if parent in frontier]
-        found += children
-        frontier = children
-    return found
-
-
-def _kill_when(driver: subprocess.Popen, ready, log: Path, *, timeout_s: float = 300) -> None:
-    """SIGKILL the driver and everything below it once ``ready()`` holds, as a lost node takes them all.
-
-    The driver's process group alone is not all: PySpark's worker daemon puts itself and its Python
-    workers in a group of their own, and a worker left running finishes its task (and stages it) after
-    the kill, which made the count of tasks finished before the kill a race.
-    """
-    deadline = time.monotonic() + timeout_s
-    try:
-        while not ready():
-            assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.1)
-    finally:
-        below = _descendants(driver.pid)
-        groups = set()
-        for pid in below:
-            try:
-                groups.add(os.getpgid(pid))  # the daemon's group: a worker it forks meanwhile is in it too
-            except ProcessLookupError:
-                pass
-        for group in {driver.pid, *groups} - {os.getpgrp()}:
-            try:
-                os.killpg(group, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for pid in below:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        driver.wait(timeout=60)
-
-
 SLOW = {"slow_batch_s": 0.4}  # batches of 2 rows: a task of 5 rows takes 1.2 s or more
 
 
@@ -210,12 +144,12 @@ def killed_setup(tmp_path, tiny_embed_model):
 
 @pytest.mark.timeout(900)  # two drivers in JVMs of their own
 def test_a_driver_killed_at_half_resumes_with_the_same_command(tmp_path, killed_setup):
-    driver = _start(tmp_path, killed_setup, "first.log", SLOW)
-    _kill_when(driver, lambda: _markers(tmp_path) >= TASKS // 2, tmp_path / "first.log")
+    driver = start_driver(killed_setup, tmp_path / "first.log", SLOW)
+    kill_when(driver, lambda: _markers(tmp_path) >= TASKS // 2, tmp_path / "first.log")
     finished = _markers(tmp_path)  # a marker is written last: these tasks finished before the kill
     assert 0 < finished < TASKS and not (tmp_path / "scores" / "_delta_log").exists()
 
-    rerun = _start(tmp_path, killed_setup, "rerun.log")
+    rerun = start_driver(killed_setup, tmp_path / "rerun.log")
     assert rerun.wait(timeout=600) == 0, (tmp_path / "rerun.log").read_text()[-3000:]
     saved = json.loads((tmp_path / "summary.json").read_text())
     assert saved["resumed_tasks"] == finished and saved["complete"]
@@ -228,13 +162,13 @@ def test_a_driver_killed_at_half_resumes_with_the_same_command(tmp_path, killed_
 
 @pytest.mark.timeout(1200)  # three drivers, two in JVMs of their own
 def test_a_driver_killed_twice_the_second_time_in_its_commit_resumes_every_task(spark, tmp_path, killed_setup):
-    driver = _start(tmp_path, killed_setup, "first.log", SLOW)
-    _kill_when(driver, lambda: _markers(tmp_path) >= 1, tmp_path / "first.log")
+    driver = start_driver(killed_setup, tmp_path / "first.log", SLOW)
+    kill_when(driver, lambda: _markers(tmp_path) >= 1, tmp_path / "first.log")
     first = _markers(tmp_path)
     barrier = tmp_path / "barrier"
-    committing = _start(tmp_path, killed_setup, "second.log",
-                        {"commit_barrier": {"dir": str(barrier), "parties": 9, "timeout_s": 15}})
-    _kill_when(committing, lambda: bool(list(barrier.glob("*.ready"))), tmp_path / "second.log")
+    committing = start_driver(killed_setup, tmp_path / "second.log",
+                              {"commit_barrier": {"dir": str(barrier), "parties": 9, "timeout_s": 15}})
+    kill_when(committing, lambda: bool(list(barrier.glob("*.ready"))), tmp_path / "second.log")
     second_log = (tmp_path / "second.log").read_text()
     assert f"resuming: {first} of {TASKS} task(s)" in second_log, second_log[-3000:]
     assert _markers(tmp_path) == TASKS and not (tmp_path / "scores" / "_delta_log").exists()

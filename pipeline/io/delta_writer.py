@@ -139,7 +139,7 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
                         current = writers[key] = _PartFile(self.store, self.partition_by, key, self.write_id, tag)
                     current.write(part)
                     message.rows += part.num_rows
-                    if self.faults and ctx is not None:
+                    if self.faults and ctx is not None and message.rows == part.num_rows:  # the first part: once
                         from pipeline import faults
 
                         faults.on_write(ctx.partitionId(), ctx.attemptNumber(), self.faults)

@@ -360,12 +360,12 @@ def _merge_keyed(df: "DataFrame", plan: WritePlan) -> WriteResult:
 
 
 # task-side write drills: the connector's write has no write() of ours, so its rows pass through one
-_CONNECTOR_WRITE_DRILLS = ("exit_write_partitions", "fail_write_partitions")
+_CONNECTOR_WRITE_DRILLS = ("exit_write_partitions", "fail_write_partitions", "stall_write")
 
 
 def _connector_source(df: "DataFrame", plan: WritePlan) -> "DataFrame":
     """``df`` as the connector writes it (:func:`_plain_string_types`). Under a write drill
-    (``exit_write_partitions``, ``fail_write_partitions``) its rows first pass through
+    (``exit_write_partitions``, ``fail_write_partitions``, ``stall_write``) its rows first pass through
     :func:`_drill_write_stage` inside the write's own tasks, so the drill fires in the connector's write stage."""
     drills = {k: plan.faults[k] for k in _CONNECTOR_WRITE_DRILLS if plan.faults.get(k)}
     if drills:
@@ -388,10 +388,12 @@ def _drill_write_stage(batches: Any, *, drills: Mapping[str, Any]) -> Any:
     from pipeline import faults
 
     ctx = TaskContext.get()
+    fired = False
     for n, batch in enumerate(batches):
         for start in range(0, batch.num_rows, 8):
             yield batch.slice(start, 8)
-            if n == 0 and ctx is not None and start + 8 >= batch.num_rows // 2:
+            if not fired and n == 0 and ctx is not None and start + 8 >= batch.num_rows // 2:
+                fired = True  # once a task: a stall waits once, however many slices follow
                 faults.on_write(ctx.partitionId(), ctx.attemptNumber(), drills)
 
 

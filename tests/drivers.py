@@ -1,0 +1,81 @@
+"""Drivers in processes of their own for the kill drills: start ``tests/commit_job.py`` on a config file, and
+SIGKILL it with everything below it once a condition holds (tests/test_resume.py, tests/test_commits.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def start_driver(config_file: Path, log: Path, faults: dict | None = None) -> subprocess.Popen:
+    """``python tests/commit_job.py <config_file>`` in a session (process group) of its own, its output in ``log``.
+
+    ``faults`` ride in ``SBI_FAULTS``: the command and its config file stay those of a plain run.
+    """
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
+    env.pop("SBI_FAULTS", None)
+    if faults:
+        env["SBI_FAULTS"] = json.dumps(faults)
+    with open(log, "wb") as sink:
+        return subprocess.Popen([sys.executable, str(REPO / "tests" / "commit_job.py"), str(config_file)],
+                                env=env, cwd=str(REPO), stdout=sink, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from ``/proc``), whatever process group it put itself in."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = [], [pid]
+    while frontier:
+        children = [p for p, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def kill_when(driver: subprocess.Popen, ready: Callable[[], bool], log: Path, *, timeout_s: float = 300) -> None:
+    """SIGKILL the driver and everything below it once ``ready()`` holds, as a lost node takes them all.
+
+    The driver's process group alone is not all: PySpark's worker daemon puts itself and its Python
+    workers in a group of their own, and a worker left running finishes its task (and stages it) after
+    the kill, which made the count of tasks finished before the kill a race.
+    """
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not ready():
+            assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+    finally:
+        below = descendants(driver.pid)
+        groups = set()
+        for pid in below:
+            try:
+                groups.add(os.getpgid(pid))  # the daemon's group: a worker it forks meanwhile is in it too
+            except ProcessLookupError:
+                pass
+        for group in {driver.pid, *groups} - {os.getpgrp()}:
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in below:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        driver.wait(timeout=60)
