@@ -20,7 +20,8 @@ def main(config_file: str) -> None:
     spark = get_session(SparkConfig(master="local[2,4]", app_name="commit-kill-test", shuffle_partitions=2,
                                     arrow_max_records_per_batch=20,
                                     conf={"spark.default.parallelism": "2",
-                                          "spark.databricks.delta.snapshotPartitions": "2"}))
+                                          "spark.databricks.delta.snapshotPartitions": "2"}),
+                        storage=config.storage.options())  # the config's S3 settings as S3A's, as run_job's session
     run_job(config, spark=spark)
 
 

@@ -418,19 +418,27 @@ def test_keys_given_only_as_variables_in_the_config_reach_s3_and_are_never_shown
 
 @pytest.mark.timeout(1500)  # two whole jobs, one in its own JVM: minutes on a loaded 2-core machine
 def test_a_driver_killed_before_its_commit_on_s3_leaves_each_key_once_after_the_rerun(
-        spark, lake, tmp_path, tiny_embed_model):
+        spark, request, writer, tmp_path, tiny_embed_model):
     """The kill drill of tests/test_commits.py on S3: the driver (and its workers' process group) killed while its
-    write's files are in the bucket and its commit waits; the same command again commits each key once. No
-    sweep runs on S3: the dead write's files stay, in no version of the table."""
+    commit waits; the same command again commits each key once. The deltalake writer's files are in the bucket
+    by then, and no sweep runs on S3: they stay, in no version of the table. The connector writes and commits
+    in one call (``save``), which its driver was killed right before: it wrote nothing."""
+    server = request.getfixturevalue("lake" if writer == "deltalake" else "s3")
+    prefix = f"drill-{writer}"
     write_delta(tmp_path / "docs", make_documents(12, with_bad_rows=False))
     barrier = tmp_path / "barrier"
-    sink = {"path": "s3a://lake/drill", "quarantine_path": "s3a://lake/drill_quarantine", "writer": "deltalake"}
+    sink = {"path": f"s3a://lake/{prefix}", "quarantine_path": f"s3a://lake/{prefix}_quarantine"}
     config = job_config(tmp_path, tiny_embed_model, sink=sink, run={
         "run_id": "killed", "faults": {"commit_barrier": {"dir": str(barrier), "parties": 9, "timeout_s": 15}}})
-    # the S3 settings from the environment (the lake fixture's); no jars: the writer and reader are delta-rs's
-    released_at = kill_driver_at_its_commit(config, tmp_path, barrier, SBI_NO_JARS="1")
-    orphans = {k for k in _keys(lake, "drill/") if k.endswith(".parquet")}
-    assert orphans and not _keys(lake, "drill/_delta_log/"), "files written, nothing committed"
+    if writer == "deltalake":  # the S3 settings from the environment (the lake fixture's); no jars: delta-rs's
+        released_at = kill_driver_at_its_commit(config, tmp_path, barrier, SBI_NO_JARS="1")
+    else:  # the connector in a session of its own: the endpoint from storage:, the keys from S3A's AWS_* chain
+        storage = StorageConfig(endpoint_url=server.endpoint, allow_http=True, region="us-east-1")
+        released_at = kill_driver_at_its_commit(config.model_copy(update={"storage": storage}), tmp_path, barrier,
+                                                **server.credentials_env())
+    orphans = {k for k in _keys(server, prefix + "/") if k.endswith(".parquet")}
+    assert not _keys(server, prefix + "/_delta_log/"), "nothing committed"
+    assert bool(orphans) == (writer == "deltalake"), orphans
 
     out = io.StringIO()
     summary = run_job(job_config(tmp_path, tiny_embed_model, sink=sink, run={"run_id": "rerun"}), spark=spark,
@@ -438,13 +446,14 @@ def test_a_driver_killed_before_its_commit_on_s3_leaves_each_key_once_after_the_
     assert summary.complete and summary.rows_out == 12 and summary.delta_version == 0, out.getvalue()
     while time.time() < released_at + 2:  # whatever survived of the killed job has given up by now
         time.sleep(0.5)
-    table = _table(lake, "s3://lake/drill")
+    table = _table(server, f"s3://lake/{prefix}")
     ids = table.to_pyarrow_table()["doc_id"].to_pylist()
     assert len(ids) == len(set(ids)) == 12, "each key once"
     assert table.version() == 0, "the killed job never committed, not even after the kill"
-    live = {"drill/" + unquote(p) for p in table.get_add_actions(flatten=True).column("path").to_pylist()}
+    assert set(table.to_pyarrow_table()["run_id"].to_pylist()) == {summary.run_id}
+    live = {f"{prefix}/" + unquote(p) for p in table.get_add_actions(flatten=True).column("path").to_pylist()}
     assert live and not live & orphans
-    assert orphans <= set(_keys(lake, "drill/")), "no sweep on S3: the dead write's files stay, in no version"
+    assert orphans <= set(_keys(server, prefix + "/")), "no sweep on S3: the dead write's files stay, in no version"
 
 
 @pytest.mark.timeout(300)
