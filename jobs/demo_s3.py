@@ -47,8 +47,9 @@ def main(argv: list[str] | None = None) -> int:
                 "--set", f"sink.writer={args.writer}"]
         cmd += job_args
         # the keys reach the job through its environment (S3A's environment provider; delta-rs and pyarrow read
-        # AWS_ENDPOINT_URL and the keys), never a command line
-        env = {**os.environ, **(s3.credentials_env() if connector else {**s3.env(), "SBI_NO_JARS": "1"})}
+        # AWS_ENDPOINT_URL and the keys: the deltalake writer, and with either writer the runs table beside the
+        # output, s3a://demo/document_scores_runs), never a command line
+        env = {**os.environ, **s3.env(), **({} if connector else {"SBI_NO_JARS": "1"})}
         done = subprocess.run(cmd, env=env)
         if done.returncode != 0:
             return done.returncode
@@ -59,6 +60,12 @@ def main(argv: list[str] | None = None) -> int:
         files = s3.client().list_objects_v2(Bucket="demo", Prefix="document_scores/").get("KeyCount", 0)
         print(f"demo-s3: read back {TABLE} with deltalake (delta-rs's object store): version {table.version()}, "
               f"{rows.num_rows:,} rows, {files} objects under s3://demo/document_scores/", flush=True)
+        runs = DeltaTable(f"{TABLE}_runs".replace("s3a://", "s3://"), storage_options=s3.env())
+        outcomes = runs.to_pyarrow_table(columns=["outcome"])["outcome"].to_pylist()
+        print(f"demo-s3: runs table {TABLE}_runs: version {runs.version()}, outcomes {outcomes}", flush=True)
+        if "ok" not in outcomes:
+            print("demo-s3: error: the run's `ok` row is missing from its runs table", file=sys.stderr)
+            return 1
     print("demo-s3: local S3 server stopped", flush=True)
     return 0
 
