@@ -10,17 +10,19 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def start_driver(config_file: Path, log: Path, faults: dict | None = None) -> subprocess.Popen:
+def start_driver(config_file: Path, log: Path, faults: dict | None = None,
+                 env: Mapping[str, str] | None = None) -> subprocess.Popen:
     """``python tests/commit_job.py <config_file>`` in a session (process group) of its own, its output in ``log``.
 
-    ``faults`` ride in ``SBI_FAULTS``: the command and its config file stay those of a plain run.
+    ``faults`` ride in ``SBI_FAULTS``: the command and its config file stay those of a plain run. ``env``
+    adds variables to the driver's environment (S3 keys, ``SBI_NO_JARS``).
     """
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO), **(env or {})}
     env.pop("SBI_FAULTS", None)
     if faults:
         env["SBI_FAULTS"] = json.dumps(faults)

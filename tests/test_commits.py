@@ -10,9 +10,6 @@ import datetime as dt
 import io
 import json
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -32,7 +29,6 @@ from .conftest import make_documents, sink_config, write_delta
 from .drivers import kill_when, start_driver
 from .test_runner import job_config, read_scores
 
-REPO = Path(__file__).resolve().parents[1]
 D1, D2 = dt.date(2026, 11, 28), dt.date(2026, 11, 29)
 
 
@@ -226,26 +222,15 @@ def test_a_driver_killed_before_its_commit_leaves_nothing_after_the_rerun(spark,
 
 
 def kill_driver_at_its_commit(config, tmp_path: Path, barrier: Path, **env: str) -> float:
-    """Run ``config`` as ``tests/commit_job.py`` in a process group of its own and SIGKILL the group once the
-    commit waits at its barrier (``run.faults.commit_barrier``: the deltalake writer's executors wrote their
-    files; the connector's driver is about to write and commit). Returns when the barrier's 15 s timeout would
-    release a surviving commit worker."""
+    """Run ``config`` as ``tests/commit_job.py`` in a process group of its own and SIGKILL it with everything
+    below it once the commit waits at its barrier (``run.faults.commit_barrier``: the deltalake writer's
+    executors wrote their files; the connector's driver is about to write and commit). Returns when the
+    barrier's 15 s timeout would release a surviving commit worker."""
     config_file = tmp_path / "job.json"
     config_file.write_text(config.model_dump_json())
-    environ = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO), **env}
     log = tmp_path / "driver.log"
-    with open(log, "wb") as sink:
-        driver = subprocess.Popen([sys.executable, str(REPO / "tests" / "commit_job.py"), str(config_file)],
-                                  env=environ, cwd=str(REPO), stdout=sink, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
-    try:
-        deadline = time.monotonic() + 400
-        while not list(barrier.glob("*.ready")):
-            assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
-    finally:
-        os.killpg(driver.pid, signal.SIGKILL)  # the executors wrote their files; the commit waits
-        driver.wait(timeout=60)
+    driver = start_driver(config_file, log, env=env)
+    kill_when(driver, lambda: bool(list(barrier.glob("*.ready"))), log, timeout_s=400)
     return time.time() + 15
 
 
