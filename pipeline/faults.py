@@ -130,7 +130,7 @@ def on_write(partition: int, attempt: int, faults: Mapping[str, Any]) -> None:
     """Write-side fault: called after a task attempt has written a Parquet file (the connector: once half
     of a write task's first chunk went on to it)."""
     stall = faults.get("stall_write")
-    if stall and attempt == 0 and partition in set(stall.get("partitions") or ()):
+    if stall and _first_attempt_of("partitions", partition, attempt, stall):
         import time
 
         time.sleep(float(stall.get("s", 60)))
