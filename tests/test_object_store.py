@@ -474,7 +474,7 @@ def test_a_worker_killed_mid_write_on_s3_is_retried_and_its_object_is_never_live
         return {k for k in _keys(server, prefix + "/") if k.endswith(".parquet")
                 and not any(part.startswith("_") for part in k.split("/")[1:])}
 
-    live = {unquote(u).split("://lake/", 1)[1] for u in _table(server, uri).file_uris()}
+    live = {unquote(u).split("://lake/", 1)[1] for u in table.file_uris()}
     assert live and live <= data_objects()
     if writer == "deltalake":
         assert data_objects() == live, "the commit left no object of the dead attempt"
