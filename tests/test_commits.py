@@ -370,6 +370,41 @@ def test_overlapping_overwrites_of_one_partition_one_wins_the_other_fails_clearl
     assert DeltaTable(str(path), version=0).to_pyarrow_table().num_rows == 5
 
 
+@pytest.mark.parametrize("mode", ["keyed append", "overwrite_partition"])
+def test_two_first_writes_that_both_create_the_table_write_each_row_once(spark, tmp_path, writer, mode):
+    """The first night: both writes found no table and commit at once (the barrier). The losing create never
+    adds its rows as a second ``CREATE TABLE`` (delta-rs's retry did: every key twice); a keyed append then
+    writes only the keys the winner did not, and a partition overwrite fails as a conflict (plain appends:
+    ``test_delta_sink``)."""
+    path, barrier = tmp_path / "t", tmp_path / "barrier"
+    keyed = mode == "keyed append"
+    sink = sink_config(path=str(path), mode="append" if keyed else mode, partition_by=["ds"])
+    faults = {"commit_barrier": {"dir": str(barrier), "parties": 2, "timeout_s": 120}}
+    ranges = {"a": range(0, 30), "b": range(20, 45)}
+    keys = {"key_columns": ("id", "ds"), "read_version": None} if keyed else {}
+    outcomes = _concurrently({
+        name: (lambda name=name: write_sink(_frame(spark, ranges[name], D1, writer=name), sink,
+                                            partition_values={"ds": D1}, faults=faults, txn_app_id=f"sbi-{name}",
+                                            **keys))
+        for name in ranges
+    })
+    assert len(list(barrier.glob("*.ready"))) == 2, "both had found no table before either committed"
+    failed = {n: o for n, o in outcomes.items() if isinstance(o, SinkError)}
+    ids = sorted(r["id"] for r in _table_rows(spark, path))
+    if mode == "overwrite_partition":
+        assert len(failed) == 1, outcomes
+        (loser, error), = failed.items()
+        winner = ({"a", "b"} - {loser}).pop()
+        assert "conflict" in str(error) and "committed nothing" in str(error), error
+        assert ids == list(ranges[winner]), "the winner's rows, once"
+        return
+    assert not failed, outcomes
+    assert ids == list(range(45)), "each key once"
+    assert sorted(o.overlapped for o in outcomes.values()) == [0, 10]
+    if writer == "deltalake":
+        assert on_disk(path) - in_log(path) == set(), "the loser's rewritten or unused files are swept"
+
+
 def test_history_read_while_another_job_commits_keeps_the_right_versions(tmp_path):
     """deltalake labels the commits of a table loaded before another commit off by one (version -1 for the first)."""
     from deltalake import write_deltalake

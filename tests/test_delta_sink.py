@@ -233,3 +233,52 @@ def test_remote_sink_without_connector_fails_before_any_work(spark, tmp_path, mo
     assert out.getvalue() == ""  # not even the "scoring N rows" line: nothing was read
     assert list(cwd.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["cwd"]
     assert not (Path(__file__).resolve().parents[1] / "s3:").exists()
+
+
+@pytest.mark.parametrize("keyed", [True, False], ids=["keyed", "plain"])
+def test_two_commits_that_both_create_the_table_write_each_row_once(tmp_path, monkeypatch, keyed):
+    """Both commits found no table and call delta-rs's create at the same instant (a thread barrier in front of
+    it, five times over). delta-rs retried the losing create as a second ``CREATE TABLE`` holding its rows
+    (30 of 40 such races here doubled every row); the loser now writes into the winner's table instead."""
+    import threading
+
+    import deltalake.transaction
+
+    from pipeline.io.delta_writer import DeltaLakeArrowWriter
+
+    create = deltalake.transaction.create_table_with_add_actions
+    barrier = threading.Barrier(2, timeout=60)
+
+    def create_at_once(*args, **kwargs):
+        barrier.wait()
+        return create(*args, **kwargs)
+
+    monkeypatch.setattr(deltalake.transaction, "create_table_with_add_actions", create_at_once)
+    schema = pa.schema([("id", pa.int64())])
+    for trial in range(5):
+        path = tmp_path / f"t{trial}"
+        writers = {
+            name: DeltaLakeArrowWriter({"path": str(path), "write_id": f"w{trial}{name}",
+                                        **({"key_columns": '["id"]'} if keyed else {})}, schema=schema, overwrite=False)
+            for name in "ab"
+        }
+        ids = {"a": range(0, 6), "b": range(4, 10)}
+        messages = {n: w.write(iter([pa.record_batch([pa.array(ids[n], pa.int64())], schema=schema)]))
+                    for n, w in writers.items()}
+        errors: list[BaseException] = []
+
+        def commit(name: str) -> None:
+            try:
+                writers[name].commit([messages[name]])
+            except BaseException as exc:  # noqa: BLE001 - asserted below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=commit, args=(n,)) for n in writers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not errors, errors
+        got = sorted(_read(path)["id"].to_pylist())
+        assert got == (list(range(10)) if keyed else sorted([*ids["a"], *ids["b"]])), f"trial {trial}"
+        assert len([c for c in DeltaTable(str(path)).history() if c.get("operation") == "CREATE TABLE"]) == 1

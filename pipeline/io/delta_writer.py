@@ -161,9 +161,8 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
     # ---------------------------------------------------------------- driver
     def commit(self, messages: Sequence[DeltaWriteMessage | None]) -> None:
         from deltalake import CommitProperties
-        from deltalake import Schema as DeltaSchema
         from deltalake.exceptions import CommitFailedError, TableNotFoundError
-        from deltalake.transaction import AddAction, Transaction, create_table_with_add_actions
+        from deltalake.transaction import AddAction, Transaction
 
         from pipeline.errors import SinkError
         from pipeline.io import leftovers
@@ -200,13 +199,21 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
                 leftovers.claim_for_commit(self.store, self.write_id)
             if self.key_columns and not self.overwrite:
                 adds, facts["overlap_rows"] = self._commit_keyed(table, adds, schema, metadata, props)
-            elif table is None:
-                create_table_with_add_actions(
-                    self.path, DeltaSchema.from_arrow(schema), actions, mode="append",
-                    partition_by=self.partition_by or None, commit_properties=props,
-                    storage_options=self.store.options or None,
-                )
+            elif table is None and self._create_table(schema, actions, props):
+                pass
             else:
+                if table is None:  # another job created the table after this one looked: write into theirs
+                    if self.overwrite:
+                        raise SinkError(
+                            f"conflict: another job created {self.path} while this one was committing; this job "
+                            "committed nothing. The other job's rows stand; rerun this one if its rows should "
+                            "replace them"
+                        )
+                    table = self.store.table()
+                    if self.txn_app_id and table.transaction_version(self.txn_app_id) is not None:
+                        self._delete_files(adds)  # that job was a concurrent try of this very run
+                        facts["already_committed"] = True
+                        return
                 _check_partitioning(table, self.partition_by, self.path)
                 mode = "overwrite" if self.overwrite else "append"
                 filters = None
@@ -246,9 +253,8 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
         run's commit with the same token lands first, delta-rs rejects this one and the keys are checked
         again against that commit (``pipeline.io.delta_keys``)."""
         from deltalake import CommitProperties
-        from deltalake import Schema as DeltaSchema
         from deltalake.exceptions import CommitFailedError
-        from deltalake.transaction import AddAction, Transaction, create_table_with_add_actions
+        from deltalake.transaction import AddAction, Transaction
 
         from pipeline.errors import SinkError
         from pipeline.io import delta_keys
@@ -275,11 +281,8 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
             actions = [AddAction(**a) for a in adds]
             try:
                 if table is None:
-                    create_table_with_add_actions(
-                        self.path, DeltaSchema.from_arrow(schema), actions, mode="append",
-                        partition_by=self.partition_by or None, commit_properties=keyed,
-                        storage_options=self.store.options or None,
-                    )
+                    if not self._create_table(schema, actions, keyed):
+                        raise CommitFailedError("another job created the table first")
                 else:
                     table.create_write_transaction(actions, "append", schema,
                                                    partition_by=self.partition_by or None, commit_properties=keyed)
@@ -294,6 +297,31 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
                     raise
                 table = self.store.table()
         raise AssertionError("unreachable")
+
+    def _create_table(self, schema: pa.Schema, actions: list[Any], props: Any) -> bool:
+        """Create the table with ``actions`` as its version 0; False when another job created it first.
+
+        delta-rs retries a create that lost the race for version 0 as a second ``CREATE TABLE`` at the
+        next version, rows included: two overlapping first runs left every row twice. Without commit
+        retries the losing create fails instead, and the caller writes into the table that won.
+        """
+        from deltalake import CommitProperties
+        from deltalake import Schema as DeltaSchema
+        from deltalake.transaction import create_table_with_add_actions
+
+        once = CommitProperties(custom_metadata=props.custom_metadata, app_transactions=props.app_transactions,
+                                max_commit_retries=0)
+        try:
+            create_table_with_add_actions(
+                self.path, DeltaSchema.from_arrow(schema), actions, mode="append",
+                partition_by=self.partition_by or None, commit_properties=once,
+                storage_options=self.store.options or None,
+            )
+        except Exception:
+            if self.store.is_table():  # lost the race: the caller decides (check keys, append, or conflict)
+                return False
+            raise
+        return True
 
     def _rewrite(self, partition_values: dict[str, Any], rows: pa.Table) -> dict[str, Any]:
         """A staged file again, with fewer rows (its old file is swept as an orphan after the commit)."""

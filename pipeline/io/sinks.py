@@ -697,9 +697,14 @@ _CONNECTOR_ERRORS = {
 
 def _connector_failure(spark: Any, plan: WritePlan, exc: BaseException) -> str:
     """The error text for a failed connector write, in the words the deltalake writer uses where they mean
-    the same (a partitioning mismatch, rows outside the replaced partition)."""
+    the same (a partitioning mismatch, rows outside the replaced partition, a commit that lost to another)."""
     text = str(exc)
     cause = _root_cause(exc)
+    lost = next((c for c in _CONCURRENT if c in text), None)
+    if lost:
+        return (f"conflict: another job committed to {plan.target} while this one was committing (Delta: {lost}); "
+                "this job committed nothing. The other job's rows stand; rerun this one if its rows should "
+                "replace them")
     if "DELTA_REPLACE_WHERE_MISMATCH" in text:
         cause = _CONNECTOR_ERRORS["DELTA_REPLACE_WHERE_MISMATCH"].format(where=plan.options.get("replaceWhere"))
     elif "DELTA_METADATA_MISMATCH" in text and plan.path:
