@@ -161,10 +161,9 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
     # ---------------------------------------------------------------- driver
     def commit(self, messages: Sequence[DeltaWriteMessage | None]) -> None:
         from deltalake import CommitProperties
-        from deltalake.exceptions import CommitFailedError, TableNotFoundError
+        from deltalake.exceptions import TableNotFoundError
         from deltalake.transaction import AddAction, Transaction
 
-        from pipeline.errors import SinkError
         from pipeline.io import leftovers
 
         adds = [a for m in messages if m is not None for a in m.adds]
@@ -199,38 +198,10 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
                 leftovers.claim_for_commit(self.store, self.write_id)
             if self.key_columns and not self.overwrite:
                 adds, facts["overlap_rows"] = self._commit_keyed(table, adds, schema, metadata, props)
-            elif table is None and self._create_table(schema, actions, props):
-                pass
-            else:
-                if table is None:  # another job created the table after this one looked: write into theirs
-                    if self.overwrite:
-                        raise SinkError(
-                            f"conflict: another job created {self.path} while this one was committing; this job "
-                            "committed nothing. The other job's rows stand; rerun this one if its rows should "
-                            "replace them"
-                        )
-                    table = self.store.table()
-                    if self.txn_app_id and table.transaction_version(self.txn_app_id) is not None:
-                        self._delete_files(adds)  # that job was a concurrent try of this very run
-                        facts["already_committed"] = True
-                        return
-                _check_partitioning(table, self.partition_by, self.path)
-                mode = "overwrite" if self.overwrite else "append"
-                filters = None
-                if self.overwrite and self.replace_where:
-                    filters = [(c, "=", _partition_string(v)) for c, v in self.replace_where.items()]
-                try:
-                    table.create_write_transaction(
-                        actions, mode, schema, partition_by=self.partition_by or None,
-                        partition_filters=filters, commit_properties=props,
-                    )
-                except CommitFailedError as exc:
-                    where = f" partition {self.replace_where}" if self.replace_where else ""
-                    raise SinkError(
-                        f"conflict: another job committed to {self.path}{where} while this one was committing "
-                        f"({str(exc).splitlines()[0]}); this job committed nothing. The other job's rows stand; "
-                        "rerun this one if its rows should replace them"
-                    ) from None
+            elif not self._commit_plain(table, actions, schema, props):
+                self._delete_files(adds)  # a concurrent try of this very run created the table first
+                facts["already_committed"] = True
+                return
         except BaseException as exc:
             self._delete_files(adds)
             facts["error"] = f"{type(exc).__name__}: {exc}"[:500]
@@ -245,6 +216,44 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
         except Exception as exc:  # noqa: BLE001 - the commit landed; a failed sweep is retried by the next job
             swept = {"error": f"{type(exc).__name__}: {exc}"[:300]}
         leftovers.finish_marker(self.store, self.write_id, swept=swept)
+
+    def _commit_plain(self, table: Any, actions: list[Any], schema: pa.Schema, props: Any) -> bool:
+        """Append ``actions``, or replace the table (or the partition) with them; False when a concurrent try
+        of this very run created the table first (nothing committed). ``table`` None: there was none."""
+        from deltalake.exceptions import CommitFailedError
+
+        from pipeline.errors import SinkError
+
+        if table is None:
+            if self._create_table(schema, actions, props):
+                return True
+            if self.overwrite:  # another job created the table after this one looked
+                raise SinkError(
+                    f"conflict: another job created {self.path} while this one was committing; this job "
+                    "committed nothing. The other job's rows stand; rerun this one if its rows should "
+                    "replace them"
+                )
+            table = self.store.table()  # an append goes into the table that won
+            if self.txn_app_id and table.transaction_version(self.txn_app_id) is not None:
+                return False
+        _check_partitioning(table, self.partition_by, self.path)
+        mode = "overwrite" if self.overwrite else "append"
+        filters = None
+        if self.overwrite and self.replace_where:
+            filters = [(c, "=", _partition_string(v)) for c, v in self.replace_where.items()]
+        try:
+            table.create_write_transaction(
+                actions, mode, schema, partition_by=self.partition_by or None,
+                partition_filters=filters, commit_properties=props,
+            )
+        except CommitFailedError as exc:
+            where = f" partition {self.replace_where}" if self.replace_where else ""
+            raise SinkError(
+                f"conflict: another job committed to {self.path}{where} while this one was committing "
+                f"({str(exc).splitlines()[0]}); this job committed nothing. The other job's rows stand; "
+                "rerun this one if its rows should replace them"
+            ) from None
+        return True
 
     def _commit_keyed(self, table: Any, adds: list[dict[str, Any]], schema: pa.Schema,
                       metadata: dict[str, Any], props: Any) -> tuple[list[dict[str, Any]], int]:
