@@ -168,11 +168,12 @@ demo-recs: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
-# Two runs: the jar-free session (the deltalake writer), then the session with the Delta connector jars
-# (the connector-marked tests, each guarantee on the connector).
+# Two runs side by side (tests/run_phases.py): the jar-free session (the deltalake writer) prints as it goes;
+# the session with the Delta connector jars (the connector-marked tests, each guarantee on the connector)
+# is printed when it ends. On 2 cores together they take 0.7x the time of one after the other
+# (docs/benchmarks.md); PYTEST_ARGS="--serial ..." runs them in turn.
 test: $(STAMP) jars
-	$(PY) -m pytest -m "not connector" $(PYTEST_ARGS)
-	SBI_TEST_CONNECTOR=1 $(PY) -m pytest -m connector $(PYTEST_ARGS)
+	$(PY) -m tests.run_phases $(PYTEST_ARGS)
 
 # The vllm-marked tests (outside the default suite), in the vLLM environment; about 3 minutes after the install.
 test-vllm: $(VLLM_STAMP)
