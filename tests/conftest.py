@@ -185,6 +185,7 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory):
         "spark.connect.grpc.binding.port": str(port), "spark.connect.grpc.binding.address": "127.0.0.1",
         "spark.ui.enabled": "false", "spark.log.level": "WARN", "spark.sql.session.timeZone": "UTC",
         "spark.python.worker.reuse": "true", "spark.default.parallelism": "2", "spark.task.maxFailures": "2",
+        "spark.python.daemon.module": "pipeline.spark.daemon",
         # progress reports every 100 ms (default 2 s), so short test queries report their stages too
         "spark.connect.progress.reportInterval": "100ms",
         **DELTA_TEST_CONFS,

@@ -182,3 +182,28 @@ def test_spark_submit_entry(tmp_path, tiny_embed_model):
     assert "deltalake writer" in done.stdout, done.stdout[-2000:]
     table = read_scores(tmp_path)
     assert table.num_rows == 60 and set(table["ds"].to_pylist()) == {dt.date(2026, 11, 29)}
+
+
+def test_udf_workers_are_forked_from_the_daemon_that_imported_torch(spark):
+    """The session's Python workers come from ``pipeline.spark.daemon``, which imported torch and transformers
+    before forking them; the daemons of the data source workers import neither."""
+
+    def parent(rows):
+        import os
+
+        import pandas as pd
+
+        ppid = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[1])
+        cmd = open(f"/proc/{ppid}/cmdline").read().replace("\0", " ")
+        for _ in rows:
+            pass
+        yield pd.DataFrame({"daemon": [cmd], "pid": [os.getpid()]})
+
+    found = spark.range(4, numPartitions=2).mapInPandas(parent, "daemon string, pid long").collect()
+    assert found and all("-m pipeline.spark.daemon pyspark.worker" in r["daemon"] for r in found), found
+    code = ("import sys; from pipeline.spark.daemon import preload; "
+            "print(preload(sys.argv[1]), 'torch' in sys.modules, 'transformers' in sys.modules)")
+    runs = {m: subprocess.run([sys.executable, "-c", code, m], capture_output=True, text=True, cwd=REPO, check=True)
+            .stdout.strip() for m in ("pyspark.worker", "pyspark.sql.worker.write_into_data_source")}
+    assert runs["pyspark.worker"].endswith("True True") and "'torch'" in runs["pyspark.worker"], runs
+    assert runs["pyspark.sql.worker.write_into_data_source"] == "[] False False", runs

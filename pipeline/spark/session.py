@@ -180,6 +180,10 @@ def get_session(config: SparkConfig, *, object_stores: bool = True,
         jars["spark.jars"] = f"{config.conf['spark.jars']},{jars['spark.jars']}"
     if master is not None:
         defaults.update(_local_delta_defaults(master))
+    if master is not None and (master == "local" or master.startswith("local[")):
+        # workers forked with torch and transformers imported (pipeline.spark.daemon); on a local master the
+        # daemon runs where this process imported pipeline. Executors elsewhere may lack it: opt in there
+        defaults["spark.python.daemon.module"] = "pipeline.spark.daemon"
     s3a = s3a_settings(storage or {}) if object_stores else {}
     for key, value in {**defaults, **session_settings(config), **s3a, **config.conf, **jars}.items():
         builder = builder.config(key, value)
