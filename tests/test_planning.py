@@ -27,7 +27,7 @@ def test_cores_read_from_either_session_kind(any_spark):
 
 
 def test_a_single_file_single_row_group_table_keeps_every_worker_busy(spark, tmp_path, tiny_embed_model):
-    """The layout that left one core idle (issue 10): one Parquet file, one row group, read as 1-2 splits."""
+    """The layout that left one core idle: one Parquet file, one row group, read as 1-2 splits."""
     n = 40_000
     words = ["good", "bad", "film", "plot", "actor", "music", "story", "great", "awful", "long"]
     docs = pa.table({
