@@ -170,7 +170,7 @@ lint: $(STAMP)
 
 # Two runs side by side (tests/run_phases.py): the jar-free session (the deltalake writer) prints as it goes;
 # the session with the Delta connector jars (the connector-marked tests, each guarantee on the connector)
-# is printed when it ends. On 2 cores together they take 0.7x the time of one after the other
+# is printed when it ends. On 2 cores together they take 0.75x the time of one after the other
 # (docs/benchmarks.md); PYTEST_ARGS="--serial ..." runs them in turn.
 test: $(STAMP) jars
 	$(PY) -m tests.run_phases $(PYTEST_ARGS)

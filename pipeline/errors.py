@@ -31,6 +31,7 @@ __all__ = [
     "SimulatedOutOfMemoryError",
     "SinkError",
     "SourceError",
+    "lost_commit_message",
 ]
 
 
@@ -52,6 +53,19 @@ class SourceError(PipelineError, ValueError):
 
 class SinkError(PipelineError, RuntimeError):
     """The output table cannot be written (unwritable path, partitioning mismatch, commit failure)."""
+
+
+def lost_commit_message(target: str, detail: str) -> str:
+    """What a :class:`SinkError` says when another job's commit won the race, in the words of both writers.
+
+    >>> print(lost_commit_message("/data/scores partition {'ds': '2026-11-28'}", "version 3 exists"))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    conflict: another job committed to /data/scores partition {'ds': '2026-11-28'} while this one was committing
+    (version 3 exists); this job committed nothing. The other job's rows stand; rerun this one if its rows
+    should replace them
+    """
+    return (f"conflict: another job committed to {target} while this one was committing ({detail}); this job "
+            "committed nothing. The other job's rows stand; rerun this one if its rows should replace them")
 
 
 class ModelError(PipelineError, RuntimeError):

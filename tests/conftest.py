@@ -19,8 +19,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # 2 cores C2's compiler threads and G1's workers compete with the job itself. A cold 100-row job took 0.8x
 # the time (median of 3, docs/benchmarks.md "Small jobs"). C1 alone gets a 48 MB code cache, which a
 # session with the connector filled within a minute: the JVM then stops compiling and runs the rest
-# interpreted; 256 MB holds a whole run (docs/benchmarks.md, "The test suite's own JVMs"). Read by
-# spark-submit's launcher (SPARK_SUBMIT_OPTS).
+# interpreted; 256 MB holds a whole run (docs/benchmarks.md, "The suite's JVM code cache and its two runs
+# side by side"). Read by spark-submit's launcher (SPARK_SUBMIT_OPTS).
 FAST_START_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:ReservedCodeCacheSize=256m"
 os.environ.setdefault("SPARK_SUBMIT_OPTS", FAST_START_JVM)
 

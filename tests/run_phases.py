@@ -8,8 +8,8 @@ ends. Either failing fails the command; Ctrl-C stops both. Arguments go to both 
     python -m tests.run_phases --serial      # one after the other, as before
 
 On 2 cores neither run keeps both cores busy (its driver's planning and the JVM starts of the drills are
-single-threaded): side by side the suite took 0.8x the time of the two runs in turn (docs/benchmarks.md,
-"The test suite's own JVMs and its two runs").
+single-threaded): side by side the suite took 0.75x the time of the two runs in turn (docs/benchmarks.md,
+"The suite's JVM code cache and its two runs side by side").
 """
 
 from __future__ import annotations

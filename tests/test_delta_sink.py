@@ -239,7 +239,7 @@ def test_remote_sink_without_connector_fails_before_any_work(spark, tmp_path, mo
 def test_two_commits_that_both_create_the_table_write_each_row_once(tmp_path, monkeypatch, keyed):
     """Both commits found no table and call delta-rs's create at the same instant (a thread barrier in front of
     it, five times over). delta-rs retried the losing create as a second ``CREATE TABLE`` holding its rows
-    (30 of 40 such races here doubled every row); the loser now writes into the winner's table instead."""
+    (35 of 40 such races here doubled every row); the loser now writes into the winner's table instead."""
     import threading
 
     import deltalake.transaction

@@ -188,12 +188,11 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
                 from pipeline import faults
 
                 faults.on_commit(self.write_id, self.faults)
-            if self.txn_app_id and not self.overwrite and table is not None:
-                if table.transaction_version(self.txn_app_id) is not None:
-                    # this logical run already committed (its driver died after the commit): a retry adds nothing
-                    self._delete_files(adds)
-                    facts["already_committed"] = True
-                    return
+            if not self.overwrite and table is not None and self._holds_this_run(table):
+                # this logical run already committed (its driver died after the commit): a retry adds nothing
+                self._delete_files(adds)
+                facts["already_committed"] = True
+                return
             if self.require_marker:
                 leftovers.claim_for_commit(self.store, self.write_id)
             if self.key_columns and not self.overwrite:
@@ -222,19 +221,15 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
         of this very run created the table first (nothing committed). ``table`` None: there was none."""
         from deltalake.exceptions import CommitFailedError
 
-        from pipeline.errors import SinkError
+        from pipeline.errors import SinkError, lost_commit_message
 
         if table is None:
             if self._create_table(schema, actions, props):
                 return True
             if self.overwrite:  # another job created the table after this one looked
-                raise SinkError(
-                    f"conflict: another job created {self.path} while this one was committing; this job "
-                    "committed nothing. The other job's rows stand; rerun this one if its rows should "
-                    "replace them"
-                )
+                raise SinkError(lost_commit_message(self.path, "it created the table first"))
             table = self.store.table()  # an append goes into the table that won
-            if self.txn_app_id and table.transaction_version(self.txn_app_id) is not None:
+            if self._holds_this_run(table):
                 return False
         _check_partitioning(table, self.partition_by, self.path)
         mode = "overwrite" if self.overwrite else "append"
@@ -248,12 +243,12 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
             )
         except CommitFailedError as exc:
             where = f" partition {self.replace_where}" if self.replace_where else ""
-            raise SinkError(
-                f"conflict: another job committed to {self.path}{where} while this one was committing "
-                f"({str(exc).splitlines()[0]}); this job committed nothing. The other job's rows stand; "
-                "rerun this one if its rows should replace them"
-            ) from None
+            raise SinkError(lost_commit_message(f"{self.path}{where}", str(exc).splitlines()[0])) from None
         return True
+
+    def _holds_this_run(self, table: Any) -> bool:
+        """The table already holds this logical run's transaction (an earlier or concurrent try committed it)."""
+        return bool(self.txn_app_id) and table.transaction_version(self.txn_app_id) is not None
 
     def _commit_keyed(self, table: Any, adds: list[dict[str, Any]], schema: pa.Schema,
                       metadata: dict[str, Any], props: Any) -> tuple[list[dict[str, Any]], int]:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 from pipeline.config import SinkConfig, SourceConfig
-from pipeline.errors import SinkError
+from pipeline.errors import SinkError, lost_commit_message
 from pipeline.io.paths import connector_hint, is_local, local_path, remote_refusal, resolve_location
 from pipeline.io.sources import has_delta_connector
 from pipeline.io.stores import StoreError, configured, is_object_store, open_table, storage_options, table_store
@@ -702,9 +702,7 @@ def _connector_failure(spark: Any, plan: WritePlan, exc: BaseException) -> str:
     cause = _root_cause(exc)
     lost = next((c for c in _CONCURRENT if c in text), None)
     if lost:
-        return (f"conflict: another job committed to {plan.target} while this one was committing (Delta: {lost}); "
-                "this job committed nothing. The other job's rows stand; rerun this one if its rows should "
-                "replace them")
+        return lost_commit_message(plan.target, f"Delta: {lost}")
     if "DELTA_REPLACE_WHERE_MISMATCH" in text:
         cause = _CONNECTOR_ERRORS["DELTA_REPLACE_WHERE_MISMATCH"].format(where=plan.options.get("replaceWhere"))
     elif "DELTA_METADATA_MISMATCH" in text and plan.path:
