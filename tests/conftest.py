@@ -36,6 +36,17 @@ _writer: list[str] = []
 DELTA_TEST_CONFS = {"spark.databricks.delta.snapshotPartitions": "2"}
 
 
+# what a `beside` test may not use: in the connector run these carry the connector jars
+SESSION_FIXTURES = frozenset({"spark", "connect_server", "spark_connect", "any_spark", "writer"})
+
+
+@pytest.fixture(autouse=True)
+def _beside_is_jar_free(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``beside`` test run in the connector run is still jar-free: its subprocesses get ``SBI_NO_JARS=1``."""
+    if CONNECTOR_RUN and request.node.get_closest_marker("beside"):
+        monkeypatch.setenv("SBI_NO_JARS", "1")
+
+
 def current_writer() -> str:
     """The ``sink.writer`` of the running test: the :func:`writer` fixture's, else ``auto``."""
     return _writer[-1] if _writer else "auto"
@@ -294,13 +305,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Skip ``gpu``-marked tests where torch sees no CUDA device (run them on a GPU machine: bench/gpu.sh).
 
     ``connector``-marked tests run only in the connector run (``SBI_TEST_CONNECTOR=1``, which runs nothing
-    else): elsewhere they are skipped with a note saying how to run them.
+    else but ``beside`` tests): elsewhere they are skipped with a note saying how to run them. A ``beside`` test
+    must not use a session fixture: in the connector run that session has the jars.
     """
+    for item in items:
+        shared = sorted(SESSION_FIXTURES & set(getattr(item, "fixturenames", ())))
+        if "beside" in item.keywords and shared:
+            raise pytest.UsageError(f"{item.nodeid} is marked `beside` (it may run in the connector run) but uses "
+                                    f"the session fixtures {shared}: give it a Spark of its own or drop the mark")
     if CONNECTOR_RUN:
-        others = [item for item in items if "connector" not in item.keywords]
-        if others:
-            config.hook.pytest_deselected(items=others)
-            items[:] = [item for item in items if "connector" in item.keywords]
+        kept = [item for item in items if "connector" in item.keywords or "beside" in item.keywords]
+        if len(kept) < len(items):
+            config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+            items[:] = kept
     else:
         skip_connector = pytest.mark.skip(reason="a connector test: it runs in the connector session "
                                                  "(make test runs it; or SBI_TEST_CONNECTOR=1 pytest -m connector)")

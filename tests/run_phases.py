@@ -1,8 +1,10 @@
 """``make test``: the suite's two pytest runs, side by side (one JVM per process, so they cannot share one run).
 
-The jar-free run (``-m "not connector"``, the deltalake writer) prints as it goes; the connector run
-(``SBI_TEST_CONNECTOR=1 -m connector``) writes ``.pytest-connector.log`` and is printed, whole, when it
-ends. Either failing fails the command; Ctrl-C stops both. Arguments go to both runs::
+The jar-free run (``-m "not connector and not beside"``, the deltalake writer) prints as it goes; the
+connector run (``SBI_TEST_CONNECTOR=1 -m "connector or beside"``) writes ``.pytest-connector.log`` and is
+printed, whole, when it ends. ``beside`` tests are jar-free drills with a Spark of their own in a subprocess:
+they run in the connector run (still jar-free, ``SBI_NO_JARS=1``) because it would otherwise end minutes before
+the other. Either failing fails the command; Ctrl-C stops both. Arguments go to both runs::
 
     python -m tests.run_phases -p no:cacheprovider --durations=15
     python -m tests.run_phases --serial      # one after the other, as before
@@ -41,8 +43,9 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 def main(argv: list[str]) -> int:
     serial = "--serial" in argv
     args = [a for a in argv if a != "--serial"]
-    jar_free = _pytest(["-m", "not connector", *args])
-    connector = _pytest(["-m", "connector", *args])
+    # `beside` tests (jar-free, each with a Spark of its own) run in the connector run, which is shorter
+    jar_free = _pytest(["-m", "not connector and not beside", *args])
+    connector = _pytest(["-m", "connector or beside", *args])
     connector_env = {**os.environ, "SBI_TEST_CONNECTOR": "1"}
     started = time.monotonic()
     if serial:
@@ -66,7 +69,7 @@ def main(argv: list[str]) -> int:
         return 130
     finally:
         _stop(procs)
-    print(f"\n[make test] ===== the connector run (SBI_TEST_CONNECTOR=1 pytest -m connector): exit {second} after "
+    print(f"\n[make test] ===== the connector run (SBI_TEST_CONNECTOR=1 pytest -m 'connector or beside'): exit {second} after "
           f"{time.monotonic() - started:.0f} s =====", flush=True)
     sys.stdout.buffer.write(CONNECTOR_LOG.read_bytes())
     sys.stdout.flush()

@@ -83,6 +83,7 @@ def test_a_killed_worker_is_retried_on_the_default_master(tmp_path, tiny_embed_m
 
 
 @pytest.mark.slow  # a Spark of its own in a subprocess
+@pytest.mark.beside
 def test_a_worker_exception_reaches_the_cli_as_one_line(tmp_path, tiny_embed_model):
     """A Python exception raised on a worker (here: every attempt allowed fails) ends the CLI with one clear line."""
     write_delta(tmp_path / "docs", make_documents(60))
