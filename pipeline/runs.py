@@ -133,9 +133,12 @@ def write_run_row(path: str, row: Mapping[str, Any]) -> int:
 
     ``path``: a local path or an S3 URI (:mod:`pipeline.io.stores` resolves its settings). Creates the
     table on first use. Concurrent runs writing the same runs table conflict only at commit time; the
-    write is retried a few times.
+    write is retried a few times. Two first runs that both create the table: the create runs without
+    delta-rs's commit retries (which would commit the loser as a second table, a new table id, at the
+    next version), so the loser fails and merges its row into the table that won (its data file stays
+    in no version until ``VACUUM``).
     """
-    from deltalake import write_deltalake
+    from deltalake import CommitProperties, write_deltalake
     from deltalake.exceptions import CommitFailedError, DeltaError
 
     data = pa.Table.from_pylist([dict(row)], schema=RUNS_SCHEMA)
@@ -145,7 +148,7 @@ def write_run_row(path: str, row: Mapping[str, Any]) -> int:
             if not is_table(path, options=options or {}):
                 _ensure_parent(path)
                 write_deltalake(delta_uri(path), data, mode="append", description="sbi runs table",
-                                storage_options=options)
+                                storage_options=options, commit_properties=CommitProperties(max_commit_retries=0))
                 return open_table(path, options=options or {}).version()
             table = open_table(path, options=options or {})
             (table.merge(source=data, predicate="t.run_id = s.run_id", source_alias="s", target_alias="t")

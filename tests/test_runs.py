@@ -224,3 +224,47 @@ def test_a_runs_table_the_deltalake_package_cannot_reach_is_skipped_and_said_so(
         "from the driver, and the deltalake package here reaches local or mounted paths, s3:// and s3a://, "
         "not gs:; set run.runs_path to one of those\n")
     assert recorder.row is not None and recorder.row["outcome"] == "ok"
+
+
+def test_two_first_runs_create_one_runs_table_and_keep_both_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two runs that both find no runs table write their rows at the same instant (a thread barrier in front
+    of delta-rs's write, five times over). delta-rs retried the losing create as a second ``CREATE TABLE``,
+    which gave the table a new id under every reader; the loser now merges its row into the table that won."""
+    import threading
+
+    import deltalake
+    from deltalake import DeltaTable
+
+    write = deltalake.write_deltalake
+    barrier = threading.Barrier(2, timeout=60)
+
+    def write_at_once(*args, **kwargs):
+        barrier.wait()
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(deltalake, "write_deltalake", write_at_once)
+    config = job_config(tmp_path)
+    now = dt.datetime(2026, 11, 30, 1, 0, tzinfo=dt.timezone.utc)
+    for trial in range(5):
+        path = str(tmp_path / f"runs{trial}")
+        rows = {name: run_row(config=config, run_id=name, ds=dt.date(2026, 11, 30), started_at=now, outcome="ok",
+                              summary=summary(name)) for name in ("a", "b")}
+        errors: list[BaseException] = []
+
+        def record(name: str) -> None:
+            try:
+                write_run_row(path, rows[name])
+            except BaseException as exc:  # noqa: BLE001 - asserted below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=record, args=(n,)) for n in rows]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not errors, errors
+        assert sorted(r["run_id"] for r in read_runs(path)) == ["a", "b"], f"trial {trial}"
+        log = sorted((Path(path) / "_delta_log").glob("*.json"))
+        creates = [f.name for f in log if any("metaData" in json.loads(line) for line in f.read_text().splitlines())]
+        assert creates == [f"{0:020d}.json"], f"trial {trial}: the table's metadata set in {creates}"
+        assert DeltaTable(path).version() == 1
