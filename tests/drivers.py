@@ -1,5 +1,6 @@
 """Drivers in processes of their own for the kill drills: start ``tests/commit_job.py`` on a config file, and
-SIGKILL it with everything below it once a condition holds (tests/test_resume.py, tests/test_commits.py)."""
+SIGKILL it with everything below it once a condition holds (tests/test_resume.py, tests/test_commits.py);
+and callables run at once in threads, for the overlapping-commit tests (:func:`at_once`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Mapping
@@ -81,3 +83,26 @@ def kill_when(driver: subprocess.Popen, ready: Callable[[], bool], log: Path, *,
             except ProcessLookupError:
                 pass
         driver.wait(timeout=60)
+
+
+def at_once(calls: Mapping[str, Callable[[], object]], *, timeout_s: float = 300) -> dict[str, object]:
+    """Run each callable in a thread of its own, all started together; each name's return value or exception.
+
+    A thread still running after ``timeout_s`` fails the test (its name is missing otherwise, not a hang).
+    """
+    outcomes: dict[str, object] = {}
+
+    def run(name: str, call: Callable[[], object]) -> None:
+        try:
+            outcomes[name] = call()
+        except BaseException as exc:  # noqa: BLE001 - the caller asserts on it
+            outcomes[name] = exc
+
+    threads = [threading.Thread(target=run, args=item, daemon=True) for item in calls.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout_s)
+    stuck = [name for name in calls if name not in outcomes]
+    assert not stuck, f"still running after {timeout_s} s: {stuck}"
+    return outcomes

@@ -7,10 +7,10 @@ SIGKILL of a driver from outside).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import io
 import json
 import os
-import threading
 import time
 from pathlib import Path
 from urllib.parse import unquote
@@ -26,7 +26,7 @@ from pipeline.io.sinks import SinkError, commit_metadata, consistent_history, wr
 from pipeline.runner import run_job
 
 from .conftest import make_documents, sink_config, write_delta
-from .drivers import kill_when, start_driver
+from .drivers import at_once, kill_when, start_driver
 from .test_runner import job_config, read_scores
 
 D1, D2 = dt.date(2026, 11, 28), dt.date(2026, 11, 29)
@@ -326,19 +326,9 @@ def test_a_sweep_leaves_running_writes_alone_and_a_claimed_write_cannot_commit(t
 
 # ----------------------------------------------------------------------------- overlapping commits
 def _concurrently(writes: dict[str, callable]) -> dict[str, object]:
-    outcomes: dict[str, object] = {}
-
-    def run(name, fn):
-        try:
-            outcomes[name] = fn()
-        except SinkError as exc:
-            outcomes[name] = exc
-
-    threads = [threading.Thread(target=run, args=item) for item in writes.items()]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=400)
+    outcomes = at_once(writes, timeout_s=400)
+    unexpected = {n: o for n, o in outcomes.items() if isinstance(o, BaseException) and not isinstance(o, SinkError)}
+    assert not unexpected, unexpected  # a lost race is a SinkError; anything else is a fault
     return outcomes
 
 
@@ -495,20 +485,12 @@ def test_overlapping_keyed_appends_that_commit_at_once_write_each_key_once(spark
 
 def _two_runs_at_once(tmp_path, model, spark, **sections) -> tuple[dict, dict]:
     outs = {"night": io.StringIO(), "backfill": io.StringIO()}
-    results: dict[str, object] = {}
 
     def run(name):
-        try:
-            config = job_config(tmp_path, model, **{**sections, "run": {**sections.get("run", {}), "run_id": name}})
-            results[name] = run_job(config, spark=spark, out=outs[name])
-        except Exception as exc:  # noqa: BLE001 - asserted by the caller
-            results[name] = exc
+        config = job_config(tmp_path, model, **{**sections, "run": {**sections.get("run", {}), "run_id": name}})
+        return run_job(config, spark=spark, out=outs[name])
 
-    threads = [threading.Thread(target=run, args=(n,)) for n in outs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=800)
+    results = at_once({n: functools.partial(run, n) for n in outs}, timeout_s=800)
     return results, {k: v.getvalue() for k, v in outs.items()}
 
 

@@ -240,9 +240,12 @@ def test_two_commits_that_both_create_the_table_write_each_row_once(tmp_path, mo
     """Both commits found no table and call delta-rs's create at the same instant (a thread barrier in front of
     it, five times over). delta-rs retried the losing create as a second ``CREATE TABLE`` holding its rows
     (35 of 40 such races here doubled every row); the loser now writes into the winner's table instead."""
+    import functools
     import threading
 
     import deltalake.transaction
+
+    from .drivers import at_once
 
     from pipeline.io.delta_writer import DeltaLakeArrowWriter
 
@@ -265,20 +268,8 @@ def test_two_commits_that_both_create_the_table_write_each_row_once(tmp_path, mo
         ids = {"a": range(0, 6), "b": range(4, 10)}
         messages = {n: w.write(iter([pa.record_batch([pa.array(ids[n], pa.int64())], schema=schema)]))
                     for n, w in writers.items()}
-        errors: list[BaseException] = []
-
-        def commit(name: str) -> None:
-            try:
-                writers[name].commit([messages[name]])
-            except BaseException as exc:  # noqa: BLE001 - asserted below
-                errors.append(exc)
-
-        threads = [threading.Thread(target=commit, args=(n,)) for n in writers]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
-        assert not errors, errors
+        outcomes = at_once({n: functools.partial(w.commit, [messages[n]]) for n, w in writers.items()}, timeout_s=120)
+        assert not [o for o in outcomes.values() if isinstance(o, BaseException)], outcomes
         got = sorted(_read(path)["id"].to_pylist())
         assert got == (list(range(10)) if keyed else sorted([*ids["a"], *ids["b"]])), f"trial {trial}"
         assert len([c for c in DeltaTable(str(path)).history() if c.get("operation") == "CREATE TABLE"]) == 1

@@ -6,7 +6,6 @@ import io
 import json
 import re
 import shutil
-import threading
 from pathlib import Path
 
 import pyarrow as pa
@@ -17,6 +16,7 @@ from pipeline.models.loading import ModelError
 from pipeline.runner import JobError, run_job
 
 from .conftest import make_documents, write_delta
+from .drivers import at_once
 from .test_runner import job_config, read_scores
 
 ATTEMPT = re.compile(r"part-(\d{5})-a(\d+)-")
@@ -283,20 +283,12 @@ def test_concurrent_overwrites_of_one_partition_never_mix(spark, tmp_path):
     seed = spark.range(5).withColumn("writer", F.lit("seed")).withColumn("ds", F.lit(day))
     write_sink(seed, sink, partition_values={"ds": day})
 
-    outcomes: dict[str, object] = {}
-
-    def write(name: str, n: int) -> None:
+    def write(name: str, n: int) -> object:
         df = spark.range(n).withColumn("writer", F.lit(name)).withColumn("ds", F.lit(day)).repartition(4)
-        try:
-            outcomes[name] = write_sink(df, sink, partition_values={"ds": day})
-        except SinkError as exc:
-            outcomes[name] = exc
+        return write_sink(df, sink, partition_values={"ds": day})
 
-    threads = [threading.Thread(target=write, args=(name, n)) for name, n in (("a", 100), ("b", 70))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
+    outcomes = at_once({"a": lambda: write("a", 100), "b": lambda: write("b", 70)})
+    assert not [o for o in outcomes.values() if isinstance(o, BaseException) and not isinstance(o, SinkError)], outcomes
     table = pa.table(DeltaTable(str(path)).to_pyarrow_table())
     writers = set(table["writer"].to_pylist())
     assert len(writers) == 1, f"mixed result from {writers}"

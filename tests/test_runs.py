@@ -230,10 +230,13 @@ def test_two_first_runs_create_one_runs_table_and_keep_both_rows(tmp_path: Path,
     """Two runs that both find no runs table write their rows at the same instant (a thread barrier in front
     of delta-rs's write, five times over). delta-rs retried the losing create as a second ``CREATE TABLE``,
     which gave the table a new id under every reader; the loser now merges its row into the table that won."""
+    import functools
     import threading
 
     import deltalake
     from deltalake import DeltaTable
+
+    from .drivers import at_once
 
     write = deltalake.write_deltalake
     barrier = threading.Barrier(2, timeout=60)
@@ -249,20 +252,8 @@ def test_two_first_runs_create_one_runs_table_and_keep_both_rows(tmp_path: Path,
         path = str(tmp_path / f"runs{trial}")
         rows = {name: run_row(config=config, run_id=name, ds=dt.date(2026, 11, 30), started_at=now, outcome="ok",
                               summary=summary(name)) for name in ("a", "b")}
-        errors: list[BaseException] = []
-
-        def record(name: str) -> None:
-            try:
-                write_run_row(path, rows[name])
-            except BaseException as exc:  # noqa: BLE001 - asserted below
-                errors.append(exc)
-
-        threads = [threading.Thread(target=record, args=(n,)) for n in rows]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
-        assert not errors, errors
+        outcomes = at_once({name: functools.partial(write_run_row, path, row) for name, row in rows.items()})
+        assert not [o for o in outcomes.values() if isinstance(o, BaseException)], outcomes
         assert sorted(r["run_id"] for r in read_runs(path)) == ["a", "b"], f"trial {trial}"
         log = sorted((Path(path) / "_delta_log").glob("*.json"))
         creates = [f.name for f in log if any("metaData" in json.loads(line) for line in f.read_text().splitlines())]
