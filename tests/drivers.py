@@ -1,6 +1,6 @@
 """Drivers in processes of their own for the kill drills: start ``tests/commit_job.py`` on a config file, and
 SIGKILL it with everything below it once a condition holds (tests/test_resume.py, tests/test_commits.py);
-and callables run at once in threads, for the overlapping-commit tests (:func:`at_once`)."""
+and callables run at once in threads, for the overlapping-commit tests (:func:`at_once`, :func:`entered_together`)."""
 
 from __future__ import annotations
 
@@ -85,10 +85,12 @@ def kill_when(driver: subprocess.Popen, ready: Callable[[], bool], log: Path, *,
         driver.wait(timeout=60)
 
 
-def at_once(calls: Mapping[str, Callable[[], object]], *, timeout_s: float = 300) -> dict[str, object]:
-    """Run each callable in a thread of its own, all started together; each name's return value or exception.
+def at_once(calls: Mapping[str, Callable[[], object]], *, expected: tuple[type[BaseException], ...] = (),
+            timeout_s: float = 300) -> dict[str, object]:
+    """Run each callable in a thread of its own, all started together; each name's return value, or its
+    exception where that is one of ``expected`` (a lost race the test asserts on).
 
-    A thread still running after ``timeout_s`` fails the test (its name is missing otherwise, not a hang).
+    Any other exception fails the test (chained to it), and so does a thread still running after ``timeout_s``.
     """
     outcomes: dict[str, object] = {}
 
@@ -105,4 +107,18 @@ def at_once(calls: Mapping[str, Callable[[], object]], *, timeout_s: float = 300
         t.join(timeout=timeout_s)
     stuck = [name for name in calls if name not in outcomes]
     assert not stuck, f"still running after {timeout_s} s: {stuck}"
+    unexpected = {n: o for n, o in outcomes.items() if isinstance(o, BaseException) and not isinstance(o, expected)}
+    if unexpected:
+        raise AssertionError(f"failed at once: {unexpected}") from next(iter(unexpected.values()))
     return outcomes
+
+
+def entered_together(fn: Callable[..., object], parties: int = 2) -> Callable[..., object]:
+    """``fn``, entered only when ``parties`` threads have called it: the racers reach it at the same instant."""
+    barrier = threading.Barrier(parties, timeout=60)
+
+    def together(*args, **kwargs):
+        barrier.wait()
+        return fn(*args, **kwargs)
+
+    return together

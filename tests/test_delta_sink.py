@@ -241,22 +241,15 @@ def test_two_commits_that_both_create_the_table_write_each_row_once(tmp_path, mo
     it, five times over). delta-rs retried the losing create as a second ``CREATE TABLE`` holding its rows
     (35 of 40 such races here doubled every row); the loser now writes into the winner's table instead."""
     import functools
-    import threading
 
     import deltalake.transaction
 
-    from .drivers import at_once
-
     from pipeline.io.delta_writer import DeltaLakeArrowWriter
 
-    create = deltalake.transaction.create_table_with_add_actions
-    barrier = threading.Barrier(2, timeout=60)
+    from .drivers import at_once, entered_together
 
-    def create_at_once(*args, **kwargs):
-        barrier.wait()
-        return create(*args, **kwargs)
-
-    monkeypatch.setattr(deltalake.transaction, "create_table_with_add_actions", create_at_once)
+    monkeypatch.setattr(deltalake.transaction, "create_table_with_add_actions",
+                        entered_together(deltalake.transaction.create_table_with_add_actions))
     schema = pa.schema([("id", pa.int64())])
     for trial in range(5):
         path = tmp_path / f"t{trial}"
@@ -268,8 +261,7 @@ def test_two_commits_that_both_create_the_table_write_each_row_once(tmp_path, mo
         ids = {"a": range(0, 6), "b": range(4, 10)}
         messages = {n: w.write(iter([pa.record_batch([pa.array(ids[n], pa.int64())], schema=schema)]))
                     for n, w in writers.items()}
-        outcomes = at_once({n: functools.partial(w.commit, [messages[n]]) for n, w in writers.items()}, timeout_s=120)
-        assert not [o for o in outcomes.values() if isinstance(o, BaseException)], outcomes
+        at_once({n: functools.partial(w.commit, [messages[n]]) for n, w in writers.items()}, timeout_s=120)
         got = sorted(_read(path)["id"].to_pylist())
         assert got == (list(range(10)) if keyed else sorted([*ids["a"], *ids["b"]])), f"trial {trial}"
         assert len([c for c in DeltaTable(str(path)).history() if c.get("operation") == "CREATE TABLE"]) == 1

@@ -231,29 +231,20 @@ def test_two_first_runs_create_one_runs_table_and_keep_both_rows(tmp_path: Path,
     of delta-rs's write, five times over). delta-rs retried the losing create as a second ``CREATE TABLE``,
     which gave the table a new id under every reader; the loser now merges its row into the table that won."""
     import functools
-    import threading
 
     import deltalake
     from deltalake import DeltaTable
 
-    from .drivers import at_once
+    from .drivers import at_once, entered_together
 
-    write = deltalake.write_deltalake
-    barrier = threading.Barrier(2, timeout=60)
-
-    def write_at_once(*args, **kwargs):
-        barrier.wait()
-        return write(*args, **kwargs)
-
-    monkeypatch.setattr(deltalake, "write_deltalake", write_at_once)
+    monkeypatch.setattr(deltalake, "write_deltalake", entered_together(deltalake.write_deltalake))
     config = job_config(tmp_path)
     now = dt.datetime(2026, 11, 30, 1, 0, tzinfo=dt.timezone.utc)
     for trial in range(5):
         path = str(tmp_path / f"runs{trial}")
         rows = {name: run_row(config=config, run_id=name, ds=dt.date(2026, 11, 30), started_at=now, outcome="ok",
                               summary=summary(name)) for name in ("a", "b")}
-        outcomes = at_once({name: functools.partial(write_run_row, path, row) for name, row in rows.items()})
-        assert not [o for o in outcomes.values() if isinstance(o, BaseException)], outcomes
+        at_once({name: functools.partial(write_run_row, path, row) for name, row in rows.items()})
         assert sorted(r["run_id"] for r in read_runs(path)) == ["a", "b"], f"trial {trial}"
         log = sorted((Path(path) / "_delta_log").glob("*.json"))
         creates = [f.name for f in log if any("metaData" in json.loads(line) for line in f.read_text().splitlines())]
