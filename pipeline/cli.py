@@ -28,6 +28,8 @@ def build_parser(prog: str = "python -m pipeline") -> argparse.ArgumentParser:
     vacuum.add_argument("--dry-run", action="store_true", help="list what would go, delete nothing")
     vacuum.add_argument("--grace-s", type=float, default=900.0, metavar="S",
                         help="an unfinished write silent for S seconds counts as dead (900, as sink.leftover_grace_s)")
+    vacuum.add_argument("--marker-retention-hours", type=float, default=168.0, metavar="H",
+                        help="remove a dead write's marker (its proof that files are ours) once H hours old (168)")
     vacuum.add_argument("--staging-max-age-hours", type=float, default=72.0, metavar="H",
                         help="also remove staged task output (<table>_staging) untouched for H hours: what no "
                              "rerun claimed (72, as run.staging_max_age_hours)")
@@ -75,18 +77,23 @@ def vacuum_command(args: argparse.Namespace) -> int:
 
     if not Path(root).is_dir():
         raise SinkError(f"no table folder at {root}; pass the folder of a Delta table (sink.path)")
-    report = sweep_leftovers(root, grace_s=args.grace_s, dry_run=args.dry_run)
+    report = sweep_leftovers(root, grace_s=args.grace_s, dry_run=args.dry_run,
+                             marker_retention_s=args.marker_retention_hours * 3600)
     verb = "would remove" if args.dry_run else "removed"
     for rel in report.files:
         print(f"{verb}: {rel}")
     print(f"{root}: {verb} {report.line()}")
+    for rel in report.unproven[:5]:
+        print(f"left alone (named like ours, but no marker of ours names its write): {rel}")
     from pipeline.io.staging import staging_root, sweep_staging
 
     staging = staging_root(root)
     staged = sweep_staging(staging, max_age_s=args.staging_max_age_hours * 3600, dry_run=args.dry_run)
-    for name in staged:
+    for name in staged.removed:
         print(f"{verb}: {staging}/{name}")
-    print(f"{root}: {verb} {len(staged)} staged plan folder(s) older than {args.staging_max_age_hours:g} h")
+    print(f"{root}: {verb} {len(staged.removed)} staged plan folder(s) older than {args.staging_max_age_hours:g} h")
+    if warning := staged.warning(staging):
+        print(f"warning: {warning}")
     return 0
 
 

@@ -614,6 +614,7 @@ def _prepare(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     recorder.note(spark=spark)
     clock.lap("session")
     check_locations(spark, source=config.source, sink=config.sink)  # a remote path the session cannot reach fails here, before any work
+    _check_staging_root(config)
     clock.lap("pre-flight")
     return _Run(config=config, kind=kind, task=task, model=model, spark=spark,
                 run_id=config.run.resolved_run_id(), ds=config.run.resolved_ds(),
@@ -696,10 +697,21 @@ def _staging_root(config: JobConfig) -> str | None:
     return staging_root(config.sink.path, config.run.staging_path) if config.run.staging else None
 
 
+def _check_staging_root(config: JobConfig) -> None:
+    """Refuse, before any work, a staging root that holds a Delta table or files no run of ours wrote."""
+    from pipeline.io.staging import StagingLayoutError, check_root
+
+    check = check_root(_staging_root(config))
+    if check is not None and (why := check.refusal()):
+        raise StagingLayoutError(why)
+
+
 def _open_staging(run: _Run, *, rows: int, tasks: int) -> tuple[str | None, int, str | None]:
     """``(plan folder, tasks staged there already, why an earlier try's staged output is not reused)``.
 
-    Staged output of other plans untouched for ``run.staging_max_age_hours`` is removed first.
+    Owned plans of other runs untouched for ``run.staging_max_age_hours`` are removed first; entries no
+    run wrote are left alone and named in one line. A root that cannot be written (a full or read-only
+    disk) turns staging off for this run with one line: staging never fails a run.
     """
     from pipeline.io.staging import StagePlan, explain_unused, open_plan, staged_tasks, sweep_staging
 
@@ -717,18 +729,33 @@ def _open_staging(run: _Run, *, rows: int, tasks: int) -> tuple[str | None, int,
     plan = StagePlan(run_key=run.run_key, source_version=run.source_version,
                      task_fingerprint=task_fingerprint(config, revision=run.model.revision), rows=rows, tasks=tasks,
                      job=config.job, ds=run.ds.isoformat(), drills=json.dumps(drills, sort_keys=True) if drills else "")
-    sweep_staging(root, max_age_s=config.run.staging_max_age_hours * 3600, keep=[plan.key()])
-    folder = open_plan(root, plan)
+    try:
+        swept = sweep_staging(root, max_age_s=config.run.staging_max_age_hours * 3600, keep=[plan.key()])
+        folder = open_plan(root, plan)
+    except OSError as exc:
+        print(f"[{config.job}] warning: staging off for this run: {root} cannot be written "
+              f"({type(exc).__name__}: {exc}); the run goes on, but a killed run will score every row again",
+              file=run.out, flush=True)
+        return None, 0, None
+    if warning := swept.warning(root):
+        print(f"[{config.job}] warning: {warning}", file=run.out, flush=True)
     return folder, len(staged_tasks(folder)), explain_unused(root, plan)
 
 
 def _remove_staging(run: _Run) -> None:
-    """Remove every staged plan of this run's key (its commit landed)."""
+    """Remove every staged plan of this run's key (its commit landed); what is not ours stays, named."""
     from pipeline.io.staging import remove_run
 
     root = _staging_root(run.config)
     if root is not None and run.run_key:
-        remove_run(root, run.run_key)
+        try:
+            left = remove_run(root, run.run_key)
+        except OSError as exc:  # the commit landed; an unremovable plan is swept by a later run
+            print(f"[{run.config.job}] warning: staged output in {root} not removed ({exc})", file=run.out, flush=True)
+            return
+        if left:
+            print(f"[{run.config.job}] warning: left alone in staging folder {root}: {', '.join(left[:5])} "
+                  "(not written by this project)", file=run.out, flush=True)
 
 
 def _score_and_commit(run: _Run, plan: _Scoring) -> "RunSummary | tuple[_Committed, _ReadBack]":
@@ -816,6 +843,7 @@ def _commit_quarantine(run: _Run, plan: _Scoring, scored: "DataFrame", *, errors
         q = write_sink(_quarantine_rows(scored, plan.inputs, config, tuple(run.task.input_columns)), sink,
                        partition_values={"ds": ds}, commit_metadata=metadata, path=quarantine_path,
                        txn_app_id=run.app_id)
+        _say_swept(config.job, q, run.out)
         quarantine_version = q.version
         if q.already_committed:  # an earlier try of this run committed them: read back its rows
             earlier = committed_run_via(spark, quarantine_path, run.app_id)
@@ -848,11 +876,20 @@ def _commit_output(config: JobConfig, *, kind: TaskKind, scored: "DataFrame", si
     if result.already_committed:  # a concurrent try of this very run committed first
         return _already_committed(config, run_id=run_id, ds=ds, model=model, version=result.version,
                                   by=None, out=out, writer=result.writer)
-    if result.swept.get("files"):
-        print(f"[{config.job}] swept {result.swept['files']} leftover file(s) "
-              f"({result.swept['bytes'] / 1e6:.1f} MB) of crashed writes from {result.output}",
-              file=out, flush=True)
+    _say_swept(config.job, result, out)
     return result
+
+
+def _say_swept(job: str, result: Any, out: TextIO) -> None:
+    """One line for the leftovers a write's sweep removed, one for the files it kept because nothing
+    proves them ours."""
+    if result.swept.get("files"):
+        print(f"[{job}] swept {result.swept['files']} leftover file(s) "
+              f"({result.swept['bytes'] / 1e6:.1f} MB) of crashed writes from {result.output}", file=out, flush=True)
+    if left := result.swept.get("left_alone"):
+        print(f"[{job}] warning: left alone in {result.output}: {result.swept.get('left_alone_count')} "
+              f"file(s) named like this project's but no marker of ours names their write "
+              f"({', '.join(left[:5])}); nothing proves them ours, so the sweep keeps them", file=out, flush=True)
 
 
 def _read_back(run: _Run, plan: _Scoring, committed: _Committed, in_keys: "DataFrame") -> _ReadBack:

@@ -319,7 +319,7 @@ def test_a_sweep_leaves_running_writes_alone_and_a_claimed_write_cannot_commit(t
     from pipeline.cli import main
 
     time.sleep(0.05)
-    assert main(["vacuum", str(root), "--grace-s", "0.01"]) == 0
+    assert main(["vacuum", str(root), "--grace-s", "0.01", "--marker-retention-hours", "0"]) == 0
     assert {p.name for p in (root / "ds=x").iterdir()} == {"part-00000-ea0c89cc-c000.snappy.parquet"}
     assert list((root / leftovers.MARKER_DIR).iterdir()) == []
 

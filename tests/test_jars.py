@@ -68,3 +68,14 @@ def test_the_cli_refuses_an_unknown_group_and_verb(capsys):
     assert jars_mod.main(["fetch", "gcs"]) == 2
     assert "unknown jar group(s) ['gcs']" in capsys.readouterr().err
     assert jars_mod.main(["download"]) == 2
+
+
+def test_a_fetch_never_replaces_a_folder_it_did_not_write(cache):
+    """The fetch replaces its group's folder whole: one without the fetch's manifest (someone's own folder
+    where ``$SBI_JARS_DIR/<group>`` points) is refused before any download, and stays byte for byte."""
+    (cache / "s3").mkdir(parents=True)
+    (cache / "s3" / "notes.txt").write_text("mine")
+    with pytest.raises(RuntimeError, match=r"was not written by a jar fetch \(no coordinates.txt\); nothing was replaced"):
+        jars_mod.fetch("s3")
+    assert [p.name for p in (cache / "s3").iterdir()] == ["notes.txt"]
+    assert (cache / "s3" / "notes.txt").read_text() == "mine"

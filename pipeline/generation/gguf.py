@@ -62,6 +62,10 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, force: bool = Fa
     marker = out_dir / _DONE_MARKER
     if not force and marker.is_file() and json.loads(marker.read_text()) == source:
         return out_dir
+    if out_dir.exists() and not marker.is_file() and any(out_dir.iterdir()):
+        # replacing the folder deletes it: only one that an earlier conversion wrote (its marker says so)
+        raise FileExistsError(f"{out_dir} exists and was not written by a GGUF conversion (no {_DONE_MARKER}); "
+                              "nothing was replaced. Pass an empty or new folder")
     folder, name = str(gguf_path.parent), gguf_path.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     config = AutoConfig.from_pretrained(folder, gguf_file=name)

@@ -211,7 +211,9 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
         try:
             report = leftovers.sweep_leftovers(self.store, grace_s=self.leftover_grace_s)
             swept = {"files": len(report.files), "bytes": report.bytes, "markers": len(report.markers),
-                     **({"skipped": report.skipped} if report.skipped else {})}
+                     **({"skipped": report.skipped} if report.skipped else {}),
+                     **({"left_alone": report.unproven[:20], "left_alone_count": len(report.unproven)}
+                        if report.unproven else {})}
         except Exception as exc:  # noqa: BLE001 - the commit landed; a failed sweep is retried by the next job
             swept = {"error": f"{type(exc).__name__}: {exc}"[:300]}
         leftovers.finish_marker(self.store, self.write_id, swept=swept)

@@ -16,14 +16,16 @@ the write keeps a marker ``_sbi_jobs/<write id>.<state>`` in the table folder:
 A write is **dead** when its marker is ``finished`` or ``claimed``; when it is
 ``running`` and its heartbeat is older than the grace, or its process (on this
 host) is gone; when it is ``committing`` and either its commit is in the log or
-its heartbeat is older than the grace; or when it has no marker and all its files
-are older than the grace (files of writes from before markers existed).
+its heartbeat is older than the grace. A file whose write has no marker is never
+deleted: nothing proves it ours (its name alone does not); the sweep names it in
+``unproven`` and leaves it. Markers of dead writes are kept for
+``MARKER_RETENTION_S`` (7 days) so that a straggler's file finds its write's proof.
 **Leftovers** are the Parquet files of dead writes that no Delta version
 references (no ``add`` or ``remove`` in any commit file or checkpoint, not in the
 current snapshot). Files whose name carries no write id, files of live writes and
 files any version references (time travel: Delta's own ``vacuum`` handles those)
-are never touched. Markers of dead writes are removed once older than the grace
-(a straggler attempt checks its write's marker to take its own file back).
+are never touched. A marker goes only when its content is one this module wrote
+(the owner fields of :func:`_owner`), whatever its name.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ STATES = ("running", "committing", "claimed", "finished")
 # an object store has no atomic rename to claim a dead write's marker by, and no local pid to check
 REMOTE_SWEEP = ("not swept on an object store: a crashed write's files stay (no version references them, "
                 "no reader sees them) until a sweep on a local mount or DeltaTable.vacuum(full=True)")
+# a dead write's marker is the proof its files are ours: kept a week, far past any straggler attempt
+MARKER_RETENTION_S = 7 * 24 * 3600.0
 _FILE_NAME = re.compile(r"^part-\d{5}-a\d+-(?P<write_id>.+)-[0-9a-f]{12}\.snappy\.parquet$")
 
 
@@ -170,6 +174,8 @@ def finish_marker(root: Any, write_id: str, **facts: Any) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     current = _state_of(root, write_id)
     info = _read_json(current[1]) if current else {}
+    if not {"host", "pid"} <= set(info):  # the owner fields are what lets a sweep remove this marker later
+        info = {**_owner(info.get("table_version")), **info}
     info.update(facts)
     tmp = target.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(info, default=str))
@@ -205,11 +211,15 @@ class SweepReport:
     bytes: int = 0
     markers: list[str] = field(default_factory=list)
     live_writes: list[str] = field(default_factory=list)
+    # files named like ours whose write left no marker of ours: nothing proves them ours, so they stay
+    unproven: list[str] = field(default_factory=list)
     skipped: str = ""  # why no sweep ran (an object store)
 
     def line(self) -> str:
+        unproven = (f"; {len(self.unproven)} file(s) named like ours but with no marker of ours left alone"
+                    if self.unproven else "")
         return (f"{len(self.files)} leftover file(s), {self.bytes / 1e6:.1f} MB; {len(self.markers)} marker(s); "
-                f"{len(self.live_writes)} write(s) still running left alone")
+                f"{len(self.live_writes)} write(s) still running left alone{unproven}")
 
 
 def _log_facts(root: Path) -> tuple[set[str], set[str]]:
@@ -288,16 +298,18 @@ def _writes_found(root: Path, keep_write_ids: frozenset[str]) -> tuple[dict[str,
     if marker_dir.is_dir():
         for entry in marker_dir.iterdir():
             write_id, _, state = entry.name.rpartition(".")
-            if state in STATES and write_id not in keep_write_ids:
+            if state in STATES and write_id not in keep_write_ids and entry.is_file() and _is_our_marker(entry):
                 markers[write_id] = (state, entry)
     return files, markers
 
 
 def sweep_leftovers(root: Any, *, grace_s: float, dry_run: bool = False,
-                    keep_write_ids: frozenset[str] = frozenset()) -> SweepReport:
+                    keep_write_ids: frozenset[str] = frozenset(),
+                    marker_retention_s: float = MARKER_RETENTION_S) -> SweepReport:
     """Delete the Parquet files of dead writes that no Delta version references, and old dead markers.
 
-    ``keep_write_ids``: writes never to judge (the caller's own). Safe beside concurrent writers:
+    ``keep_write_ids``: writes never to judge (the caller's own). A dead write's marker is removed once
+    older than ``marker_retention_s`` (and the grace). Safe beside concurrent writers:
     a live write is never touched, and a ``running`` write is claimed (atomically) before any of its
     files goes, so it can no longer commit them.
     """
@@ -343,8 +355,8 @@ def sweep_leftovers(root: Any, *, grace_s: float, dry_run: bool = False,
                 dead.add(write_id)
             else:
                 report.live_writes.append(write_id)
-        elif all(now - mtime(f) > grace_s for f in files.get(write_id, [])):
-            dead.add(write_id)  # no marker: written before markers existed, or a straggler after its marker went
+        else:  # no marker of ours names this write: its files are not proven ours, whatever their name
+            report.unproven += [f.relative_to(root).as_posix() for f in files.get(write_id, [])]
     for write_id in sorted(dead):
         for file in files.get(write_id, []):
             rel = file.relative_to(root).as_posix()
@@ -358,7 +370,7 @@ def sweep_leftovers(root: Any, *, grace_s: float, dry_run: bool = False,
                     continue
             report.files.append(rel)
             report.bytes += size
-        if write_id in markers and now - mtime(markers[write_id][1]) > grace_s:
+        if write_id in markers and now - mtime(markers[write_id][1]) > max(grace_s, marker_retention_s):
             if not dry_run:
                 try:
                     os.remove(markers[write_id][1])
@@ -405,6 +417,12 @@ def _remote_running(store: Any, write_id: str, *, table_version: int | None, hea
     finally:
         if store.exists(_rel(write_id, "running")):
             _remote_finish(store, write_id, {})
+
+
+def _is_our_marker(path: Path) -> bool:
+    """A marker file this module wrote: JSON carrying the owner fields of :func:`_owner`."""
+    info = _read_json(path)
+    return isinstance(info, dict) and {"host", "pid"} <= set(info)
 
 
 def _owner(table_version: int | None) -> dict[str, Any]:

@@ -25,6 +25,17 @@ What makes a staged task reusable, and by whom:
 - A retried or speculative attempt writes a rows file of its own and then
   its marker: the marker always names a whole file of one attempt.
 
+What may be deleted, and the proof it is ours: nothing is removed because of its
+name, its place or its age alone. A root is **ours** when it holds the owner file
+``_sbi_staging.json`` this module writes when it creates (or adopts an empty)
+root; a plan folder is ours when its ``plan.json`` hashes back to the folder's
+own name (:func:`plan_key` of the values it records); inside an owned plan
+folder only the files this module names (``plan.json``, ``task-<n>.done.json``,
+``task-<n>.<12 hex>.arrow`` and their temp files) are removed. A folder that
+holds a Delta table, or entries no run wrote, is refused as a root before any
+work (:func:`check_root`); entries that appear in an owned root later are left
+alone and named in one warning line.
+
 Plain values in (paths, keys); no Spark. The worker side is
 :class:`TaskStage`; the driver side :func:`open_plan`, :func:`staged_tasks`,
 :func:`explain_unused`, :func:`remove_run` and :func:`sweep_staging`.
@@ -35,22 +46,34 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
+import re
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 import pyarrow as pa
 
-__all__ = ["PLAN_FILE", "STAGING_SUFFIX", "InputDigest", "StagePlan", "TaskStage", "explain_unused", "open_plan",
-           "plan_key", "remove_run", "staged_tasks", "staging_root", "sweep_staging"]
+from pipeline.errors import SinkError
+
+__all__ = ["OWNER_FILE", "PLAN_FILE", "STAGING_SUFFIX", "InputDigest", "RootCheck", "StagePlan", "StagingLayoutError", "StagingSweep",
+           "TaskStage", "check_root", "explain_unused", "open_plan", "plan_key", "remove_run", "staged_tasks",
+           "staging_root", "sweep_staging"]
 
 # the staging folder beside a local sink's table folder: <sink path>_staging
 STAGING_SUFFIX = "_staging"
 PLAN_FILE = "plan.json"
+# written into a staging root this module created or adopted empty: the root's proof of ownership
+OWNER_FILE = "_sbi_staging.json"
 _MARKER_SUFFIX = ".done.json"
+# the only names removed inside an owned plan folder: what open_plan, _write_atomic and TaskStage write
+_OUR_FILES = re.compile(r"^(plan\.json|task-\d+\.done\.json|task-\d+\.[0-9a-f]{12}\.arrow"
+                        r"|\.(plan\.json|task-\d+\.done\.json)\.[0-9a-f]{8}\.tmp|\.task-\d+\.[0-9a-f]{12}\.arrow\.tmp)$")
+
+
+class StagingLayoutError(SinkError):
+    """A staging root holds a Delta table or files no run of this project wrote (refused before any work)."""
 
 
 def staging_root(sink_path: str | None, override: str | None = None) -> str | None:
@@ -110,12 +133,116 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def open_plan(root: str, plan: StagePlan) -> str:
-    """The folder of ``plan`` under ``root``, created with its ``plan.json`` when new; its path."""
-    folder = Path(root) / plan.key()
-    folder.mkdir(parents=True, exist_ok=True)
+    """The folder of ``plan`` under ``root``, created with its ``plan.json`` when new; its path.
+
+    A root this creates (or finds empty) gets the owner file first: the proof a later sweep needs.
+    """
+    rootp = Path(root)
+    rootp.mkdir(parents=True, exist_ok=True)
+    if not (rootp / OWNER_FILE).exists():
+        _write_atomic(rootp / OWNER_FILE, json.dumps({"owner": "spark-batch-inference", "kind": "staging root",
+                                                      "created": time.time()}).encode())
+    folder = rootp / plan.key()
+    folder.mkdir(exist_ok=True)
     if not (folder / PLAN_FILE).exists():
         _write_atomic(folder / PLAN_FILE, json.dumps({**asdict(plan), "created": time.time()}).encode())
     return str(folder)
+
+
+@dataclass(frozen=True)
+class RootCheck:
+    """What a staging root holds: whether it is ours, a Delta table, and the entries no run wrote."""
+
+    root: str
+    owned: bool
+    delta_table: bool
+    foreign: tuple[str, ...]
+
+    def refusal(self) -> str | None:
+        """Why no run may stage here (None: it may): a Delta table, or foreign entries in a root not ours."""
+        if self.delta_table:
+            what = "a Delta table (it has a _delta_log folder)"
+        elif self.foreign and not self.owned:
+            what = f"{len(self.foreign)} entr(ies) no run of this project wrote ({_names(self.foreign)})"
+        else:
+            return None
+        return (f"run.staging_path {self.root} already holds {what}; staging there could delete them, so nothing "
+                f"was run. Set run.staging_path to an empty or new folder (e.g. {self.root.rstrip('/')}/sbi_staging), "
+                "or run.staging: false")
+
+    def warning(self) -> str | None:
+        """One line naming what an owned root holds beside our plans (left alone), else None."""
+        if not self.foreign or self.refusal():
+            return None
+        return (f"left alone in staging folder {self.root}: {len(self.foreign)} entr(ies) no run of this project "
+                f"wrote ({_names(self.foreign)})")
+
+
+def _names(names: Iterable[str], most: int = 5) -> str:
+    names = sorted(names)
+    return ", ".join(names[:most]) + (f", ... ({len(names) - most} more)" if len(names) > most else "")
+
+
+def check_root(root: str | None) -> RootCheck | None:
+    """What ``root`` holds (None: no root, or it does not exist yet: a new root is ours).
+
+    >>> import tempfile, pathlib
+    >>> root = pathlib.Path(tempfile.mkdtemp())
+    >>> check_root(str(root)).refusal() is None  # empty: a run may adopt it
+    True
+    >>> _ = (root / "results.csv").write_text("a,b")
+    >>> "1 entr(ies) no run of this project wrote (results.csv)" in check_root(str(root)).refusal()
+    True
+    """
+    if not root or not os.path.isdir(root):
+        return None
+    owned = os.path.isfile(os.path.join(root, OWNER_FILE))
+    foreign = []
+    for entry in sorted(Path(root).iterdir()):
+        if entry.name == OWNER_FILE or (entry.name.startswith(f".{OWNER_FILE}.") and entry.name.endswith(".tmp")):
+            continue
+        if entry.is_dir() and not entry.is_symlink() and (_owned_plan(entry) is not None or _empty(entry)):
+            continue
+        foreign.append(entry.name + ("/" if entry.is_dir() else ""))
+    return RootCheck(root=str(root), owned=owned or not foreign, delta_table=os.path.isdir(os.path.join(root, "_delta_log")),
+                     foreign=tuple(foreign))
+
+
+def _empty(folder: Path) -> bool:
+    try:
+        return not any(folder.iterdir())
+    except OSError:
+        return False
+
+
+def _owned_plan(folder: Path) -> dict[str, Any] | None:
+    """``plan.json`` of ``folder`` when it proves the folder ours (it hashes back to the folder's name)."""
+    found = _read_json(folder / PLAN_FILE)
+    if not isinstance(found, dict):
+        return None
+    try:
+        plan = StagePlan(**{k: found[k] for k in StagePlan.__dataclass_fields__ if k in found})
+    except TypeError:
+        return None
+    return found if plan.key() == folder.name else None
+
+
+def _remove_plan(folder: Path, *, dry_run: bool = False) -> list[str]:
+    """Remove the files this module wrote in the owned plan ``folder``, then the folder when empty;
+    the names left alone (written by someone else)."""
+    left = []
+    for entry in sorted(folder.iterdir()):
+        if entry.is_file() and not entry.is_symlink() and _OUR_FILES.match(entry.name):
+            if not dry_run:
+                entry.unlink(missing_ok=True)
+        else:
+            left.append(f"{folder.name}/{entry.name}")
+    if not left and not dry_run:
+        try:
+            folder.rmdir()
+        except OSError:
+            pass
+    return left
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -134,13 +261,15 @@ def staged_tasks(folder: str | None) -> list[int]:
     return sorted(int(n) for n in names if n.isdigit())
 
 
-def _plans(root: str | None) -> Iterator[tuple[Path, dict[str, Any] | None]]:
-    """Every plan folder under ``root`` with its ``plan.json`` (None when missing or unreadable)."""
+def _plans(root: str | None) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """Every plan folder under ``root`` that is ours (see :func:`_owned_plan`), with its ``plan.json``."""
     if not root or not os.path.isdir(root):
         return
     for folder in sorted(Path(root).iterdir()):
-        if folder.is_dir() and not folder.name.startswith("."):
-            yield folder, _read_json(folder / PLAN_FILE)
+        if folder.is_dir() and not folder.is_symlink() and not folder.name.startswith("."):
+            found = _owned_plan(folder)
+            if found is not None:
+                yield folder, found
 
 
 def explain_unused(root: str | None, plan: StagePlan) -> str | None:
@@ -158,7 +287,7 @@ def explain_unused(root: str | None, plan: StagePlan) -> str | None:
     """
     reasons = []
     for folder, found in _plans(root):
-        if found is None or folder.name == plan.key() or (found.get("job"), found.get("ds")) != (plan.job, plan.ds):
+        if folder.name == plan.key() or (found.get("job"), found.get("ds")) != (plan.job, plan.ds):
             continue
         staged = len(staged_tasks(str(folder)))
         if not staged:
@@ -180,18 +309,20 @@ def explain_unused(root: str | None, plan: StagePlan) -> str | None:
     return "; ".join(reasons) or None
 
 
-def remove_run(root: str | None, run_key: str) -> int:
-    """Remove every plan folder of ``run_key`` under ``root`` (after its commit landed); how many went."""
-    gone = 0
+def remove_run(root: str | None, run_key: str) -> list[str]:
+    """Remove every owned plan folder of ``run_key`` under ``root`` (after its commit landed), and the root
+    when nothing but its owner file is left; the entries left alone (not ours)."""
+    left: list[str] = []
     for folder, found in list(_plans(root)):
-        if found is not None and found.get("run_key") == run_key:
-            shutil.rmtree(folder, ignore_errors=True)
-            gone += 1
-    try:
-        os.rmdir(root)  # only when empty: other runs' plans stay
-    except (OSError, TypeError):
-        pass
-    return gone
+        if found.get("run_key") == run_key:
+            left += _remove_plan(folder)
+    if root and os.path.isdir(root) and {e.name for e in Path(root).iterdir()} <= {OWNER_FILE}:
+        try:  # only an empty root of ours goes: another run's plans, or anyone's files, keep it
+            os.remove(os.path.join(root, OWNER_FILE))
+            os.rmdir(root)
+        except OSError:
+            pass
+    return left
 
 
 def _newest_mtime(folder: Path) -> float:
@@ -204,23 +335,42 @@ def _newest_mtime(folder: Path) -> float:
     return max(times)
 
 
+@dataclass
+class StagingSweep:
+    """What a staging sweep removed (plan folder names) and left alone (entries no run wrote)."""
+
+    removed: list[str] = field(default_factory=list)
+    left_alone: list[str] = field(default_factory=list)
+
+    def warning(self, root: str) -> str | None:
+        if not self.left_alone:
+            return None
+        return (f"left alone in staging folder {root}: {len(self.left_alone)} entr(ies) no run of this project "
+                f"wrote ({_names(self.left_alone)})")
+
+
 def sweep_staging(root: str | None, *, max_age_s: float, keep: Iterable[str] = (), dry_run: bool = False,
-                  now: float | None = None) -> list[str]:
-    """Remove the plan folders under ``root`` untouched for ``max_age_s`` seconds, except those named in
-    ``keep``; the names removed (or that would be, with ``dry_run``)."""
+                  now: float | None = None) -> StagingSweep:
+    """Remove the owned plan folders under ``root`` untouched for ``max_age_s`` seconds, except those named
+    in ``keep``. Only a root that is ours is swept; what is not ours is named in ``left_alone``."""
     now = time.time() if now is None else now
     keep = set(keep)
-    gone = []
+    sweep = StagingSweep()
+    check = check_root(root)
+    if check is None:
+        return sweep
+    sweep.left_alone += check.foreign
+    if check.refusal():
+        return sweep  # not our folder: nothing in it is judged
     for folder, _ in list(_plans(root)):
         try:
             stale = folder.name not in keep and now - _newest_mtime(folder) > max_age_s
         except OSError:
             continue
         if stale:
-            gone.append(folder.name)
-            if not dry_run:
-                shutil.rmtree(folder, ignore_errors=True)
-    return gone
+            sweep.removed.append(folder.name)
+            sweep.left_alone += _remove_plan(folder, dry_run=dry_run)
+    return sweep
 
 
 class InputDigest:

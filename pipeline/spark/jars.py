@@ -144,6 +144,10 @@ def fetch(group: str, *, out=sys.stderr) -> list[Path]:
     wanted = coordinates(group)
     target = cache_dir() / group
     target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists() and not (target / _MANIFEST).is_file() and any(target.iterdir()):
+        # the fetch replaces the folder: only one an earlier fetch wrote (its manifest says so) may go
+        raise RuntimeError(f"{target} exists and was not written by a jar fetch (no {_MANIFEST}); nothing was "
+                           f"replaced. Point SBI_JARS_DIR at an empty or new folder, or remove {target} yourself")
     ivy = cache_dir() / f".ivy-{group}"  # Ivy's own cache, one per group: its jars/ holds this group's only
     print(f"jars: {group}: fetching {', '.join(wanted)} from Maven Central ...", file=out, flush=True)
     with tempfile.TemporaryDirectory(prefix="sbi-jars-") as tmp:
