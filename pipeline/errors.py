@@ -55,17 +55,22 @@ class SinkError(PipelineError, RuntimeError):
     """The output table cannot be written (unwritable path, partitioning mismatch, commit failure)."""
 
 
-def lost_commit_message(target: str, detail: str) -> str:
+def lost_commit_message(target: str, detail: str, *, winner: str | None = None) -> str:
     """What a :class:`SinkError` says when another job's commit won the race, in the words of both writers.
+
+    ``winner``: who won, as the winning commit says (``run nightly-1, version 3``), when it could be read.
 
     >>> print(lost_commit_message("/data/scores partition {'ds': '2026-11-28'}", "version 3 exists"))
     ... # doctest: +NORMALIZE_WHITESPACE
     conflict: another job committed to /data/scores partition {'ds': '2026-11-28'} while this one was committing
     (version 3 exists); this job committed nothing. The other job's rows stand; rerun this one if its rows
     should replace them
+    >>> lost_commit_message("/data/scores", "Delta: ConcurrentAppend", winner="run n-1, version 3").split(". ")[1]
+    "The other job's rows stand (run n-1, version 3); rerun this one if its rows should replace them"
     """
+    who = f" ({winner})" if winner else ""
     return (f"conflict: another job committed to {target} while this one was committing ({detail}); this job "
-            "committed nothing. The other job's rows stand; rerun this one if its rows should replace them")
+            f"committed nothing. The other job's rows stand{who}; rerun this one if its rows should replace them")
 
 
 class ModelError(PipelineError, RuntimeError):

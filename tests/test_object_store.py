@@ -483,3 +483,34 @@ def test_a_worker_killed_mid_write_on_s3_is_retried_and_its_object_is_never_live
     assert len(dead) == 1 and next(iter(dead)).rsplit("/", 1)[1].startswith("part-00001-"), (dead, live)
     vacuum_now(spark, uri)
     assert data_objects() == live, "Delta's VACUUM removes the dead attempt's object"
+
+
+def _overwrite_race_on_s3(spark, server, path: str, writer: str, barrier) -> None:
+    """Two overwrites of one new day of ``path`` at once (a barrier before their commits): one writer's rows
+    stand, once each; the other fails with a conflict naming the winner; the other day is untouched."""
+    from pyspark.sql import functions as F
+
+    from .test_overwrites import D0, D1, SIZES, _race
+
+    sink = sink_config(path=path, mode="overwrite_partition", partition_by=["ds"], writer=writer)
+    write_sink(spark.range(5).withColumn("writer", F.lit("other day")).withColumn("ds", F.lit(D0)), sink,
+               partition_values={"ds": D0})
+    outcomes = _race(spark, path, sink, ("a", "b"), barrier)
+    won = [n for n, o in outcomes.items() if not isinstance(o, SinkError)]
+    assert len(won) == 1, outcomes
+    loser = ({"a", "b"} - set(won)).pop()
+    assert "conflict" in str(outcomes[loser]) and f"run run-{won[0]}" in str(outcomes[loser]), outcomes[loser]
+    rows = [r.asDict() for r in spark.read.format("delta").load(path).collect()] if writer == "delta" else \
+        _table(server, path).to_pyarrow_table().to_pylist()
+    day = [r for r in rows if str(r["ds"]) == str(D1)]
+    assert {r["writer"] for r in day} == {won[0]} and sorted(r["id"] for r in day) == list(range(100, 100 + SIZES[won[0]]))
+    assert len([r for r in rows if str(r["ds"]) == str(D0)]) == 5
+
+
+def test_two_overwrites_of_a_new_day_on_s3_leave_one_writers_rows_deltalake(spark, lake, tmp_path):
+    _overwrite_race_on_s3(spark, lake, "s3a://lake/race", "deltalake", tmp_path / "barrier")
+
+
+@pytest.mark.connector
+def test_two_overwrites_of_a_new_day_on_s3_leave_one_writers_rows_connector(spark, s3, tmp_path):
+    _overwrite_race_on_s3(spark, s3, "s3a://lake/race", "delta", tmp_path / "barrier")

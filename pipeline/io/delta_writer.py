@@ -229,15 +229,20 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
             if self._create_table(schema, actions, props):
                 return True
             if self.overwrite:  # another job created the table after this one looked
-                raise SinkError(lost_commit_message(self.path, "it created the table first"))
+                raise SinkError(lost_commit_message(self.path, "it created the table first", winner=self._winner(None)))
             table = self.store.table()  # an append goes into the table that won
             if self._holds_this_run(table):
                 return False
         _check_partitioning(table, self.partition_by, self.path)
         mode = "overwrite" if self.overwrite else "append"
         filters = None
+        read_version = table.version()
         if self.overwrite and self.replace_where:
             filters = [(c, "=", _partition_string(v)) for c, v in self.replace_where.items()]
+            # A replace of a partition that has no files yet removes nothing, and delta-rs lets two such
+            # commits both land (every row twice). The partition's token makes them conflict, like two
+            # replaces of a partition that has files.
+            props = _with_transactions(props, [self._replace_token()], read_version + 1)
         try:
             table.create_write_transaction(
                 actions, mode, schema, partition_by=self.partition_by or None,
@@ -245,8 +250,32 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
             )
         except CommitFailedError as exc:
             where = f" partition {self.replace_where}" if self.replace_where else ""
-            raise SinkError(lost_commit_message(f"{self.path}{where}", str(exc).splitlines()[0])) from None
+            raise SinkError(lost_commit_message(f"{self.path}{where}", str(exc).splitlines()[0],
+                                                winner=self._winner(read_version))) from None
         return True
+
+    def _replace_token(self) -> str:
+        """The conflict token of a partition replace: one per replaced partition of this table.
+
+        >>> w = DeltaLakeArrowWriter.__new__(DeltaLakeArrowWriter); w.replace_where = {"ds": "2026-11-28"}
+        >>> w._replace_token()
+        'sbi.replace:ds=2026-11-28'
+        """
+        return "sbi.replace:" + ",".join(f"{c}={_partition_string(v)}" for c, v in sorted(self.replace_where.items()))
+
+    def _winner(self, read_version: int | None) -> str | None:
+        """Who committed after ``read_version``, as its commit says (``run X, version N``); None if unknown."""
+        try:
+            table = self.store.table()
+            newer = [e for e in table.history(limit=max(1, table.version() - (read_version or -1)))
+                     if int(e.get("version", -1)) > (-1 if read_version is None else read_version)]
+        except Exception:  # noqa: BLE001 - the conflict stands without a name
+            return None
+        for entry in sorted(newer, key=lambda e: -int(e["version"])):
+            run = entry.get("sbi.run_id")
+            if entry.get(WRITE_ID_KEY) != self.write_id:
+                return f"run {run}, version {entry['version']}" if run else f"version {entry['version']}"
+        return None
 
     def _holds_this_run(self, table: Any) -> bool:
         """The table already holds this logical run's transaction (an earlier or concurrent try committed it)."""
@@ -419,6 +448,16 @@ class _PartFile:
             except Exception:  # noqa: BLE001 - best effort on the failure path
                 pass
         self.store.remove(self.rel)
+
+
+def _with_transactions(props: Any, tokens: list[str], version: int) -> Any:
+    """``props`` with ``tokens`` added as app transactions (delta-rs rejects a commit when one that landed
+    since it read the table carries one of them)."""
+    from deltalake import CommitProperties
+    from deltalake.transaction import Transaction
+
+    return CommitProperties(custom_metadata=props.custom_metadata,
+                            app_transactions=[*(props.app_transactions or []), *(Transaction(t, version) for t in tokens)])
 
 
 def _to_delta_schema(schema: pa.Schema) -> pa.Schema:

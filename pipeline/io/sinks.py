@@ -702,7 +702,7 @@ def _connector_failure(spark: Any, plan: WritePlan, exc: BaseException) -> str:
     cause = _root_cause(exc)
     lost = next((c for c in _CONCURRENT if c in text), None)
     if lost:
-        return lost_commit_message(plan.target, f"Delta: {lost}")
+        return lost_commit_message(plan.target, f"Delta: {lost}", winner=_connector_winner(spark, plan))
     if "DELTA_REPLACE_WHERE_MISMATCH" in text:
         cause = _CONNECTOR_ERRORS["DELTA_REPLACE_WHERE_MISMATCH"].format(where=plan.options.get("replaceWhere"))
     elif "DELTA_METADATA_MISMATCH" in text and plan.path:
@@ -716,6 +716,17 @@ def _connector_failure(spark: Any, plan: WritePlan, exc: BaseException) -> str:
                      f"partitioned by {list(plan.partition_by) or 'nothing'}; set sink.partition_by to {existing} "
                      "or write to a new path")
     return f"writing Delta table {plan.target} failed: {cause}"
+
+
+def _connector_winner(spark: Any, plan: WritePlan) -> str | None:
+    """The newest commit of another write in the connector's history (``run X, version N``), which won the race
+    this write lost; None when it cannot be read."""
+    name = plan.table or f"delta.`{plan.target}`"
+    for version, meta, _ in _connector_commits(spark, name, "sbi.write_id", limit=5):
+        if meta.get("sbi.write_id") != plan.write_id:
+            run = meta.get("sbi.run_id")
+            return f"run {run}, version {version}" if run else f"version {version}"
+    return None
 
 
 def _root_cause(exc: BaseException) -> str:
