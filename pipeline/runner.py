@@ -679,6 +679,7 @@ def _plan_scoring(run: _Run) -> _Scoring:
     if config.run.incremental and sink.mode != "append":
         # new rows join the run's partition; replacing it would drop the rows scored earlier today
         sink = sink.model_copy(update={"mode": "append"})
+    _check_output_schema(run, scored, sink)
     mode_note = " incremental" if config.run.incremental else ""
     print(f"[{config.job}] run {run_id}: scoring {rows_in:,}{mode_note} rows in {tasks} tasks with {run.model.name} "
           f"@ {run.model.revision} -> {sink.path or sink.table} (ds {ds}, mode {sink.mode})", file=out, flush=True)
@@ -688,6 +689,19 @@ def _plan_scoring(run: _Run) -> _Scoring:
     return _Scoring(inputs=inputs, scored=scored, sink=sink, rows_in=rows_in, tasks=tasks, known_bad=known_bad,
                     read_version=notes.get("read_version"), rows_dir=rows_dir, staging_dir=staging_dir,
                     staged_before=staged_before, resume_note=resume_note)
+
+
+def _check_output_schema(run: _Run, scored: "DataFrame", sink: SinkConfig) -> None:
+    """Before any row is scored: the output table can take this job's columns (a column someone else added
+    stays and gets nulls; one of ours that the table holds with another type is refused, named)."""
+    from pipeline.io.delta_schema import check_output_schema, delta_schema_of, existing_schema
+    from pipeline.spark.udf import METRICS_COLUMN
+
+    existing = existing_schema(run.spark, path=sink.path, table=sink.table)
+    if existing is None:
+        return
+    ours = delta_schema_of(run.kind.job.shape_output(scored.drop(METRICS_COLUMN), run.config).schema)
+    check_output_schema(existing, ours, target=sink.path or sink.table)
 
 
 def _staging_root(config: JobConfig) -> str | None:

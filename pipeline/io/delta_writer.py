@@ -245,7 +245,7 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
             props = _with_transactions(props, [self._replace_token()], read_version + 1)
         try:
             table.create_write_transaction(
-                actions, mode, schema, partition_by=self.partition_by or None,
+                actions, mode, self._kept_schema(table, schema), partition_by=self.partition_by or None,
                 partition_filters=filters, commit_properties=props,
             )
         except CommitFailedError as exc:
@@ -253,6 +253,19 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
             raise SinkError(lost_commit_message(f"{self.path}{where}", str(exc).splitlines()[0],
                                                 winner=self._winner(read_version))) from None
         return True
+
+    def _kept_schema(self, table: Any, schema: pa.Schema) -> Any:
+        """The table's schema with this write's new columns added: a column someone else added stays
+        (``pipeline.io.delta_schema``); a type clash fails the commit, naming the column."""
+        from deltalake import Schema as DeltaSchema
+
+        from pipeline.errors import SinkError
+        from pipeline.io.delta_schema import merge_schemas
+
+        try:
+            return merge_schemas(table.schema(), DeltaSchema.from_arrow(schema))
+        except ValueError as exc:
+            raise SinkError(f"Delta table {self.path}: {exc}") from None
 
     def _replace_token(self) -> str:
         """The conflict token of a partition replace: one per replaced partition of this table.
@@ -319,7 +332,7 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
                     if not self._create_table(schema, actions, keyed):
                         raise CommitFailedError("another job created the table first")
                 else:
-                    table.create_write_transaction(actions, "append", schema,
+                    table.create_write_transaction(actions, "append", self._kept_schema(table, schema),
                                                    partition_by=self.partition_by or None, commit_properties=keyed)
                 return adds, dropped
             except Exception as exc:  # noqa: BLE001 - a commit that lost the race: check the winner's keys

@@ -235,10 +235,9 @@ def _connector_plan(config: SinkConfig, *, mode: Literal["append", "overwrite"],
     """:func:`plan_write` for the Delta connector: its write options, or a keyed MERGE's."""
     if txn_app_id:  # the history names the logical run for both writers (committed_run reads it)
         metadata = json.dumps({**json.loads(metadata), "sbi.app_id": txn_app_id}, default=str)
-    # a column this version adds (task_fingerprint, say) joins an older table, as with the deltalake writer;
-    # a whole-table overwrite takes the new schema
-    options = {"userMetadata": metadata,
-               **({"overwriteSchema": "true"} if config.mode == "overwrite" else {"mergeSchema": "true"})}
+    # a column this version adds (task_fingerprint, say) joins an older table, and a column someone else added
+    # stays, whole-table overwrites included (pipeline.io.delta_schema), as with the deltalake writer
+    options = {"userMetadata": metadata, "mergeSchema": "true"}
     if txn_app_id and mode == "append" and not keyed:
         # overwrites stay clean replaces (as with the deltalake writer), so a deliberate rerun still replaces
         options.update(txnAppId=txn_app_id, txnVersion="0")
