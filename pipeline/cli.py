@@ -109,6 +109,9 @@ def add_job_arguments(parser: argparse.ArgumentParser, *, positional: bool = Tru
     parser.add_argument("--run-id", help="run id (same as --set run.run_id=...)")
     parser.add_argument("--incremental", action="store_true",
                         help="score only rows new or changed since the last run (same as --set run.incremental=true)")
+    parser.add_argument("--allow-empty", action="store_true",
+                        help="replace the day even when the source gives far fewer rows than it holds, or none "
+                             "(same as --set run.allow_empty=true; see run.min_rows_fraction)")
     parser.add_argument("--retry-quarantined", action="store_true",
                         help="with --incremental: score again the rows quarantined earlier with the same content "
                              "and fingerprint (same as --set run.retry_quarantined=true)")
@@ -131,6 +134,8 @@ def config_from_args(args: argparse.Namespace):
         overrides.append("run.incremental=true")
     if getattr(args, "retry_quarantined", False):
         overrides.append("run.retry_quarantined=true")
+    if getattr(args, "allow_empty", False):
+        overrides.append("run.allow_empty=true")
     return load_config(path, overrides=overrides, overlays=args.overlay)
 
 

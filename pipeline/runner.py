@@ -667,6 +667,7 @@ def _plan_scoring(run: _Run) -> _Scoring:
     if rows_before is not None and rows_before > rows_in:
         print(f"[{config.job}] run {run_id}: {rows_before - rows_in:,} of {rows_before:,} row(s) already in "
               f"{config.sink.path} for ds {ds} (key: id, ds): not scored again", file=out, flush=True)
+    _check_shrink(run, rows_in + known_bad)
     tasks = plan_inference_tasks(spark, config, rows_in, run.task)
     from pipeline.spark.progress import rows_folder
 
@@ -689,6 +690,27 @@ def _plan_scoring(run: _Run) -> _Scoring:
     return _Scoring(inputs=inputs, scored=scored, sink=sink, rows_in=rows_in, tasks=tasks, known_bad=known_bad,
                     read_version=notes.get("read_version"), rows_dir=rows_dir, staging_dir=staging_dir,
                     staged_before=staged_before, resume_note=resume_note)
+
+
+def _check_shrink(run: _Run, rows: int) -> None:
+    """Refuse, before any work, to replace a day (or a table) with far fewer rows than it holds now: an empty or
+    shrunk source is almost always an upstream failure (``run.min_rows_fraction``; ``--allow-empty`` to go on)."""
+    from pipeline.io.delta_tables import rows_held
+
+    config = run.config
+    sink = config.sink
+    if config.run.allow_empty or config.run.incremental or sink.mode == "append" or not config.run.min_rows_fraction:
+        return
+    where = {"ds": run.ds} if sink.mode == "overwrite_partition" else None
+    held = rows_held(run.spark, path=sink.path, table=sink.table, partition=where)
+    need = config.run.min_rows_fraction * held
+    if held and rows < need:
+        what = f"ds {run.ds}" if where else "the table"
+        raise JobError(
+            f"refusing to replace {what} of {sink.path or sink.table}: the source gives {rows:,} row(s) where it holds "
+            f"{held:,} now (run.min_rows_fraction {config.run.min_rows_fraction:g} needs at least {need:,.0f}); an empty "
+            "or shrunk source is usually an upstream failure, so nothing was scored or written. Check the source, "
+            "or rerun with --allow-empty (run.allow_empty: true) to replace it anyway")
 
 
 def _check_output_schema(run: _Run, scored: "DataFrame", sink: SinkConfig) -> None:

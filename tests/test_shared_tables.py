@@ -59,3 +59,32 @@ def test_a_column_of_ours_the_table_holds_with_another_type_is_refused_before_an
         run_job(job_config(tmp_path, tiny_embed_model, sink={"partition_by": ["ds"]}), spark=spark, out=out)
     assert "scoring" not in out.getvalue(), "refused before any row was scored"
     assert DeltaTable(str(tmp_path / "scores")).version() == 0 and read_scores(tmp_path).num_rows == 1
+
+
+def test_an_emptied_or_shrunk_source_does_not_replace_a_full_day_unless_allowed(spark, tmp_path, tiny_embed_model,
+                                                                                 writer):
+    from pipeline.cli import build_parser, config_from_args
+    from pipeline.errors import JobError
+
+    write_delta(tmp_path / "docs", make_documents(40))
+    sink = {"mode": "overwrite_partition"}
+    assert run_job(job_config(tmp_path, tiny_embed_model, sink=sink, run={"run_id": "full"}), spark=spark,
+                   out=io.StringIO()).rows_out == 40
+    for rows in (0, 12):  # the upstream emptied the source; then it came back with less than half the day
+        write_delta(tmp_path / "docs", make_documents(rows), mode="overwrite")
+        out = io.StringIO()
+        with pytest.raises(JobError, match=rf"the source gives {rows} row\(s\) where it holds 40 now "
+                                           r"\(run.min_rows_fraction 0.5 needs at least 20\).*--allow-empty"):
+            run_job(job_config(tmp_path, tiny_embed_model, sink=sink, run={"run_id": f"shrunk-{rows}"}), spark=spark,
+                    out=out)
+        assert "scoring" not in out.getvalue(), "refused before any work"
+        assert sorted(set(read_scores(tmp_path)["run_id"].to_pylist())) == ["full"] and read_scores(tmp_path).num_rows == 40
+    write_delta(tmp_path / "docs", make_documents(25), mode="overwrite")  # over half the day: a normal night
+    assert run_job(job_config(tmp_path, tiny_embed_model, sink=sink, run={"run_id": "25"}), spark=spark,
+                   out=io.StringIO()).rows_out == 25
+    write_delta(tmp_path / "docs", make_documents(0), mode="overwrite")
+    args = build_parser().parse_args(["run", "conf/score_documents.yaml", "--allow-empty"])
+    assert config_from_args(args).run.allow_empty, "--allow-empty sets run.allow_empty"
+    summary = run_job(job_config(tmp_path, tiny_embed_model, sink=sink, run={"run_id": "empty", "allow_empty": True}),
+                      spark=spark, out=io.StringIO())
+    assert summary.complete and summary.rows_out == 0 and read_scores(tmp_path).num_rows == 0, "allowed: replaced"

@@ -313,6 +313,14 @@ class RunConfig(_Model):
     retry_quarantined: bool = Field(
         False, description="also `--retry-quarantined`: an incremental run scores again the rows quarantined "
         "earlier with the same content and task fingerprint (by default they are skipped and counted)")
+    min_rows_fraction: float = Field(
+        0.5, ge=0, le=1,
+        description="a run that replaces a day (or a whole table) with fewer rows than this fraction of what it "
+                    "holds now is refused before any work (an empty or shrunk source is almost always an upstream "
+                    "failure); 0: no check")
+    allow_empty: bool = Field(
+        False, description="also `--allow-empty`: replace a day (or a table) even with far fewer rows than it "
+                           "holds, or none (see `run.min_rows_fraction`)")
     max_error_fraction: float | None = Field(
         0.05, ge=0, le=1,
         description="error budget: more than this fraction of the scored rows failing fails the run before "

@@ -9,7 +9,7 @@ from pipeline.io.sources import has_delta_connector, latest_version, read_delta
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["replaced_by"]
+__all__ = ["replaced_by", "rows_held"]
 
 
 def replaced_by(spark: "SparkSession", path: str, *, run_id: str, partition: dict[str, Any],
@@ -47,3 +47,32 @@ def _latest_version(spark: "SparkSession", path: str) -> int | None:
         return open_table(path).version()
     except Exception:  # noqa: BLE001 - the version is informative only
         return None
+
+
+def rows_held(spark: "SparkSession", *, path: str | None, table: str | None,
+              partition: dict[str, Any] | None) -> int:
+    """How many rows the output holds now (in ``partition``, or in all), 0 when there is no table yet.
+
+    From the Delta log's per-file row counts where deltalake reads the table; else a Spark count.
+    """
+    from pyspark.sql import functions as F
+
+    from pipeline.io.stores import is_table, open_table, reachable
+
+    if path and not table and not has_delta_connector(spark):
+        if not (reachable(path) and is_table(path)):
+            return 0
+        import pyarrow as pa
+
+        adds = pa.table(open_table(path).get_add_actions(flatten=True)).to_pylist()
+        wanted = {f"partition.{c}": str(v) for c, v in (partition or {}).items()}
+        files = [a for a in adds if all(str(a.get(k)) == v for k, v in wanted.items())]
+        if all(a.get("num_records") is not None for a in files):
+            return int(sum(a["num_records"] for a in files))
+    try:
+        frame = spark.table(table) if table else read_delta(spark, path)
+    except Exception:  # noqa: BLE001 - no table yet: nothing to shrink
+        return 0
+    for column, value in (partition or {}).items():
+        frame = frame.where(F.col(column) == F.lit(value).cast(frame.schema[column].dataType))
+    return frame.count()
