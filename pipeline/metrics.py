@@ -231,6 +231,10 @@ class RunSummary:
     rows_reused: int = 0
     rows_scored: int = 0
     resume_note: str | None = None
+    # what identified the source's content (``delta:<table id>:<version>``, ``files:<hash>``), and why it
+    # is a new input although its version looks the same (a table dropped and rebuilt)
+    source_snapshot: str | None = None
+    source_note: str | None = None
 
     @property
     def rows_flagged(self) -> int:
@@ -322,6 +326,8 @@ class RunSummary:
                          f"try; rows reused {self.rows_reused:,}, scored {self.rows_scored:,}")
         if self.resume_note:
             lines.append(f"not resumed             : {self.resume_note}")
+        if self.source_note:
+            lines.append(f"source                  : {self.source_note}")
         if self.retries:
             lines.append("batch retries           : " + ", ".join(f"{k}={v}" for k, v in self.retries.items()))
         for row in self.samples:

@@ -300,15 +300,33 @@ def _quarantine_rows(scored: "DataFrame", inputs: "DataFrame", config: JobConfig
         *(["ds"] if "ds" in scored.columns else []),
     )
     keys = failed.select(F.col(id_col).alias("_k_id"), F.col("content_hash").alias("_k_hash")).distinct()
-    originals = (_malformed_originals(inputs, input_columns)
+    source = _malformed_originals(inputs, input_columns)
+    originals = (source
                  .select(F.col("id").alias("_q_id"), F.col("content_hash").alias("_q_hash"),
-                         *[F.col(c).alias(f"input_{c}") for c in input_columns])
+                         *_valid_text_and_bytes(source, input_columns))
                  .join(keys, on=(F.col("_q_id").eqNullSafe(F.col("_k_id"))) & (F.col("_q_hash") == F.col("_k_hash")),
                        how="left_semi")
                  .dropDuplicates(["_q_id", "_q_hash"]))
     joined = failed.join(originals, on=(failed[id_col].eqNullSafe(originals["_q_id"]))
                          & (failed["content_hash"] == originals["_q_hash"]), how="left")
     return joined.drop("_q_id", "_q_hash")
+
+
+def _valid_text_and_bytes(inputs: "DataFrame", input_columns: tuple[str, ...]) -> list[Any]:
+    """The quarantine's ``input_<c>`` columns: string inputs as valid UTF-8 (invalid bytes become U+FFFD, so any
+    Delta reader opens the table), with the original bytes beside them in ``input_<c>_bytes`` (binary) for the
+    rows whose bytes were not valid UTF-8 (null otherwise)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType
+
+    out = []
+    for c in input_columns:
+        if isinstance(inputs.schema[c].dataType, StringType):
+            out += [F.make_valid_utf8(F.col(c)).alias(f"input_{c}"),
+                    F.when(~F.is_valid_utf8(F.col(c)), F.col(c).cast("binary")).alias(f"input_{c}_bytes")]
+        else:
+            out.append(F.col(c).alias(f"input_{c}"))
+    return out
 
 
 # --- malformed source lines (JSON lines Spark could not parse): flagged by the task, quarantined raw ---
@@ -518,6 +536,8 @@ class _Run:
     # the logical run's key (its Delta transaction id before any per-try suffix) and its source version
     run_key: str = ""
     source_version: str | None = None
+    # why the source is a new input though its version looks the same (a rebuilt table); None: nothing to say
+    source_note: str | None = None
 
 
 @dataclass
@@ -633,6 +653,9 @@ def _check_idempotency(run: _Run) -> RunSummary | None:
     # one Delta transaction id per logical run: a fast path for a retry whose commit landed, taken only while
     # that run's rows are still in the output (appends are keyed on the rows themselves below)
     run.source_version = source_snapshot(config.source)
+    run.source_note = _rebuilt_source_note(config, run.source_version)
+    if run.source_note:
+        print(f"[{config.job}] run {run_id}: {run.source_note}", file=out, flush=True)
     app_id = run_app_id(config.job, config.model_dump(mode="json"), model_revision=run.model.revision,
                         source_snapshot=run.source_version)
     run.run_key = app_id
@@ -650,6 +673,28 @@ def _check_idempotency(run: _Run) -> RunSummary | None:
             app_id = f"{app_id}-{run_id}"
     run.app_id = app_id
     run.clock.lap("idempotency")
+    return None
+
+
+def _rebuilt_source_note(config: JobConfig, snapshot: str | None) -> str | None:
+    """A line when the source table was dropped and rebuilt since this job's last finished run (its Delta
+    table id changed, whatever its version says): its rows are a new input."""
+    from pipeline.io.sinks import source_rebuilt
+    from pipeline.runs import read_runs
+
+    runs_path = config.resolved_runs_path()
+    if not snapshot or not snapshot.startswith("delta:") or not runs_path:
+        return None
+    try:
+        rows = [r for r in read_runs(runs_path, job=config.job) if r["outcome"] == "ok" and r["summary_json"]]
+    except Exception:  # noqa: BLE001 - no runs table yet (a first run): nothing to compare with
+        return None
+    for row in reversed(rows):
+        before = json.loads(row["summary_json"]).get("source_snapshot")
+        if before:
+            change = source_rebuilt(before, snapshot)
+            return (f"the source {config.source.path} was rebuilt since run {row['run_id']} ({change}): a new "
+                    "input, scored as such (keys the output holds are not scored again)") if change else None
     return None
 
 
@@ -1013,7 +1058,7 @@ def _summarize(run: _Run, plan: _Scoring, *, committed: _Committed, read: _ReadB
         incomplete=incomplete, details=details, replaced=replaced,
         batch_metrics=batch_metrics(counts), resumed_tasks=int(counts.get("resumed_tasks", 0)),
         rows_reused=int(counts.get("rows_reused", 0)), rows_scored=plan.rows_in - int(counts.get("rows_reused", 0)),
-        resume_note=plan.resume_note,
+        resume_note=plan.resume_note, source_snapshot=run.source_version, source_note=run.source_note,
     )
 
 

@@ -88,3 +88,98 @@ def test_an_emptied_or_shrunk_source_does_not_replace_a_full_day_unless_allowed(
     summary = run_job(job_config(tmp_path, tiny_embed_model, sink=sink, run={"run_id": "empty", "allow_empty": True}),
                       spark=spark, out=io.StringIO())
     assert summary.complete and summary.rows_out == 0 and read_scores(tmp_path).num_rows == 0, "allowed: replaced"
+
+
+def test_a_rebuilt_source_is_a_new_input_not_a_run_already_committed(spark, tmp_path, tiny_embed_model, writer):
+    """The source table is dropped and rebuilt with 45 rows (version 0 again): the same append command scores
+    the 5 new documents and says the source was rebuilt; it is not taken for the run that already committed."""
+    import shutil
+
+    write_delta(tmp_path / "docs", make_documents(40))
+    first = run_job(job_config(tmp_path, tiny_embed_model, run={"run_id": "first"}), spark=spark, out=io.StringIO())
+    assert first.rows_out == 40 and first.source_snapshot.endswith(":0")
+    shutil.rmtree(tmp_path / "docs")
+    write_delta(tmp_path / "docs", make_documents(45))
+    out = io.StringIO()
+    again = run_job(job_config(tmp_path, tiny_embed_model, run={"run_id": "again"}), spark=spark, out=out)
+    assert "already committed" not in out.getvalue()
+    assert "was rebuilt since run first (table id" in out.getvalue() and "(version 0 -> 0)" in out.getvalue()
+    assert again.source_note and "source                  : the source" in out.getvalue()
+    assert again.complete and again.rows_in == 5, "the 40 keys the output holds are not scored again"
+    ids = read_scores(tmp_path)["doc_id"].to_pylist()
+    assert len(ids) == 45 and len(set(ids)) == 45
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 16 kB tmpfs (a disk that fills up), mounted for the test and unmounted after; skipped where this
+    process may not mount (not root)."""
+    import subprocess
+
+    mount = tmp_path / "small_disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(mount)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({done.stderr.strip()}): the disk-full drill needs root")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _fill(folder, *, leave: int = 0) -> None:
+    """Write to ``folder`` until its disk is full (``leave`` bytes given back after)."""
+    with open(folder / "filler.bin", "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"x" * 1024)
+        except OSError:
+            pass
+    if leave:
+        size = (folder / "filler.bin").stat().st_size
+        with open(folder / "filler.bin", "r+b") as f:
+            f.truncate(max(0, size - leave))
+
+
+@pytest.mark.parametrize("room", ["full", "room for the plan only"])
+def test_a_full_staging_disk_turns_staging_off_and_the_run_goes_on(spark, tmp_path, tiny_embed_model, small_disk,
+                                                                   room):
+    """``run.staging_path`` on a disk with no room (or room for the plan's small files, none for the rows): the
+    run commits every row, once; the driver says staging is off in one line, or the tasks just stage nothing."""
+    write_delta(tmp_path / "docs", make_documents(40))
+    stage = small_disk / "stage"
+    if room == "full":
+        _fill(small_disk)
+    else:
+        stage.mkdir()
+        _fill(small_disk, leave=8192)
+    out = io.StringIO()
+    summary = run_job(job_config(tmp_path, tiny_embed_model, run={"staging_path": str(stage), "run_id": room.replace(" ", "-")}),
+                      spark=spark, out=out)
+    assert summary.complete and summary.rows_out == 40
+    ids = read_scores(tmp_path)["doc_id"].to_pylist()
+    assert len(ids) == 40 == len(set(ids))
+    if room == "full":
+        assert "warning: staging off for this run" in out.getvalue() and "No space left on device" in out.getvalue()
+        assert out.getvalue().count("Traceback") == 0
+    leftovers = [p.name for p in stage.rglob("*") if p.is_file() and p.name.endswith(".tmp")] if stage.exists() else []
+    assert leftovers == [], "no half-written temp file stays behind"
+
+
+def test_a_quarantined_line_with_invalid_utf8_is_valid_text_with_its_bytes_kept(spark, tmp_path, tiny_embed_model,
+                                                                               writer):
+    bad = b'{"doc_id": "j2", "text": "caf\xe9 \xff"}'
+    lines = [b'{"doc_id": "j1", "text": "good movie", "source": "log"}', bad,
+             b'{"doc_id": "j3", "text": "great story", "source": "log"}', b'{"doc_id": "j4", "text": "fine", "source": "x"}']
+    (tmp_path / "logs.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    config = job_config(tmp_path, tiny_embed_model, sink={"mode": "overwrite_partition"},
+                        source={"format": "json", "path": str(tmp_path / "logs.jsonl")}, run={"max_error_fraction": 0.5})
+    summary = run_job(config, spark=spark, out=io.StringIO())
+    assert summary.complete and (summary.rows_in, summary.rows_out, summary.rows_quarantined) == (4, 3, 1)
+    quarantine = DeltaTable(str(tmp_path / "scores_quarantine")).to_pandas()  # any reader opens it
+    (row,) = quarantine.to_dict("records")
+    assert row["status"] == "malformed" and row["input_text"] == bad.decode("utf-8", errors="replace")
+    assert "\ufffd" in row["input_text"] and bytes(row["input_text_bytes"]) == bad, "the original bytes, kept"
+    assert str(next(f.type for f in DeltaTable(str(tmp_path / "scores_quarantine")).schema().fields
+                    if f.name == "input_text_bytes")) == 'PrimitiveType("binary")'

@@ -501,6 +501,32 @@ def consistent_history(path: str, *, limit: int | None = None, table: Any = None
     raise RuntimeError(f"could not read a stable history of {path}: it kept changing during 50 reads")
 
 
+def _table_identity(path: str) -> str | None:
+    """``delta:<table id>:<version>`` of the Delta table at ``path``; None when there is none."""
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        table = open_table(path)
+    except TableNotFoundError:
+        return None
+    return f"delta:{table.metadata().id}:{table.version()}"
+
+
+def source_rebuilt(before: str | None, now: str | None) -> str | None:
+    """What changed when a Delta source's table id changed between two snapshots, else None.
+
+    >>> source_rebuilt("delta:aaaa1111:3", "delta:bbbb2222:0")
+    'table id aaaa1111 -> bbbb2222 (version 3 -> 0)'
+    >>> source_rebuilt("delta:aaaa1111:3", "delta:aaaa1111:4") is None
+    True
+    """
+    parts = [str(x).split(":") for x in (before, now)]
+    if any(len(p) != 3 or p[0] != "delta" for p in parts) or parts[0][1] == parts[1][1]:
+        return None
+    (_, old_id, old_v), (_, new_id, new_v) = parts
+    return f"table id {old_id} -> {new_id} (version {old_v} -> {new_v})"
+
+
 def _table_version(path: str) -> int | None:
     from deltalake.exceptions import TableNotFoundError
 
@@ -552,7 +578,8 @@ def run_app_id(job: str, settings: Mapping[str, Any], *, model_revision: str, so
 def source_snapshot(source: SourceConfig) -> str | None:
     """What identifies the source's content, where it can be known cheaply on the driver.
 
-    A local Delta source: ``delta:<version>``. A local file source (parquet, json, text,
+    A local Delta source: ``delta:<table id>:<version>`` (a table dropped and rebuilt starts at version 0
+    again under a new id: a new input, never mistaken for the old one). A local file source (parquet, json, text,
     binary_file): ``files:<hash of names, sizes and mtimes>``. A Delta source on S3 whose keys or endpoint the environment names: its version too.
     A catalog table or another remote URI:
     None (unknown; the run key then rests on the config, the model revision and ``ds``).
@@ -561,16 +588,14 @@ def source_snapshot(source: SourceConfig) -> str | None:
 
     if source.path and source.format == "delta" and is_object_store(source.path) and configured(source.path):
         try:
-            version = _table_version(source.path)
+            return _table_identity(source.path)
         except Exception:  # noqa: BLE001 - unreachable: unknown, as for any other remote source
-            version = None
-        return None if version is None else f"delta:{version}"
+            return None
     if not source.path or not is_local(source.path):
         return None
     path = local_path(source.path)
     if source.format == "delta":
-        version = _table_version(path) if os.path.isdir(path) else None
-        return None if version is None else f"delta:{version}"
+        return _table_identity(path) if os.path.isdir(path) else None
     listing = []
     if os.path.isfile(path):
         stat = os.stat(path)

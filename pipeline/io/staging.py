@@ -125,11 +125,15 @@ def plan_key(plan: StagePlan) -> str:
 def _write_atomic(path: Path, data: bytes) -> None:
     """``data`` at ``path``, whole or not at all: a temp file, fsync, then a rename over it."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk: no half-written temp file stays behind
+        raise
 
 
 def open_plan(root: str, plan: StagePlan) -> str:
@@ -452,14 +456,18 @@ class TaskStage:
         """Make this attempt's rows durable, then write the marker that names them (last, atomically)."""
         if self._writer is None or self.failed:
             return  # no rows (nothing to reuse), or staging failed for this task
-        self._writer.close()
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        os.replace(self._tmp, self.folder / self._name)
-        marker = {"task": self.task, "plan": self.folder.name, "input": digest, "rows": self.rows,
-                  "data": self._name, "counts": counts, "at": time.time()}
-        _write_atomic(self.marker, json.dumps(marker, default=str).encode())
+        try:
+            self._writer.close()
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            os.replace(self._tmp, self.folder / self._name)
+            marker = {"task": self.task, "plan": self.folder.name, "input": digest, "rows": self.rows,
+                      "data": self._name, "counts": counts, "at": time.time()}
+            _write_atomic(self.marker, json.dumps(marker, default=str).encode())
+        except (OSError, pa.ArrowException):  # a full or read-only disk: this task is just not reusable
+            self.abandon()
+            (self.folder / self._name).unlink(missing_ok=True)
 
     def abandon(self) -> None:
         """Drop this attempt's unfinished rows file (the task failed or staging failed)."""
