@@ -200,8 +200,10 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m pipeline")
         run_job(config)
         return 0
     except PipelineError as exc:  # every deliberate error: its message says what to change
+        from pipeline.errors import RunStopped
+
         _print_error(exc, verbose=getattr(args, "verbose", False), secrets=secrets)
-        return 2
+        return 143 if isinstance(exc, RunStopped) else 2  # 128 + SIGTERM, as a shell reports a stopped job
     except Exception as exc:  # a failure Spark reports (e.g. a worker's exception): one line, not pages of Java
         from pipeline.spark.errors import is_spark_error
 

@@ -28,6 +28,7 @@ __all__ = [
     "PromptError",
     "RegistryError",
     "ReportError",
+    "RunStopped",
     "SimulatedOutOfMemoryError",
     "SinkError",
     "SourceError",
@@ -95,6 +96,10 @@ class ReportError(PipelineError, ValueError):
 
 class JobError(PipelineError, RuntimeError):
     """A job could not run or did not write what it should; the message says why and what to change."""
+
+
+class RunStopped(PipelineError, RuntimeError):
+    """The run was stopped from outside (SIGTERM): nothing committed, finished tasks staged for a rerun."""
 
 
 class DataFetchError(PipelineError, RuntimeError):

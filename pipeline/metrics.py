@@ -163,9 +163,12 @@ class StageClock:
         self.clock = clock
         self.last = clock()
         self.seconds: dict[str, float] = {}
+        # called at every lap, before the next stage starts (a stop asked for raises there)
+        self.between: Callable[[], None] = lambda: None
 
     def lap(self, name: str) -> float:
         """Attribute the time since the last lap to ``name``; returns that time."""
+        self.between()
         now = self.clock()
         spent, self.last = now - self.last, now
         self.seconds[name] = self.seconds.get(name, 0.0) + spent

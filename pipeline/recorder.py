@@ -46,6 +46,7 @@ class RunRecorder:
         if self.remote_skipped:
             self.path = None
         self.summary: "RunSummary | None" = None
+        self.session: Any = None  # the run's Spark session, once it has one (a stop cancels its jobs)
         self.fields: dict[str, Any] = {}
         self.row: dict[str, Any] | None = None
         self.version: int | None = None
@@ -60,14 +61,19 @@ class RunRecorder:
     def note(self, *, spark: Any = None, **fields: Any) -> None:
         """Remember what becomes known during the run (``model_name``, ``model_revision``, the session)."""
         if spark is not None:
+            self.session = spark
             app_id, master = spark_identity(spark)
             fields.update(spark_app_id=app_id, spark_master=master)
         self.fields.update(fields)
 
     def end(self, *, summary: "RunSummary | None" = None, error: BaseException | None = None) -> None:
-        """Write the final row (``ok``, or ``failed`` with ``error``), then the report and MLflow if configured."""
+        """Write the final row (``ok``; ``failed`` with ``error``; ``stopped`` when a SIGTERM stopped it), then the
+        report and MLflow if configured."""
+        from pipeline.errors import RunStopped
+
         summary = summary or self.summary
-        self._write("failed" if error is not None else "ok", summary=summary, error=error,
+        outcome = "ok" if error is None else "stopped" if isinstance(error, RunStopped) else "failed"
+        self._write(outcome, summary=summary, error=error,
                     ended_at=dt.datetime.now(dt.timezone.utc))
         if self.row is None:
             return

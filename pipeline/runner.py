@@ -505,7 +505,14 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
         recorder = RunRecorder.begin(config, run_id=run.run_id, ds=run.ds, out=out)
         clock.lap("runs table")
         try:
-            summary = _run_job(config, spark=spark, out=out, recorder=recorder, clock=clock)
+            from pipeline.spark.stopping import stop_on_sigterm
+
+            with stop_on_sigterm(lambda: recorder.session) as stop:
+                clock.between = stop.check
+                try:
+                    summary = _run_job(config, spark=spark, out=out, recorder=recorder, clock=clock)
+                finally:
+                    clock.between = lambda: None
         except BaseException as exc:
             recorder.end(error=exc)
             raise
@@ -538,6 +545,9 @@ class _Run:
     source_version: str | None = None
     # why the source is a new input though its version looks the same (a rebuilt table); None: nothing to say
     source_note: str | None = None
+    # the plan folder of staged task output once planned (None: none), and whether the commits have begun
+    staging_dir: str | None = None
+    committing: bool = False
 
 
 @dataclass
@@ -586,17 +596,46 @@ class _ReadBack:
 def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, recorder: Any,
              clock: StageClock) -> RunSummary:
     """The stages of one run, in order: prepare, idempotency, plan, score and commit, read back, summary."""
+    from pipeline.errors import RunStopped
+
     run = _prepare(config, spark=spark, out=out, recorder=recorder, clock=clock)
-    done = _check_idempotency(run)
-    if done is not None:
-        return done
-    plan = _plan_scoring(run)
-    committed = _score_and_commit(run, plan)
+    try:
+        done = _check_idempotency(run)
+        if done is not None:
+            return done
+        plan = _plan_scoring(run)
+        run.staging_dir = plan.staging_dir
+        committed = _score_and_commit(run, plan)
+    except Exception as exc:
+        if isinstance(exc, RunStopped) or _stop_asked(clock):  # a cancelled Spark job surfaces as its error
+            raise RunStopped(_stopped_message(run)) from None
+        raise
     if isinstance(committed, RunSummary):
         return committed
     commit, read = committed
     summary = _summarize(run, plan, committed=commit, read=read)
     return _finish(run, summary, recorder=recorder)
+
+
+def _stop_asked(clock: StageClock) -> bool:
+    try:
+        clock.between()
+    except Exception:  # noqa: BLE001 - RunStopped: a stop was asked for
+        return True
+    return False
+
+
+def _stopped_message(run: _Run) -> str:
+    """What a run stopped by SIGTERM says: whether anything may have committed, what is staged, how to resume."""
+    from pipeline.io.staging import staged_tasks
+
+    if run.committing:
+        return ("stopped by SIGTERM during its commit: the commit may have landed. Rerun the same command: a commit "
+                "that landed is found and nothing is written twice")
+    staged = len(staged_tasks(run.staging_dir))
+    where = (f"{staged} finished inference task(s) are staged in {run.staging_dir}, and a rerun of the same command "
+             "reuses them" if run.staging_dir else "nothing is staged (staging off), so a rerun scores every row again")
+    return f"stopped by SIGTERM before its commit: nothing was committed; {where}. Resume: rerun the same command"
 
 
 def _check_partitioning(config: JobConfig) -> None:
@@ -877,6 +916,7 @@ def _score_and_commit(run: _Run, plan: _Scoring) -> "RunSummary | tuple[_Committ
                 _remove_staging(run)  # rows judged bad: a rerun scores them again, never replays them
                 raise
             clock.lap("inference and check")
+            run.committing = True
             fault_hooks.before_commits(run.faults)
             quarantine_version, quarantine_run = _commit_quarantine(
                 run, plan, scored, errors=scored_check.errors, metadata=metadata)

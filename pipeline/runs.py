@@ -49,7 +49,7 @@ _WRITE_ATTEMPTS = 4
 _TS = pa.timestamp("us", tz="UTC")
 RUNS_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("job", pa.string()), ("ds", pa.date32()),
-    ("outcome", pa.string()),  # started | ok | failed
+    ("outcome", pa.string()),  # started | ok | failed | stopped (SIGTERM: nothing committed, tasks staged)
     ("started_at", _TS), ("ended_at", _TS), ("seconds", pa.float64()),
     ("error_class", pa.string()), ("error_message", pa.string()),
     ("config_json", pa.string()), ("config_hash", pa.string()), ("task_kind", pa.string()),

@@ -183,3 +183,74 @@ def test_a_quarantined_line_with_invalid_utf8_is_valid_text_with_its_bytes_kept(
     assert "\ufffd" in row["input_text"] and bytes(row["input_text_bytes"]) == bad, "the original bytes, kept"
     assert str(next(f.type for f in DeltaTable(str(tmp_path / "scores_quarantine")).schema().fields
                     if f.name == "input_text_bytes")) == 'PrimitiveType("binary")'
+
+
+@pytest.mark.beside
+@pytest.mark.timeout(900)  # two drivers in JVMs of their own
+def test_sigterm_stops_the_run_records_it_and_the_same_command_resumes(tmp_path, tiny_embed_model):
+    """A scheduler's stop: SIGTERM to ``python -m pipeline run`` once half its tasks are staged. It exits 143
+    with one line saying nothing was committed and how to resume (no Java stack trace), the runs table says
+    ``stopped``, and the same command again reuses the staged tasks and writes each id once."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    from pipeline.io.staging import staged_tasks
+    from pipeline.runs import read_runs
+
+    from .drivers import REPO, descendants
+
+    write_delta(tmp_path / "docs", make_documents(20))
+    config = job_config(tmp_path, tiny_embed_model, batching={"batch_size": 2}, sink={"writer": "deltalake"},
+                        source={"repartition": 4}, run={"summary_path": str(tmp_path / "summary.json"), "ds": D1},
+                        spark={"master": "local[2]"})
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True)))
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO), "SBI_NO_JARS": "1"}
+
+    def start(log, faults=None):
+        run_env = {**env, **({"SBI_FAULTS": json.dumps(faults)} if faults else {})}
+        with open(log, "wb") as sink:
+            return subprocess.Popen([sys.executable, "-m", "pipeline", "run", str(tmp_path / "job.yaml")],
+                                    env=run_env, cwd=str(REPO), stdout=sink, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+
+    def staged():
+        root = tmp_path / "scores_staging"
+        return sum(len(staged_tasks(str(p))) for p in root.iterdir() if p.is_dir()) if root.is_dir() else 0
+
+    driver = start(tmp_path / "first.log", {"slow_batch_s": 0.4})
+    deadline = time.monotonic() + 300
+    while staged() < 2:
+        assert driver.poll() is None and time.monotonic() < deadline, (tmp_path / "first.log").read_text()[-3000:]
+        time.sleep(0.1)
+    os.kill(driver.pid, signal.SIGTERM)  # the driver's process alone, as `kill <pid>` or a scheduler does
+    try:
+        assert driver.wait(timeout=120) == 143, (tmp_path / "first.log").read_text()[-3000:]
+    finally:
+        for pid in descendants(driver.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    log = (tmp_path / "first.log").read_text()
+    last = [line for line in log.splitlines() if line.strip()][-1]
+    assert last.startswith("error: stopped by SIGTERM before its commit: nothing was committed;"), log[-3000:]
+    assert "are staged in" in last and "Resume: rerun the same command" in last
+    after = log[log.index("stopped by SIGTERM") - 2000:] if "stopped by SIGTERM" in log else log
+    assert "Traceback" not in log and "\tat org.apache" not in after, log[-3000:]
+    assert not (tmp_path / "scores" / "_delta_log").exists(), "nothing committed"
+    assert [r["outcome"] for r in read_runs(str(tmp_path / "scores_runs"))] == ["stopped"]
+    finished = staged()
+
+    rerun = start(tmp_path / "rerun.log")
+    assert rerun.wait(timeout=600) == 0, (tmp_path / "rerun.log").read_text()[-3000:]
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["complete"] and saved["resumed_tasks"] == finished > 0
+    ids = read_scores(tmp_path)["doc_id"].to_pylist()
+    assert len(ids) == 20 == len(set(ids))
+    assert [r["outcome"] for r in read_runs(str(tmp_path / "scores_runs"))] == ["stopped", "ok"]
