@@ -510,7 +510,7 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
             with stop_on_sigterm(lambda: recorder.session) as stop:
                 clock.between = stop.check
                 try:
-                    summary = _run_job(config, spark=spark, out=out, recorder=recorder, clock=clock)
+                    summary = _run_job(config, spark=spark, out=out, recorder=recorder, clock=clock, stop=stop)
                 finally:
                     clock.between = lambda: None
         except BaseException as exc:
@@ -594,8 +594,10 @@ class _ReadBack:
 
 
 def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, recorder: Any,
-             clock: StageClock) -> RunSummary:
-    """The stages of one run, in order: prepare, idempotency, plan, score and commit, read back, summary."""
+             clock: StageClock, stop: Any = False) -> RunSummary:
+    """The stages of one run, in order: prepare, idempotency, plan, score and commit, read back, summary.
+
+    ``stop``: true once a SIGTERM asked the run to stop (``pipeline.spark.stopping.StopRequest``)."""
     from pipeline.errors import RunStopped
 
     run = _prepare(config, spark=spark, out=out, recorder=recorder, clock=clock)
@@ -607,7 +609,7 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
         run.staging_dir = plan.staging_dir
         committed = _score_and_commit(run, plan)
     except Exception as exc:
-        if isinstance(exc, RunStopped) or _stop_asked(clock):  # a cancelled Spark job surfaces as its error
+        if isinstance(exc, RunStopped) or stop:  # a cancelled Spark job surfaces as its error
             raise RunStopped(_stopped_message(run)) from None
         raise
     if isinstance(committed, RunSummary):
@@ -615,14 +617,6 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     commit, read = committed
     summary = _summarize(run, plan, committed=commit, read=read)
     return _finish(run, summary, recorder=recorder)
-
-
-def _stop_asked(clock: StageClock) -> bool:
-    try:
-        clock.between()
-    except Exception:  # noqa: BLE001 - RunStopped: a stop was asked for
-        return True
-    return False
 
 
 def _stopped_message(run: _Run) -> str:

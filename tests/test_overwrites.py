@@ -33,8 +33,8 @@ def _race(spark, path, sink, names, barrier):
     }, expected=(SinkError,), timeout_s=400)
 
 
-@pytest.mark.parametrize("day", ["new day", "existing day"])
-@pytest.mark.parametrize("names", [("a", "b"), ("a", "b", "c")], ids=["two", "three"])
+@pytest.mark.parametrize(("day", "names"), [("new day", ("a", "b")), ("new day", ("a", "b", "c")),
+                                           ("existing day", ("a", "b"))], ids=["new-two", "new-three", "existing-two"])
 def test_overwrites_of_one_day_at_once_leave_one_writers_rows(spark, tmp_path, writer, day, names):
     path, barrier = tmp_path / "t", tmp_path / "barrier"
     sink = sink_config(path=str(path), mode="overwrite_partition", partition_by=["ds"])

@@ -174,13 +174,6 @@ class RootCheck:
                 f"was run. Set run.staging_path to an empty or new folder (e.g. {self.root.rstrip('/')}/sbi_staging), "
                 "or run.staging: false")
 
-    def warning(self) -> str | None:
-        """One line naming what an owned root holds beside our plans (left alone), else None."""
-        if not self.foreign or self.refusal():
-            return None
-        return (f"left alone in staging folder {self.root}: {len(self.foreign)} entr(ies) no run of this project "
-                f"wrote ({_names(self.foreign)})")
-
 
 def _names(names: Iterable[str], most: int = 5) -> str:
     names = sorted(names)
