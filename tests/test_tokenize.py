@@ -92,3 +92,45 @@ def test_a_tokenizer_with_its_own_call_keeps_it(tokenizer):
     tokenizer._tokenizer = _NoFastPath(tokenizer._tokenizer)
     ids, truncated = tokenize(tokenizer, texts, max_length=16)
     assert ids == want[0] and truncated.tolist() == want[1]
+
+
+def _long_texts(n: int = 60) -> list[str]:
+    """Article-length texts (2-15 kB): sentences of the test corpus in varied order, with paragraphs."""
+    import random
+
+    from .conftest import SENTENCES
+
+    rng = random.Random(7)
+    return ["\n\n".join(" ".join(rng.choice(SENTENCES) for _ in range(rng.randint(3, 8)))
+                        for _ in range(rng.randint(8, 40))) for _ in range(n)]
+
+
+@pytest.mark.parametrize("max_length", [32, 256, 512])
+def test_long_texts_clipped_at_a_word_end_give_the_whole_texts_ids(tokenizer, max_length):
+    """The clip before tokenising changes no id and no truncation flag: the same as the whole texts tokenised."""
+    texts = _long_texts() + TEXTS
+    ids, truncated = tokenize(tokenizer, texts, max_length=max_length)
+    whole = tokenizer(texts, truncation=True, max_length=max_length, add_special_tokens=True).encodings
+    assert ids == [e.ids for e in whole]
+    assert truncated.tolist() == [bool(e.overflowing) for e in whole]
+    from pipeline.tasks._clip import CLIP_CHARS_PER_TOKEN
+
+    assert sum(len(t) > max_length * CLIP_CHARS_PER_TOKEN for t in texts) > 10, "the clip is exercised"
+
+
+def test_a_tokenizer_whose_tokens_cross_word_ends_is_never_clipped():
+    """BPE without a pre-tokenizer merges across spaces, so a text cut at a word end can tokenise differently:
+    the probe finds that, and the rows are tokenised whole (the same ids as the whole texts)."""
+    from tokenizers import Tokenizer, models, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from pipeline.tasks._clip import clips_exactly
+
+    texts = _long_texts(20)
+    backend = Tokenizer(models.BPE(unk_token="[UNK]"))
+    backend.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=400, special_tokens=["[UNK]"]))
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
+    assert not clips_exactly(tok)
+    ids, truncated = tokenize(tok, texts, max_length=64)
+    whole = tok(texts, truncation=True, max_length=64).encodings
+    assert ids == [e.ids for e in whole] and truncated.tolist() == [bool(e.overflowing) for e in whole]

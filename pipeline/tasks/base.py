@@ -238,14 +238,29 @@ def tokenize(tokenizer: Any, texts: Sequence[str], *, max_length: int,
     """
     if not texts:  # transformers' own call fails on an empty list
         return [], np.zeros(0, dtype=bool)
+    from pipeline.tasks._clip import CLIP_CHARS_PER_TOKEN, clip_point, clips_exactly, distrust
+
     cap = max_length * _CHARS_PER_TOKEN_CAP
-    cut = np.fromiter((len(t) > cap for t in texts), dtype=bool, count=len(texts))
-    clipped = [t[:cap] if c else t for t, c in zip(texts, cut)]
+    soft = max_length * CLIP_CHARS_PER_TOKEN
+    exact = any(len(t) > soft for t in texts) and clips_exactly(tokenizer)
+    clipped, cut, at_word_end = list(texts), np.zeros(len(texts), dtype=bool), np.zeros(len(texts), dtype=bool)
+    for i, text in enumerate(texts):
+        point = clip_point(text, soft) if exact else None
+        if point is not None:
+            clipped[i], cut[i], at_word_end[i] = text[:point], True, True
+        elif len(text) > cap:
+            clipped[i], cut[i] = text[:cap], True
     encodings = _encode(tokenizer, clipped, max_length=max_length, threads=threads)
     ids = [e.ids for e in encodings]
     truncated = np.fromiter((bool(e.overflowing) for e in encodings), dtype=bool, count=len(ids))
-    # A clipped text that still fits was clipped in whitespace or markup only;
-    # re-tokenise it whole so nothing past the clip point is lost.
+    checked = np.flatnonzero(at_word_end & truncated)[:1]
+    for i in checked:  # one clipped row of every call against its whole text (pipeline.tasks._clip)
+        whole = _encode(tokenizer, [texts[i]], max_length=max_length)[0]
+        if whole.ids != ids[i]:
+            distrust(tokenizer)
+            return tokenize(tokenizer, texts, max_length=max_length, threads=threads)
+    # A clipped text that did not fill max_length (long tokens, or clipped in whitespace or markup only):
+    # tokenised again whole, so nothing past the clip point is lost.
     for i in np.flatnonzero(cut & ~truncated):
         e = _encode(tokenizer, [texts[i]], max_length=max_length)[0]
         ids[i], truncated[i] = e.ids, bool(e.overflowing)
