@@ -118,18 +118,19 @@ class LlamaCppModel:
         self.free_seqs = list(range(slots))[::-1]
         self.prefix_seq = slots
         self.prefix: list[int] = []  # the tokens in the prefix sequence
+        self.min_prefix = 16  # fewer common tokens than this are not worth a sequence
 
-    def share_prefix(self, prompts: Sequence[Sequence[int]], seqs: Sequence[int], *, least: int = 16) -> list[int]:
+    def share_prefix(self, prompts: Sequence[Sequence[int]], seqs: Sequence[int]) -> list[int]:
         """Share the cached common prefix into ``seqs`` (caching the prompts' own first); tokens shared per prompt.
 
-        A prefix is cached when none is and ``prompts`` (two or more) start with at least ``least``
+        A prefix is cached when none is and ``prompts`` (two or more) start with at least ``min_prefix``
         common tokens. Each prompt keeps at least its last token to compute (its logits).
         """
         import llama_cpp
 
         if not self.prefix and len(prompts) > 1:
             common = _common_prefix(prompts)
-            if len(common) >= least:
+            if len(common) >= self.min_prefix:
                 for start in range(0, len(common), self.batch_tokens):
                     part = common[start : start + self.batch_tokens]
                     self.run([(int(t), start + i, self.prefix_seq, False) for i, t in enumerate(part)])
