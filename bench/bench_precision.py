@@ -91,7 +91,8 @@ def encoder_runs(rows: int, repeats: int, wheels: str) -> dict[str, Any]:
                 rates[precision].append(summary.rows_out / summary.seconds)
                 workers = max(1, len(summary.model_loads))
                 scoring[precision].append(summary.rows_out / (summary.infer_seconds / workers))
-                summaries[precision] = summary
+                if summary.precision_used:  # a reused worker loads nothing, so only a run that loaded has the gate's figures
+                    summaries.setdefault(precision, summary)
                 print(f"  embed {precision} repeat {repeat + 1}: {summary.rows_out:,} rows, {summary.seconds:.1f} s, "
                       f"{rates[precision][-1]:.1f} docs/s ({scoring[precision][-1]:.1f} after load: model load and gate "
                       f"{summary.load_seconds / workers:.1f} s per worker); precision {summary.precision_used} "
