@@ -16,12 +16,15 @@ export TORCH_VARIANT
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export TOKENIZERS_PARALLELISM := false
+# llama-cpp-python builds from its sdist (requirements.lock): the llama library only, both cores
+export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
+export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 export HF_HUB_OFFLINE := 1
 
 .PHONY: venv jars venv-vllm demo demo-s3 demo-data report demo-generate demo-generate-vllm demo-extract demo-extract-vllm \
 	demo-extract-logs bench-extract demo-recs demo-images demo-images-data lint test \
 	test-vllm bench bench-batching bench-gpu bench-generate bench-generate-width bench-scaling bench-row-keys \
-	bench-small-jobs bench-images bench-resume \
+	bench-small-jobs bench-images bench-resume bench-precision \
 	bench-feed lock lock-vllm \
 	clean
 
@@ -174,6 +177,10 @@ lint: $(STAMP)
 # (docs/benchmarks.md); PYTEST_ARGS="--serial ..." runs them in turn.
 test: $(STAMP) jars
 	$(PY) -m tests.run_phases $(PYTEST_ARGS)
+
+# Quantized against fp32 per task (int8 embed in the pipeline, int4 extract/generate), medians of 3 (docs/benchmarks.md)
+bench-precision: $(STAMP) jars demo-data $(LLM_DIR)/model.safetensors
+	PYTHONPATH=. $(PY) bench/bench_precision.py $(ARGS)
 
 # The vllm-marked tests (outside the default suite), in the vLLM environment; about 3 minutes after the install.
 test-vllm: $(VLLM_STAMP)

@@ -15,12 +15,32 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import Any
+
+
+def labelled_reviews(source_path: str, rows: int) -> tuple["Any", list[str]]:
+    """The first ``rows`` fresh/rotten reviews of the demo table: a one-column ``text`` chunk and their labels."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    docs = (DeltaTable(source_path).to_pyarrow_table(columns=["doc_id", "source", "label", "text"])
+            .filter(pa.compute.field("label").isin(["fresh", "rotten"])).slice(0, rows))
+    return pa.RecordBatch.from_pydict({"text": docs.column("text").to_pylist()}), docs.column("label").to_pylist()
+
+
+def score_extract(out: dict, labels: list[str]) -> dict:
+    """Valid rows (status ok/truncated) and extracted sentiment against the label (fresh = positive, rotten =
+    negative; ``mixed`` counts as wrong), of an extract chunk's output ``out`` (``to_pydict``)."""
+    ok = [i for i, s in enumerate(out["status"]) if s in ("ok", "truncated")]
+    right = sum(1 for i in ok if (out["fields"][i]["sentiment"], labels[i]) in
+                {("positive", "fresh"), ("negative", "rotten")})
+    return {"rows": len(labels), "valid_rows": len(ok), "valid_share": round(len(ok) / len(labels), 3),
+            "sentiment_accuracy_all_rows": round(right / len(labels), 3),
+            "sentiment_accuracy_valid_rows": round(right / max(len(ok), 1), 3)}
 
 
 def main() -> None:
-    import pyarrow as pa
     import torch
-    from deltalake import DeltaTable
 
     from pipeline.config import load_config
     from pipeline.metrics import WorkerCounts
@@ -36,10 +56,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     job = load_config(args.conf)
     model_dir = Path(args.model or job.model.path)
-    docs = (DeltaTable(job.source.path).to_pyarrow_table(columns=["doc_id", "source", "label", "text"])
-            .filter(pa.compute.field("label").isin(["fresh", "rotten"])).slice(0, args.rows))
-    chunk = pa.RecordBatch.from_pydict({"text": docs.column("text").to_pylist()})
-    labels = docs.column("label").to_pylist()
+    chunk, labels = labelled_reviews(job.source.path, args.rows)
     for constrained in (True, False):
         cfg = job.task.model_copy(update={"constrained": constrained, "backend": args.backend})
         task = build_task(cfg, model=job.model.model_copy(update={"path": str(model_dir)}), batching=job.batching)
@@ -50,15 +67,9 @@ def main() -> None:
         started = time.perf_counter()
         out = task.process(loaded, chunk, counts).to_pydict()
         seconds = time.perf_counter() - started
-        ok = [i for i, s in enumerate(out["status"]) if s in ("ok", "truncated")]
-        right = sum(1 for i in ok if (out["fields"][i]["sentiment"], labels[i]) in
-                    {("positive", "fresh"), ("negative", "rotten")})
         constraint = getattr(loaded.generator, "constraint", None)
         print(json.dumps({
-            "constrained": constrained, "backend": loaded.backend, "rows": len(labels),
-            "valid_rows": len(ok), "valid_share": round(len(ok) / len(labels), 3),
-            "sentiment_accuracy_all_rows": round(right / len(labels), 3),
-            "sentiment_accuracy_valid_rows": round(right / max(len(ok), 1), 3),
+            "constrained": constrained, "backend": loaded.backend, **score_extract(out, labels),
             "completion_tokens": counts.counts["completion_tokens"],
             "completion_tokens_per_s": round(counts.counts["completion_tokens"] / seconds, 1),
             "seconds": round(seconds, 1), "load_s": round(load_s, 2),

@@ -122,7 +122,8 @@ class WorkerCounts:
 WORK_KEYS = frozenset({
     "batches", "tokens", "padded_tokens", "batch_sizes", "batch_rows", "by_length", "timeline", "timeline_bucket_s",
     "slow_batches", "rows_per_worker", "model_loads", "load_seconds", "infer_seconds", "torch_threads",
-    "task_retries", "tasks_per_worker", "precision_used", "precision_fallbacks", "generation_backend",
+    "task_retries", "tasks_per_worker", "precision_used", "precision_fallbacks", "precision_checks",
+    "precision_auto", "generation_backend",
     "progress_rows", "oom_splits", "adaptive_splits", "poison_bisections",
 })
 
@@ -208,6 +209,10 @@ class RunSummary:
     # model loads per precision actually used, and accuracy-gate fallbacks with their reason
     precision_used: dict[str, int] = field(default_factory=dict)
     precision_fallbacks: dict[str, int] = field(default_factory=dict)
+    # the accuracy gate's measured figures per check ("int8: mean cosine ..., on 256 run rows (pass)": loads)
+    precision_checks: dict[str, int] = field(default_factory=dict)
+    # model.precision auto: what each load chose ("auto -> int8": loads)
+    precision_auto: dict[str, int] = field(default_factory=dict)
     # generate: model loads per backend and batching mode, e.g. {"vllm (continuous)": 2}
     generation_backend: dict[str, int] = field(default_factory=dict)
     # seconds summed over workers: loading models, and running the task on chunks
@@ -309,6 +314,10 @@ class RunSummary:
         if self.precision_used:
             used = ", ".join(f"{p} x{n}" for p, n in sorted(self.precision_used.items()))
             lines.append(f"precision               : {used} (model loads)")
+        for choice, n in sorted(self.precision_auto.items()):
+            lines.append(f"precision auto          : {choice} in {n} load(s)")
+        for check, n in sorted(self.precision_checks.items()):
+            lines.append(f"precision gate          : {check} in {n} load(s)")
         for reason, n in sorted(self.precision_fallbacks.items()):
             lines.append(f"precision fallback      : {reason} in {n} load(s)")
         if self.generation_backend:

@@ -253,6 +253,7 @@ def score_inputs(
         job=config.job, progress_interval_s=config.run.progress_interval_s if config.run.progress else None,
         faults=tuple((faults or {}).items()), metrics_column=METRICS_COLUMN, task_class=kind.task,
         id_column=config.source.id_column, progress_dir=progress_dir, staging_dir=staging_dir,
+        calibration_rows=calibration_rows(inputs, config, task),
     )
     scored = apply_inference(_deal(inputs, tasks, task), plan).withColumnRenamed("id", config.source.id_column)
     scored = scored.select(
@@ -266,6 +267,29 @@ def score_inputs(
     if "ds" in config.sink.partition_by:
         scored = scored.withColumn("ds", F.lit(ds).cast("date"))
     return scored
+
+
+def calibration_rows(inputs: "DataFrame", config: JobConfig, task: Any) -> tuple[str, ...]:
+    """Up to ``model.accuracy_gate.sample_rows`` texts of the job's own rows for the accuracy gate, or ().
+
+    Drawn once on the driver, the same on every worker: the rows with the smallest
+    ``xxhash64`` of their id and text (so the same rows for the same input, whatever the
+    file layout), non-blank, each cut to ``batching.max_length`` x 16 characters like the
+    tokenizer's clip. Only for tasks that calibrate (encoder kinds) at a precision the
+    gate checks.
+    """
+    from pyspark.sql import functions as F
+
+    gate = config.model.accuracy_gate
+    if (not getattr(task, "calibrates_on_rows", False) or config.model.precision == "fp32" or not gate.enabled
+            or gate.sample_rows == 0):
+        return ()
+    column = task.input_columns[0]
+    text = F.substring(F.col(column).cast("string"), 1, config.batching.max_length * 16)
+    rows = (inputs.select(text.alias("t"), F.xxhash64(F.col("id").cast("string"), text).alias("h"))
+            .where(F.col("t").isNotNull() & (F.length(F.trim(F.col("t"))) > 0))
+            .orderBy("h", "t").limit(gate.sample_rows).collect())
+    return tuple(r["t"] for r in rows)
 
 
 def prepare_scores(
@@ -1086,6 +1110,7 @@ def _summarize(run: _Run, plan: _Scoring, *, committed: _Committed, read: _ReadB
         retries={k: int(counts.get(k, 0)) for k in ("oom_splits", "adaptive_splits", "poison_bisections",
                                                      "task_retries") if counts.get(k)},
         precision_used=counts.get("precision_used", {}), precision_fallbacks=counts.get("precision_fallbacks", {}),
+        precision_checks=counts.get("precision_checks", {}), precision_auto=counts.get("precision_auto", {}),
         generation_backend=counts.get("generation_backend", {}),
         load_seconds=float(counts.get("load_seconds", 0.0)), infer_seconds=float(counts.get("infer_seconds", 0.0)),
         tasks=plan.tasks, rows_per_worker={w: int(n) for w, n in counts.get("rows_per_worker", {}).items()},

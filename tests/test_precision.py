@@ -57,7 +57,8 @@ def test_gate_passes_and_keeps_the_requested_precision(tiny_embed_model):
     assert loaded.precision == "bf16" and not loaded.gate.fell_back
     (check,) = loaded.gate.checks
     assert check.passed and 0.99 <= check.mean_cosine < 1.0 and check.top_label_agreement >= 0.9
-    assert loaded.load_counts == {"precision_used": {"bf16": 1}}
+    assert loaded.load_counts == {"precision_used": {"bf16": 1}, "precision_checks": {check.describe(): 1}}
+    assert check.describe().endswith("on 16 built-in calibration texts (pass)")
     # and the rows really run in bf16: close to fp32 but not identical
     fp32 = _task(tiny_embed_model, "fp32")
     a, b = _embeddings(fp32, fp32.load(tiny_embed_model, "cpu")), _embeddings(task, loaded)
@@ -107,15 +108,16 @@ def test_a_broken_precision_is_caught_by_a_normal_threshold(tiny_embed_model, mo
 
 def test_gate_can_fail_the_load_instead(tiny_embed_model):
     task = _task(tiny_embed_model, "int8", accuracy_gate={"min_mean_cosine": 1.0, "on_fail": "fail"})
-    with pytest.raises(PrecisionGateError, match=r"model.precision int8 failed the accuracy gate on 16 calibration"):
+    with pytest.raises(PrecisionGateError, match=r"model.precision int8 failed the accuracy gate on 16 built-in calibration texts"):
         task.load(tiny_embed_model, "cpu")
 
 
-def test_int8_quantises_linear_layers_except_skipped(tiny_embed_model):
+def test_torch_int8_quantises_linear_layers_except_skipped(tiny_embed_model):
     import torch
     from torch.ao.nn.quantized.dynamic import Linear as QuantizedLinear
 
-    task = _task(tiny_embed_model, "int8", accuracy_gate={"enabled": False}, int8={"skip_modules": ["output.dense"]})
+    task = _task(tiny_embed_model, "int8", accuracy_gate={"enabled": False},
+                 int8={"backend": "torch", "skip_modules": ["output.dense"]})
     loaded = task.load(tiny_embed_model, "cpu")
     assert loaded.precision == "int8" and loaded.gate.checks == ()
     kinds = {name: type(m) for name, m in loaded.model.named_modules()}
@@ -130,8 +132,9 @@ def test_int8_quantises_linear_layers_except_skipped(tiny_embed_model):
     assert not np.array_equal(a, b) and (a * b).sum(1).mean() > 0.9
 
 
-def test_int8_refuses_to_skip_every_layer(tiny_embed_model):
-    task = _task(tiny_embed_model, "int8", accuracy_gate={"enabled": False}, int8={"skip_modules": ["."]})
+def test_torch_int8_refuses_to_skip_every_layer(tiny_embed_model):
+    task = _task(tiny_embed_model, "int8", accuracy_gate={"enabled": False},
+                 int8={"backend": "torch", "skip_modules": ["."]})
     with pytest.raises(ValueError, match="leaves no Linear layer to quantise"):
         task.load(tiny_embed_model, "cpu")
 

@@ -111,21 +111,32 @@ class SourceConfig(_Model):
         return self
 
 
-Precision = Literal["fp32", "bf16", "fp16", "int8"]
+Precision = Literal["fp32", "bf16", "fp16", "int8", "int4", "auto"]
+
+# the FFN down-projection of each BERT-family layer (not the attention output, ``attention.output.dense``)
+FFN_DOWN_PROJECTION = r"layer\.\d+\.output\.dense$"
 
 
 class Int8Config(_Model):
-    """How ``precision: int8`` quantises (torch dynamic quantisation of ``nn.Linear`` layers, CPU only).
+    """How ``precision: int8`` quantises an encoder (CPU only).
 
-    Defaults come from docs/benchmarks.md: per-tensor int8 on every layer of
-    MiniLM loses too much accuracy (mean cosine to fp32 about 0.9); which
-    layers may stay in fp32 is the knob that keeps accuracy.
+    ``onnxruntime`` (the default) exports the model to ONNX once per revision
+    and quantises its weight MatMuls dynamically (``pipeline.models.onnx_int8``);
+    ``torch`` is torch's dynamic quantisation of the ``nn.Linear`` layers.
+    Defaults come from docs/benchmarks.md ("Quantized encoders"): per-tensor
+    int8 on every layer of MiniLM loses too much accuracy (mean cosine to fp32
+    about 0.93); per-channel scales with the FFN down-projection kept in fp32
+    reach 0.996.
     """
 
+    backend: Literal["onnxruntime", "torch"] = Field(
+        "onnxruntime", description="int8: `onnxruntime` (exported ONNX graph, int8 MatMuls, cached beside the model) "
+        "or `torch` (torch dynamic quantisation)")
     per_channel: bool = Field(True, description="int8: one scale per output channel instead of one per tensor")
-    # e.g. "output.dense": the FFN down-projection, whose GELU inputs have outliers
     skip_modules: list[str] = Field(
-        default_factory=list, description="int8: Linear layers whose name contains one of these stay fp32")
+        default_factory=lambda: [FFN_DOWN_PROJECTION],
+        description="int8: layers whose dotted module name matches one of these regular expressions (`re.search`) "
+        "stay fp32; default: the FFN down-projection of each layer")
 
 
 class AccuracyGateConfig(_Model):
@@ -139,10 +150,14 @@ class AccuracyGateConfig(_Model):
     """
 
     enabled: bool = Field(True, description="check a reduced precision against fp32 at model load")
-    min_mean_cosine: float = Field(0.999, ge=-1, le=1, description="gate: least mean cosine of outputs to fp32")
-    min_top_label_agreement: float = Field(0.99, ge=0, le=1, description="gate: least top-label agreement with fp32")
+    min_mean_cosine: float = Field(0.99, ge=-1, le=1, description="gate: least mean cosine of outputs to fp32")
+    min_top_label_agreement: float = Field(0.98, ge=0, le=1, description="gate: least top-label agreement with fp32")
+    sample_rows: int = Field(
+        256, ge=0, description="gate: rows of the job's own input to calibrate on (drawn on the driver by a hash of "
+        "the row id, so the same rows every run); 0: only `calibration_texts` or the built-in sentences")
     calibration_texts: list[str] = Field(
-        default_factory=list, description="gate: texts to calibrate on; empty: built-in review/tweet-like sentences")
+        default_factory=list, description="gate: texts to calibrate on besides the sampled rows; empty: built-in "
+        "review/tweet-like sentences when no rows are sampled")
     on_fail: Literal["fallback", "fail"] = Field("fallback", description="`fallback` to a safer precision or `fail`")
 
 
@@ -153,7 +168,9 @@ class ModelConfig(_Model):
     name: str | None = Field(None, description="lineage name; none: the folder name")
     precision: Precision = Field(
         "fp32", description="`fp32`, `bf16`, `fp16` (embed/classify: autocast on CPU, cast weights on CUDA; "
-        "generate: weights loaded in that dtype on any device), `int8` (CPU dynamic quantisation; encoder tasks)")
+        "generate: weights loaded in that dtype on any device), `int8` (encoder tasks, CPU: ONNX Runtime int8, "
+        "see `model.int8`), `int4` (generate/extract: the GGUF's 4-bit weights on llama.cpp), `auto` (the fastest "
+        "that passes the accuracy gate on this hardware, chosen at load and printed in the summary)")
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="`auto` (the task's Spark GPU, else CUDA, else CPU), `cpu`, `cuda`")
     allow_pickle: bool = Field(

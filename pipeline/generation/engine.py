@@ -99,6 +99,7 @@ class BatchGenerator:
         max_seq_len: int = 2048,
         sampling: SamplingParams = SamplingParams(),
         constraint: Any = None,
+        batch_class: Any = SlotBatch,
     ) -> None:
         if mode not in ("static", "continuous"):
             raise ValueError(f"mode must be 'static' or 'continuous', got {mode!r}")
@@ -111,6 +112,8 @@ class BatchGenerator:
         self.max_seq_len = max_seq_len
         self.sampling = sampling
         self.constraint = constraint
+        # the rows' model state: SlotBatch (transformers, one KV cache) or llama_cpp_backend.LlamaSlotBatch
+        self.batch_class = batch_class
         self.eos_ids = eos_ids(model, tokenizer)
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (min(self.eos_ids) if self.eos_ids else 0))
@@ -120,12 +123,15 @@ class BatchGenerator:
     def one_at_a_time(self) -> "BatchGenerator":
         """A one-slot static generator over the same model: for retrying rows alone after a batch failed."""
         return BatchGenerator(self.model, self.tokenizer, mode="static", slots=1, max_seq_len=self.max_seq_len,
-                              sampling=self.sampling, constraint=self.constraint)
+                              sampling=self.sampling, constraint=self.constraint, batch_class=self.batch_class)
 
     def generate(self, requests: Sequence[GenerationRequest], *,
                  on_finish: Callable[[int, GenerationResult], None] | None = None) -> list[GenerationResult]:
         """Results for ``requests``, in the same order; ``on_finish(index, result)`` as each row ends (progress)."""
         check_requests(requests, self.max_seq_len)
+        reset = getattr(self.model, "reset_sequences", None)
+        if reset is not None:  # llama.cpp: every sequence free again, whatever a failed call before left behind
+            reset()
         self.stats = {}
         self._on_finish = on_finish
         results: list[GenerationResult | None] = [None] * len(requests)
@@ -162,13 +168,13 @@ class BatchGenerator:
             rows = [_Row(indices[g], reqs[g], None if self.sampling.greedy else make_generator(reqs[g].seed), now,
                          matcher=self.constraint.matcher() if self.constraint is not None else None)
                     for g in group]
-            newcomers, logits = SlotBatch.prefill(
+            newcomers, logits = self.batch_class.prefill(
                 self.model, rows, [reqs[g].prompt_ids for g in group], pad_id=self.pad_id
             )
             self._count("prefill_s", time.perf_counter() - now)
             self._count("prefills")
-            self._count("prefill_tokens", int(newcomers.mask.sum()))
-            self._count("prefill_padded_tokens", int(newcomers.mask.numel()))
+            self._count("prefill_tokens", newcomers.real_tokens)
+            self._count("prefill_padded_tokens", newcomers.padded_tokens)
             remaining = self._advance(newcomers, logits, results)
             if remaining is None:
                 continue

@@ -60,12 +60,14 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, force: bool = Fa
         raise FileNotFoundError(f"GGUF file {gguf_path} does not exist")
     source = {"gguf": gguf_path.name, "bytes": gguf_path.stat().st_size}
     marker = out_dir / _DONE_MARKER
-    if not force and marker.is_file() and json.loads(marker.read_text()) == source:
+    if not force and marker.is_file() and _same_source(json.loads(marker.read_text()), source):
         return out_dir
     if out_dir.exists() and not marker.is_file() and any(out_dir.iterdir()):
         # replacing the folder deletes it: only one that an earlier conversion wrote (its marker says so)
         raise FileExistsError(f"{out_dir} exists and was not written by a GGUF conversion (no {_DONE_MARKER}); "
                               "nothing was replaced. Pass an empty or new folder")
+    # where the GGUF was: the int4 backend (llama.cpp) runs it itself
+    source["path"] = str(gguf_path)
     folder, name = str(gguf_path.parent), gguf_path.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
@@ -99,3 +101,8 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, *, force: bool = Fa
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
+
+
+def _same_source(recorded: dict, source: dict) -> bool:
+    """Whether a marker records this GGUF (its name and size; the path may differ or be missing)."""
+    return all(recorded.get(k) == v for k, v in source.items())

@@ -67,6 +67,16 @@ class SlotBatch:
     def length(self) -> int:
         return int(self.mask.shape[1])
 
+    @property
+    def real_tokens(self) -> int:
+        """Real (unpadded) tokens in the cache: after a prefill, the prompts' tokens."""
+        return int(self.mask.sum())
+
+    @property
+    def padded_tokens(self) -> int:
+        """Tokens the model computed, padding included: after a prefill, rows x the longest prompt."""
+        return int(self.mask.numel())
+
     # ------------------------------------------------------------------ model calls
     @classmethod
     def prefill(cls, model: Any, rows: Sequence[Any], prompts: Sequence[Sequence[int]], *, pad_id: int) -> tuple["SlotBatch", Any]:

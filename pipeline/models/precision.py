@@ -1,23 +1,30 @@
 """Reduced precision for encoder models, and the accuracy gate that guards it.
 
 ``fp32`` is the reference. ``bf16``/``fp16`` run under CPU autocast (weights
-stay fp32) or with cast weights on CUDA. ``int8`` is torch dynamic
-quantisation of the ``nn.Linear`` layers (CPU only), per channel by default,
-with named layers optionally left in fp32.
+stay fp32) or with cast weights on CUDA. ``int8`` (CPU only) is, by default,
+the model exported to ONNX and run on ONNX Runtime with int8 weight MatMuls
+(``pipeline.models.onnx_int8``, cached per model revision), or torch dynamic
+quantisation of the ``nn.Linear`` layers (``model.int8.backend: torch``);
+per channel by default, the FFN down-projection left in fp32. ``auto`` tries
+the fastest precision for the device first (:func:`auto_chain`).
 
 Reduced precision can silently wreck a model (measured on MiniLM: per-tensor
-int8 on every layer is ~2.3x faster but its embeddings have mean cosine ~0.9
-to fp32), so at load the worker scores a small calibration sample in fp32 and
-in the chosen precision (:func:`select_precision`). Below the configured
-agreement it falls back along :data:`SAFER` (int8 -> bf16 -> fp32,
-fp16 -> fp32; int8 -> fp32 on a CPU without native bf16, where bf16 is
-slower than fp32) and reports the fallback, or fails when the config says so.
+int8 on every layer has embeddings with mean cosine ~0.93 to fp32), so at
+load the worker scores a calibration sample in fp32 and in the chosen
+precision (:func:`select_precision`): rows of the job's own input drawn on
+the driver (``model.accuracy_gate.sample_rows``), else configured or
+built-in texts. Below the configured agreement it falls back along
+:data:`SAFER` (int8 -> bf16 -> fp32, fp16 -> fp32; int8 -> fp32 on a CPU
+without native bf16, where bf16 is slower than fp32) and reports the
+fallback, or fails when the config says so. Every check's figures go into
+the run's counts, so the summary prints what was measured.
 Imported lazily on executors (torch).
 """
 
 from __future__ import annotations
 
 import copy
+import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -28,7 +35,7 @@ from pipeline.config import AccuracyGateConfig, Int8Config
 from pipeline.errors import PrecisionGateError
 
 __all__ = [
-    "CALIBRATION_TEXTS", "SAFER", "GateCheck", "GateResult", "PrecisionGateError", "agreement",
+    "CALIBRATION_TEXTS", "SAFER", "GateCheck", "GateResult", "PrecisionGateError", "agreement", "auto_chain",
     "autocast_dtype", "fallback_chain", "has_fast_bf16", "prepare_model", "select_precision",
 ]
 
@@ -73,6 +80,20 @@ def fallback_chain(precision: str, *, fast_bf16: bool = True) -> list[str]:
     return chain
 
 
+def auto_chain(device_type: str, *, fast_bf16: bool) -> list[str]:
+    """``precision: auto``: the precisions to try, fastest first, on this device; the gate keeps the first that passes.
+
+    On CUDA bf16 (fp32's range, half the bytes); on a CPU int8 (ONNX Runtime),
+    then bf16 where the CPU has native bf16, then fp32.
+
+    >>> auto_chain("cpu", fast_bf16=False), auto_chain("cuda", fast_bf16=True)
+    (['int8', 'fp32'], ['bf16', 'fp32'])
+    """
+    if device_type != "cpu":
+        return ["bf16", "fp32"]
+    return fallback_chain("int8", fast_bf16=fast_bf16)
+
+
 def has_fast_bf16(device_type: str) -> bool:
     """Whether bf16 is a speed-up on this device: CUDA, or a CPU with native bf16 (AVX-512 BF16, AMX)."""
     if device_type != "cpu":
@@ -94,25 +115,35 @@ def autocast_dtype(precision: str, device_type: str) -> Any:
     return None
 
 
-def prepare_model(model: Any, precision: str, *, int8: Int8Config | None = None, copy_model: bool = False) -> Any:
+def prepare_model(model: Any, precision: str, *, int8: Int8Config | None = None, copy_model: bool = False,
+                  model_dir: Any = None, kind: str | None = None) -> Any:
     """``model`` ready to run at ``precision`` (fp32 weights in; a new object when quantising or ``copy_model``).
 
     On CPU bf16/fp16 change nothing here (autocast at forward time); on CUDA
-    they cast the weights. int8 quantises the Linear layers dynamically and is
-    refused on CUDA, where bf16/fp16 are the fast, accurate choice.
+    they cast the weights. int8 is refused on CUDA, where bf16/fp16 are the
+    fast, accurate choice; on the onnxruntime backend it needs the model's
+    folder (``model_dir``: the cache of its exported graph) and task ``kind``.
     """
     import torch
 
-    device = next(model.parameters()).device
+    device = model.device
     if precision == "fp32":
         return model
     if precision == "int8":
+        config = int8 or Int8Config()
         if device.type != "cpu":
             raise ValueError(
-                f"model.precision int8 uses torch dynamic quantisation, which runs on the CPU only, but this model is "
-                f"on {device}; use model.precision bf16 or fp16 on CUDA, or model.device cpu"
+                f"model.precision int8 runs on the CPU only, but this model is on {device}; use model.precision "
+                "bf16 or fp16 (or auto) on CUDA, or model.device cpu"
             )
-        return _quantize_int8(model, int8 or Int8Config())
+        if config.backend == "torch":
+            return _quantize_int8(model, config)
+        if model_dir is None or kind is None:
+            raise ValueError("int8 on onnxruntime needs the model folder and the task kind (prepare_model(model_dir=, "
+                             "kind=)); or set model.int8.backend: torch")
+        from pipeline.models.onnx_int8 import load_int8_encoder
+
+        return load_int8_encoder(model, model_dir, kind=kind, int8=config, threads=torch.get_num_threads())
     if precision not in ("bf16", "fp16"):
         raise ValueError(f"unknown precision {precision!r}; use fp32, bf16, fp16 or int8")
     if device.type == "cpu":
@@ -128,7 +159,7 @@ def _quantize_int8(model: Any, config: Int8Config) -> Any:
     qconfig = per_channel_dynamic_qconfig if config.per_channel else default_dynamic_qconfig
     spec = {
         name: qconfig for name, module in model.named_modules()
-        if isinstance(module, torch.nn.Linear) and not any(skip in name for skip in config.skip_modules)
+        if isinstance(module, torch.nn.Linear) and not any(re.search(skip, name) for skip in config.skip_modules)
     }
     if not spec:
         raise ValueError(
@@ -142,16 +173,19 @@ def _quantize_int8(model: Any, config: Int8Config) -> Any:
 
 @dataclass(frozen=True)
 class GateCheck:
-    """One precision measured against fp32 on the calibration sample."""
+    """One precision measured against fp32 on the calibration sample (``rows`` texts, from ``sample``)."""
 
     precision: str
     mean_cosine: float
     top_label_agreement: float | None  # None: the task has no labels to compare
     passed: bool
+    rows: int = 0
+    sample: str = "calibration texts"
 
     def describe(self) -> str:
         label = "" if self.top_label_agreement is None else f", top-label agreement {self.top_label_agreement:.4f}"
-        return f"{self.precision}: mean cosine {self.mean_cosine:.6f}{label} ({'pass' if self.passed else 'FAIL'})"
+        on = f" on {self.rows} {self.sample}" if self.rows else ""
+        return f"{self.precision}: mean cosine {self.mean_cosine:.6f}{label}{on} ({'pass' if self.passed else 'FAIL'})"
 
 
 @dataclass(frozen=True)
@@ -164,11 +198,16 @@ class GateResult:
 
     @property
     def fell_back(self) -> bool:
-        return self.precision != self.requested
+        """A requested precision that failed the gate (``auto`` never falls back: it picks)."""
+        return self.requested != "auto" and self.precision != self.requested
 
     def counts(self) -> dict[str, Any]:
-        """For the WorkerCounts accumulator: the precision each load ended on, and any fallback with its reason."""
+        """For the WorkerCounts accumulator: the precision each load ended on, every check's figures, any fallback."""
         out: dict[str, Any] = {"precision_used": {self.precision: 1}}
+        if self.checks:
+            out["precision_checks"] = {c.describe(): 1 for c in self.checks}
+        if self.requested == "auto":
+            out["precision_auto"] = {f"auto -> {self.precision}": 1}
         if self.fell_back:
             failed = "; ".join(c.describe() for c in self.checks if not c.passed)
             out["precision_fallbacks"] = {f"{self.requested}->{self.precision} ({failed})": 1}
@@ -203,31 +242,46 @@ def select_precision(
     top_labels: Callable[[dict[str, np.ndarray]], np.ndarray | None],
     gate: AccuracyGateConfig,
     int8: Int8Config | None = None,
+    texts: Sequence[str] | None = None,
+    sample: str = "run rows",
+    model_dir: Any = None,
+    kind: str | None = None,
 ) -> tuple[Any, GateResult]:
-    """The model to use and the gate's verdict, trying ``requested`` then each safer precision.
+    """The model to use and the gate's verdict, trying ``requested`` (or, for ``auto``, the fastest first) then each
+    safer precision.
 
     ``run(model, precision, texts)`` scores texts and returns the task's
-    outputs (row-aligned arrays). With the gate disabled, or for fp32, the
-    requested precision is used unchecked.
+    outputs (row-aligned arrays). ``texts`` are the job's sampled rows (named
+    ``sample`` in the checks); with none, ``gate.calibration_texts`` or the
+    built-in sentences. With the gate disabled, or for fp32, the requested
+    precision is used unchecked (``auto`` then means its fastest choice).
     """
+    device_type = model.device.type
+    fast_bf16 = has_fast_bf16(device_type)
+    chain = auto_chain(device_type, fast_bf16=fast_bf16) if requested == "auto" else fallback_chain(
+        requested, fast_bf16=fast_bf16)
+    prepare = dict(int8=int8, model_dir=model_dir, kind=kind)
     if requested == "fp32" or not gate.enabled:
-        return prepare_model(model, requested, int8=int8), GateResult(requested, requested)
-    texts = list(gate.calibration_texts or CALIBRATION_TEXTS)
-    reference = run(model, "fp32", texts)
+        return prepare_model(model, chain[0], **prepare), GateResult(requested, chain[0])
+    calibration = list(texts or ()) + list(gate.calibration_texts)
+    if not calibration:
+        calibration, sample = list(CALIBRATION_TEXTS), "built-in calibration texts"
+    elif not texts:
+        sample = "configured calibration texts"
+    reference = run(model, "fp32", calibration)
     checks: list[GateCheck] = []
-    device_type = next(model.parameters()).device.type
-    for precision in fallback_chain(requested, fast_bf16=has_fast_bf16(device_type)):
+    for precision in chain:
         if precision == "fp32":
             return model, GateResult(requested, "fp32", tuple(checks))
-        candidate = prepare_model(model, precision, int8=int8, copy_model=True)
-        cosine, top = agreement(reference, run(candidate, precision, texts), top_labels)
+        candidate = prepare_model(model, precision, copy_model=True, **prepare)
+        cosine, top = agreement(reference, run(candidate, precision, calibration), top_labels)
         passed = cosine >= gate.min_mean_cosine and (top is None or top >= gate.min_top_label_agreement)
-        checks.append(GateCheck(precision, cosine, top, passed))
+        checks.append(GateCheck(precision, cosine, top, passed, len(calibration), sample))
         if passed:
             return candidate, GateResult(requested, precision, tuple(checks))
-        if gate.on_fail == "fail":
+        if gate.on_fail == "fail" and requested != "auto":
             raise PrecisionGateError(
-                f"model.precision {requested} failed the accuracy gate on {len(texts)} calibration texts "
+                f"model.precision {requested} failed the accuracy gate on {len(calibration)} {sample} "
                 f"({checks[-1].describe()}; thresholds: mean cosine >= {gate.min_mean_cosine}, top-label agreement >= "
                 f"{gate.min_top_label_agreement}); use a safer precision, relax model.accuracy_gate, or set "
                 "model.accuracy_gate.on_fail: fallback"

@@ -62,11 +62,16 @@ class InferencePlan:
     # the plan folder of staged task output (pipeline.io.staging): a finished task's rows are kept there and
     # a rerun's task with the same input reuses them instead of scoring; None: no staging
     staging_dir: str | None = None
+    # texts of the job's own rows the accuracy gate calibrates on (pipeline.runner draws them); empty: none
+    calibration_rows: tuple[str, ...] = ()
 
     def build_task(self) -> Any:
         if self.task_class is None:
             raise TypeError("InferencePlan.task_class is not set: pass the registered kind's task class "
                             "(pipeline.registry.get_task_kind(kind).task)")
+        if self.calibration_rows:
+            return self.task_class(self.task, model=self.model, batching=self.batching,
+                                   calibration_rows=self.calibration_rows)
         return self.task_class(self.task, model=self.model, batching=self.batching)
 
 

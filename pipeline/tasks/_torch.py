@@ -7,20 +7,28 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["forward", "label_columns", "label_map_array", "list_array", "to_device"]
+__all__ = ["check_encoder_precision", "forward", "label_columns", "label_map_array", "list_array", "to_device"]
+
+
+def check_encoder_precision(job: Any) -> None:
+    """Refuse, at config time, a precision encoder tasks do not run (int4 is the generation kinds' GGUF path)."""
+    if job.model.precision == "int4":
+        raise ValueError("model.precision int4 is for generate/extract (a GGUF on llama.cpp); encoder tasks run "
+                         "fp32, bf16, fp16, int8 or auto")
 
 
 def forward(model: Any, input_ids: np.ndarray, attention_mask: np.ndarray, *, precision: str) -> Any:
     """Run ``model`` on one padded batch under inference mode (and CPU autocast for bf16/fp16).
 
     ``precision`` is the one the model was prepared for (``pipeline.models.precision``):
-    an int8 model is already quantised, CUDA half-precision weights already cast.
+    an int8 model is already quantised (or an ONNX Runtime session that takes the same
+    inputs), CUDA half-precision weights already cast.
     """
     import torch
 
     from pipeline.models.precision import autocast_dtype
 
-    device = next(model.parameters()).device
+    device = model.device
     ids, mask = to_device(input_ids, device), to_device(attention_mask, device)
     dtype = autocast_dtype(precision, device.type)
     autocast: Any = torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()

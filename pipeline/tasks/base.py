@@ -325,19 +325,25 @@ class TextTask:
     kind: ClassVar[str]
     model_kind: ClassVar[str]
     input_columns: ClassVar[tuple[str, ...]] = ("text",)
+    # the runner draws a sample of the job's rows for the accuracy gate (``calibration_rows``)
+    calibrates_on_rows: ClassVar[bool] = True
 
-    def __init__(self, config: Any, *, model: ModelConfig, batching: BatchingConfig) -> None:
+    def __init__(self, config: Any, *, model: ModelConfig, batching: BatchingConfig,
+                 calibration_rows: Sequence[str] = ()) -> None:
         self.config = config
         self.model = model
         self.batching = batching
+        # texts of the job's own rows the accuracy gate calibrates on (drawn on the driver; empty: none)
+        self.calibration_rows = tuple(calibration_rows)
 
     # -- protocol ---------------------------------------------------------------------------
     def output_schema(self) -> pa.Schema:
         return pa.schema(self.result_fields() + STATUS_FIELDS)
 
     def cache_key(self) -> Hashable:
-        # the whole model config: precision, int8 options and the gate all change what is loaded
-        return (self.kind, repr(self.model), repr(self.config))
+        # the whole model config: precision, int8 options and the gate all change what is loaded; so may the rows
+        # the gate calibrates on (one job's sample is the same on every worker and in every task)
+        return (self.kind, repr(self.model), repr(self.config), hash(self.calibration_rows))
 
     def result_fields(self) -> list[pa.Field]:
         raise NotImplementedError
@@ -361,7 +367,8 @@ class TextTask:
 
         model, gate = select_precision(
             model, self.model.precision, run=run, top_labels=lambda out: self.top_labels(reference, out),
-            gate=self.model.accuracy_gate, int8=self.model.int8,
+            gate=self.model.accuracy_gate, int8=self.model.int8, texts=self.calibration_rows,
+            model_dir=model_dir, kind=self.model_kind,
         )
         return LoadedText(tokenizer, model, gate.precision, reference.labels, gate)
 
@@ -514,7 +521,7 @@ class TextTask:
         return pa.RecordBatch.from_arrays(columns, schema=self.output_schema())
 
     def _plan(self, loaded: Any, tok: TokenizedChunk) -> list[Batch]:
-        device_type = next(loaded.model.parameters()).device.type
+        device_type = loaded.model.device.type
         self._multiple = pad_multiple(self.batching.pad_to_multiple_of, device_type)
         budget = self.batching.token_budget
         if budget is None and not self.batching.bucket_shapes and self.batching.sort_by_length:

@@ -10,7 +10,7 @@ from pydantic import Field
 
 from pipeline.config import TaskConfig
 from pipeline.registry import register_task
-from pipeline.tasks._torch import forward, label_columns
+from pipeline.tasks._torch import check_encoder_precision, forward, label_columns
 from pipeline.tasks.base import LoadedText, TextTask
 
 __all__ = ["ClassifyTask", "ClassifyTaskConfig"]
@@ -23,6 +23,9 @@ class ClassifyTaskConfig(TaskConfig):
     # padding is masked, so batch sizes and padded shapes never change a row's probabilities
     fingerprint_batching: ClassVar[tuple[str, ...]] = ("max_length",)
     multi_label: bool = Field(False, description="sigmoid per label instead of softmax")
+
+    def check_job(self, job: Any) -> None:
+        check_encoder_precision(job)
 
 
 class ClassifyTask(TextTask):

@@ -211,9 +211,9 @@ class ImageClassifyJob(TaskJob):
 
         folder = task.resolve_model_dir(config.model.path)
         weights, folder_config = read_model_folder(folder)
-        if config.model.precision == "int8":
-            raise ModelError("classify_image runs in fp32 (or fp16/bf16 on CUDA); model.precision int8 "
-                             "is for the text encoder tasks")
+        if config.model.precision in ("int8", "int4", "auto"):
+            raise ModelError(f"classify_image runs in fp32 (or fp16/bf16 on CUDA); model.precision "
+                             f"{config.model.precision} is for the text tasks")
         files = [weights] + ([folder / "config.json"] if (folder / "config.json").is_file() else [])
         name = config.model.name or str(folder_config.get("name") or weights.stem)
         return ModelInfo(config.model.path, name, files_revision(files))

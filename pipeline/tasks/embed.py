@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -10,7 +10,7 @@ from pydantic import Field
 
 from pipeline.config import TaskConfig
 from pipeline.registry import register_task
-from pipeline.tasks._torch import forward, label_columns, list_array
+from pipeline.tasks._torch import check_encoder_precision, forward, label_columns, list_array
 from pipeline.tasks.base import LoadedText, TextTask
 
 __all__ = ["EmbedTask", "EmbedTaskConfig"]
@@ -28,6 +28,9 @@ class EmbedTaskConfig(TaskConfig):
     labels: dict[str, str] = Field(
         default_factory=dict, description="`{label: description}`, embedded once per worker; rows get a cosine "
         "per label, the best `label` and its `score`")
+
+    def check_job(self, job: Any) -> None:
+        check_encoder_precision(job)
 
 
 class EmbedTask(TextTask):

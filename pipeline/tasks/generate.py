@@ -57,8 +57,12 @@ class GenerateTaskConfig(TaskConfig):
         "vllm.kv_cache_mb", "vllm.in_process",
     })
     fingerprint_batching: ClassVar[tuple[str, ...]] = ()
-    backend: Literal["auto", "transformers", "vllm"] = Field(
-        "auto", description="`transformers`, `vllm`, or `auto` (vllm where the worker imports it)")
+    backend: Literal["auto", "transformers", "vllm", "llama_cpp"] = Field(
+        "auto", description="`transformers`, `vllm`, `llama_cpp` (the GGUF's int4 weights; `model.precision int4`), "
+        "or `auto` (llama_cpp for int4, else vllm where the worker imports it, else transformers)")
+    gguf: str | None = Field(
+        None, description="int4 / llama_cpp: the .gguf file (or `package:<module>/<file>`); none: a *.gguf in the "
+        "model folder, else the file the folder was converted from (jobs/prepare_llm.py)")
     # vLLM always batches continuously
     mode: Literal["static", "continuous"] = Field(
         "continuous", description="transformers backend: `continuous` (finished rows leave, queued prompts join "
@@ -96,11 +100,17 @@ class GenerateTaskConfig(TaskConfig):
         return self
 
     def check_job(self, job: Any) -> None:
-        if job.model.precision == "int8":
+        precision = job.model.precision
+        if precision == "int8":
             raise ValueError(
                 "model.precision int8 is for encoder tasks (embed, classify); "
-                "generate runs in fp32, bf16 or fp16 (weights loaded in that dtype)"
+                "generate runs in fp32, bf16 or fp16 (weights loaded in that dtype), or int4 (the GGUF on llama.cpp)"
             )
+        if self.backend == "llama_cpp" and precision not in ("int4", "auto"):
+            raise ValueError(f"task.backend llama_cpp runs a GGUF's int4 weights; set model.precision int4 (or auto), "
+                             f"not {precision}")
+        if precision == "int4" and self.backend in ("transformers", "vllm"):
+            raise ValueError(f"model.precision int4 runs on task.backend llama_cpp (or auto), not {self.backend}")
 
 
 RESULT_FIELDS = [
@@ -134,6 +144,8 @@ class LoadedGenerator:
         """Merged into the run's counts once per load: the summary shows which backend and precision ran."""
         if self.backend == "vllm":
             mode = f"continuous, {self.generator.placement}"
+        elif self.backend == "llama_cpp":
+            mode = f"{self.generator.mode}, int4 weights ({self.generator.model.gguf.name})"
         else:  # the dtype the weights were loaded in, read from the model itself
             mode = f"{self.generator.mode}, {self.precision} weights"
         return {"precision_used": {self.precision: 1}, "generation_backend": {f"{self.backend} ({mode})": 1}}
@@ -171,15 +183,17 @@ class GenerateTask:
         return (self.kind, self.model.path, self.model.precision, self.model.device, repr(self.config))
 
     def load(self, model_dir: Path, device: str) -> LoadedGenerator:
-        from pipeline.generation.vllm_backend import resolve_backend
         from pipeline.models.loading import read_model_config
 
         cfg = self.config
-        backend = resolve_backend(cfg.backend)
+        backend = self._backend(model_dir)
         sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, stop=tuple(cfg.stop))
         precision = self.model.precision
         if backend == "vllm":
             tokenizer, generator = self._load_vllm(model_dir, device, sampling)
+        elif backend == "llama_cpp":
+            tokenizer, generator = self._load_llama_cpp(model_dir, sampling)
+            precision = "int4"
         else:
             from pipeline.generation.loading import weights_precision
 
@@ -193,12 +207,55 @@ class GenerateTask:
         return LoadedGenerator(tokenizer, prompts, generator, backend=backend, precision=precision,
                                vocab_size=int(vocab) if vocab else None)
 
+    @property
+    def _dense_precision(self) -> str:
+        """The weights' dtype on the transformers and vllm backends (``auto`` without llama.cpp: fp32)."""
+        return "fp32" if self.model.precision == "auto" else self.model.precision
+
+    def _backend(self, model_dir: Path) -> str:
+        """The backend that runs: llama_cpp for int4 (and for auto where it and a GGUF are here), else as configured.
+
+        ``auto`` precision picks int4 on llama.cpp where this worker can (it is several times faster than fp32
+        on a CPU, docs/benchmarks_generation.md); its accuracy is measured by ``make bench-precision``, not gated
+        at load. Anything else runs the transformers backend at fp32.
+        """
+        from pipeline.generation.vllm_backend import resolve_backend
+
+        precision, backend = self.model.precision, self.config.backend
+        if precision == "int4" or backend == "llama_cpp":
+            return "llama_cpp"
+        if precision == "auto" and backend == "auto" and not str(self.model.device).startswith("cuda"):
+            from pipeline.generation.llama_cpp_backend import find_gguf, llama_cpp_available
+            from pipeline.models.loading import ModelError
+
+            try:
+                if llama_cpp_available() and find_gguf(model_dir, self.config.gguf):
+                    return "llama_cpp"
+            except ModelError:
+                pass
+        return resolve_backend(backend)
+
+    def _load_llama_cpp(self, model_dir: Path, sampling: SamplingParams) -> tuple[Any, BatchGenerator]:
+        import torch
+        from transformers import AutoTokenizer
+
+        from pipeline.generation.llama_cpp_backend import LlamaSlotBatch, load_llama_cpp
+
+        cfg = self.config
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+        model = load_llama_cpp(model_dir, gguf=cfg.gguf, slots=cfg.slots, max_seq_len=self.max_seq_len,
+                               threads=torch.get_num_threads())
+        generator = BatchGenerator(model, tokenizer, mode=cfg.mode, slots=cfg.slots, max_seq_len=self.max_seq_len,
+                                   sampling=sampling, constraint=self.constraint(tokenizer, model),
+                                   batch_class=LlamaSlotBatch)
+        return tokenizer, generator
+
     def _load_transformers(self, model_dir: Path, device: str, sampling: SamplingParams) -> tuple[Any, BatchGenerator]:
         from pipeline.generation.kv import check_kv_budget, kv_cache_bytes
         from pipeline.generation.loading import load_causal_lm
 
         cfg = self.config
-        tokenizer, model = load_causal_lm(model_dir, device=device, precision=self.model.precision,
+        tokenizer, model = load_causal_lm(model_dir, device=device, precision=self._dense_precision,
                                           allow_pickle=self.model.allow_pickle)
         if cfg.max_kv_cache_mb is not None:
             width = next(model.parameters()).element_size()
@@ -220,7 +277,7 @@ class GenerateTask:
         # one engine per worker: a cached one (another config) is dropped here and shut down by load_vllm
         cache.discard(lambda obj: isinstance(obj, LoadedGenerator) and obj.backend == "vllm")
         gpus = task_gpu_addresses() if device.startswith("cuda") else ()
-        return load_vllm(model_dir, config=cfg.vllm, precision=self.model.precision, max_seq_len=self.max_seq_len,
+        return load_vllm(model_dir, config=cfg.vllm, precision=self._dense_precision, max_seq_len=self.max_seq_len,
                          sampling=sampling, gpu_addresses=gpus, max_kv_cache_mb=cfg.max_kv_cache_mb,
                          json_schema=self.vllm_json_schema())
 
