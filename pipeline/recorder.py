@@ -67,7 +67,9 @@ class RunRecorder:
     def end(self, *, summary: "RunSummary | None" = None, error: BaseException | None = None) -> None:
         """Write the final row (``ok``, or ``failed`` with ``error``), then the report and MLflow if configured."""
         summary = summary or self.summary
-        self._write("failed" if error is not None else "ok", summary=summary, error=error,
+        # a run stopped by its token budget is resumable, not broken: "stopped", with what it spent
+        stopped = error is not None and type(error).__name__ == "TokenBudgetReached"
+        self._write("stopped" if stopped else "failed" if error is not None else "ok", summary=summary, error=error,
                     ended_at=dt.datetime.now(dt.timezone.utc))
         if self.row is None:
             return

@@ -516,7 +516,7 @@ _RUN_UNIQUE = {
     "spark": None,
     "storage": None,  # how the store is reached (keys rotate), not what is written
     "run": {"run_id", "progress", "progress_interval_s", "sample_rows", "summary_path", "faults", "runs_path",
-            "report_path", "mlflow", "staging", "staging_path", "staging_max_age_hours"},
+            "report_path", "mlflow", "staging", "staging_path", "staging_max_age_hours", "max_tokens"},
 }
 
 
