@@ -28,7 +28,7 @@ def backoff_delay(attempt: int, *, base: float, cap: float, rng: random.Random |
 
     >>> rng = random.Random(0)
     >>> [round(backoff_delay(a, base=0.5, cap=4.0, rng=rng), 3) for a in range(5)]
-    [0.422, 0.758, 0.841, 2.066, 2.044]
+    [0.422, 0.758, 0.841, 1.036, 2.045]
     >>> backoff_delay(30, base=0.5, cap=4.0, rng=random.Random(1)) <= 4.0
     True
     """
