@@ -18,7 +18,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: venv jars venv-vllm demo demo-s3 demo-data report demo-generate demo-generate-vllm demo-extract demo-extract-vllm \
+.PHONY: venv jars venv-vllm demo demo-s3 demo-data report demo-generate demo-generate-vllm demo-extract demo-extract-vllm demo-extract-endpoint \
 	demo-extract-logs bench-extract demo-recs demo-images demo-images-data lint test \
 	test-vllm bench bench-batching bench-gpu bench-generate bench-generate-width bench-scaling bench-row-keys \
 	bench-small-jobs bench-images bench-resume \
@@ -122,6 +122,12 @@ demo-extract: demo-data jars $(LLM_DIR)/model.safetensors
 demo-extract-vllm: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
 	$(VLLM_SPARK_ENV) \
 	  $(VLLM_VENV)/bin/spark-submit $(EXTRACT_SUBMIT) --set task.backend=vllm $(ARGS)
+
+# The same job on a served model: vLLM's OpenAI server (the vLLM environment) on SmolLM2 on 127.0.0.1 with a random
+# key; the job runs from .venv on the endpoint backend (conf/env/endpoint.yaml) and its rows are checked: >= 95% ok,
+# every ok row valid against the schema. The server stops after.
+demo-extract-endpoint: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
+	$(PY) jobs/demo_extract_endpoint.py --rows $(EXTRACT_ROWS) --vllm-python $(VLLM_PY) $(ARGS)
 
 # Log lines: component, severity and error code per line of LOG_FILES (any text logs) into warehouse/demo/log_fields.
 # The default: real logs on any Debian or Ubuntu machine.
