@@ -21,7 +21,7 @@ export HF_HUB_OFFLINE := 1
 .PHONY: venv jars venv-vllm demo demo-s3 demo-data report demo-generate demo-generate-vllm demo-extract demo-extract-vllm demo-extract-endpoint \
 	demo-extract-logs bench-extract demo-recs demo-images demo-images-data lint test \
 	test-vllm bench bench-batching bench-gpu bench-generate bench-generate-width bench-scaling bench-row-keys \
-	bench-small-jobs bench-images bench-resume \
+	bench-small-jobs bench-images bench-resume bench-endpoint \
 	bench-feed lock lock-vllm \
 	clean
 
@@ -216,6 +216,11 @@ bench-generate: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
 bench-generate-width: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
 	PYTHONPATH=. $(VLLM_PY) bench/bench_generate.py --backends static,vllm --rows 64 --vllm-widths 8,16,32,64 \
 	  --repeats 3 --json bench/results_generate_width.json $(BENCH_ARGS)
+
+# The endpoint backend against the in-process vllm backend (docs/benchmarks_generation.md, "Served models"): the
+# extract task on the same 200 reviews at widths 1/4/16, vLLM's OpenAI server started once; BENCH_ARGS="--repeats 3".
+bench-endpoint: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
+	PYTHONPATH=. $(VLLM_PY) bench/bench_endpoint.py --rows 200 --widths 1,4,16 $(BENCH_ARGS)
 
 # What keying appends on their rows costs (docs/benchmarks.md, "Row keys"): a 100,000-row append into a day
 # holding 100,000 and 10,000,000 rows, keyed against blind, and the commit-time check of an overlapping run.

@@ -124,7 +124,7 @@ def test_the_test_servers_answers_use_only_fields_vllms_server_answers_with(vllm
     try:
         headers = {"Authorization": f"Bearer {KEY}"}
         chat = {"model": "tiny-vllm", "messages": [{"role": "user", "content": "the film is funny"}],
-                "max_tokens": 24, "temperature": 0.0, "seed": 1,
+                "max_tokens": 64, "temperature": 0.0, "seed": 1,
                 "response_format": {"type": "json_schema", "json_schema": {"name": "fields", "schema": SCHEMA}}}
         completion = {"model": "tiny-vllm", "prompt": "the film is funny", "max_tokens": 8, "temperature": 0.0}
         refused = {**completion, "model": "not-served"}

@@ -13,6 +13,7 @@ ends the whole group: SIGTERM, then SIGKILL after 20 s.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -47,7 +48,10 @@ def start_vllm_server(model_dir: str | Path, *, name: str, python: str | Path | 
     cmd = [str(python or sys.executable), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
            "--enforce-eager", "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs),
-           "--disable-log-stats", "--uvicorn-log-level", "warning", *extra]
+           "--disable-log-stats", "--uvicorn-log-level", "warning",
+           # no whitespace between JSON tokens under response_format json_schema (the engine-wide setting in
+           # vLLM 0.32): the grammar the in-process backends compile, and a small model's budget kept for values
+           "--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}), *extra]
     if api_key:
         cmd += ["--api-key", api_key]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": f"{kv_cache_gib:g}", "HF_HUB_OFFLINE": "1"}
