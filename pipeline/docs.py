@@ -53,7 +53,7 @@ def _default(field: Any) -> str:
     if field.is_required():
         return "required"
     value = field.default_factory() if field.default_factory is not None else field.default
-    if value is PydanticUndefined or value is None:
+    if value is PydanticUndefined or value is None or value == "":
         return "none"
     if isinstance(value, BaseModel):
         value = value.model_dump()

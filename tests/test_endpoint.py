@@ -218,8 +218,7 @@ def test_extract_job_through_faults_writes_typed_rows_once_with_their_usage(any_
     assert KEY not in printed and "token usage" in out.getvalue()
 
 
-def test_embed_job_on_the_endpoint_embeds_each_row_once_with_its_tokens(any_spark, tmp_path, server, proxy,
-                                                                         monkeypatch):
+def test_embed_job_on_the_endpoint_embeds_each_row_once_with_its_tokens(spark, tmp_path, server, proxy, monkeypatch):
     import numpy as np
 
     from pipeline.runner import run_job
@@ -228,7 +227,7 @@ def test_embed_job_on_the_endpoint_embeds_each_row_once_with_its_tokens(any_spar
     proxy.plan = FaultPlan(burst_429=(6, 1), every_500=5)
     texts = ["good movie", "bad film", "\u200b\x00", None, "great music and story", "<<refuse>> x"]
     summary = run_job(_job(tmp_path, proxy, kind="embed", texts=texts, model="tiny-embed",
-                           task={"labels": {"positive": "good great", "negative": "bad awful"}}), spark=any_spark)
+                           task={"labels": {"positive": "good great", "negative": "bad awful"}}), spark=spark)
     rows = {r["doc_id"]: r for r in read_delta(tmp_path / "out").to_pylist()}
     assert [rows[k]["status"] for k in ("r00", "r01", "r02", "r03", "r04")] == [
         "ok", "ok", "skipped_no_content", "skipped_null", "ok"]
@@ -277,10 +276,51 @@ def test_the_token_budget_stops_the_run_committing_nothing_and_the_rerun_pays_on
     assert 0 < first < len(texts)
     row = read_runs(str(tmp_path / "out_runs"))[-1]
     assert row["outcome"] == "stopped" and row["tokens"] == stopped.value.tokens
-    rerun = config.model_copy(update={"run": config.run.model_copy(update={"max_tokens": None,
-                                                                           "run_id": "budget-2"})})
+    # another budget, another run id and other client limits: the same logical run, so it resumes
+    endpoint = config.task.endpoint.model_copy(update={"concurrency": 2, "max_attempts": 4})
+    rerun = config.model_copy(update={"run": config.run.model_copy(update={"max_tokens": None, "run_id": "budget-2"}),
+                                      "task": config.task.model_copy(update={"endpoint": endpoint})})
     summary = run_job(rerun, spark=any_spark)
     assert summary.complete and summary.rows_out + summary.rows_quarantined == len(texts)
     assert Counter(proxy.forwarded.values()) == Counter({1: len(texts)})  # no row paid for twice
     assert summary.endpoint["requests"] == len(texts) - first
     assert summary.endpoint.get("replayed", 0) + summary.rows_reused == first
+
+
+def test_the_key_from_the_environment_is_a_secret_in_every_dump_of_the_config(monkeypatch, tmp_path):
+    from pipeline.config import build_config
+    from pipeline.runs import config_hash, redact_config
+
+    monkeypatch.setenv("SBI_TEST_ENDPOINT_KEY", KEY)
+    config = build_config({
+        "job": "j", "source": {"path": str(tmp_path / "in")}, "model": {"name": "m"},
+        "task": {"kind": "generate", "backend": "endpoint",
+                 "endpoint": {"base_url": "http://127.0.0.1:9/v1", "model": "m",
+                              "api_key": "${SBI_TEST_ENDPOINT_KEY}"}},
+        "sink": {"path": str(tmp_path / "out")}})
+    assert config.task.endpoint.secret() == KEY
+    dumps = [json.dumps(config.printable()), repr(config), json.dumps(config.model_dump(mode="json")),
+             json.dumps(redact_config(config.model_dump(mode="json"), config._env_paths))]
+    assert all(KEY not in d for d in dumps)
+    assert config.printable()["task"]["endpoint"]["api_key"] in ("***", "${SBI_TEST_ENDPOINT_KEY}")
+    # the address, key and limits may change between tries without changing the run (resume still applies)
+    endpoint = config.task.endpoint.model_copy(update={"base_url": "http://127.0.0.1:10/v1", "concurrency": 32})
+    other = config.model_copy(update={"task": config.task.model_copy(update={"endpoint": endpoint})})
+    from pipeline.fingerprint import task_fingerprint
+
+    assert task_fingerprint(config, revision="r") == task_fingerprint(other, revision="r")
+    assert config_hash(config.model_dump(mode="json")) != config_hash(other.model_dump(mode="json"))
+
+
+def test_an_endpoint_config_without_its_section_or_with_a_bad_url_is_refused(tmp_path):
+    from pipeline.config import build_config
+    from pipeline.errors import ConfigError
+
+    base = {"job": "j", "source": {"path": "in"}, "model": {"name": "m"}, "sink": {"path": "out"}}
+    with pytest.raises(ConfigError, match="backend endpoint needs task.endpoint"):
+        build_config({**base, "task": {"kind": "generate", "backend": "endpoint"}})
+    with pytest.raises(ConfigError, match="is not an http"):
+        build_config({**base, "task": {"kind": "extract", "backend": "endpoint", "output_schema": SHORT,
+                                       "endpoint": {"base_url": "127.0.0.1:8000", "model": "m"}}})
+    with pytest.raises(ConfigError, match="model.path is required"):
+        build_config({**base, "task": {"kind": "generate"}})

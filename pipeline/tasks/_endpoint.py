@@ -208,7 +208,7 @@ def generate_rows(task: Any, cols: Mapping[str, list[Any]], malformed: np.ndarra
         return reply.prompt_tokens + reply.completion_tokens
 
     started = time.perf_counter()
-    outcomes = client.run(calls, usage=_safe(usage), on_done=_progress(counts))
+    outcomes = client.run(calls, usage=_safe(usage), on_done=_progress(counts, _safe(usage)))
     paid = 0
     for i, outcome in zip(rows, outcomes):
         if not outcome.ok:
@@ -239,9 +239,11 @@ def _safe(usage: Any) -> Any:
     return tokens
 
 
-def _progress(counts: WorkerCounts) -> Any:
+def _progress(counts: WorkerCounts, usage: Any) -> Any:
     def done(_: int, outcome: Outcome) -> None:
         counts.add("progress_rows")
+        if outcome.ok and outcome.answer is not None:
+            counts.add("progress_tokens", usage(outcome.answer))
         if counts.on_batch is not None:
             counts.on_batch(counts)
     return done
@@ -281,7 +283,8 @@ def embed_rows(task: Any, texts: Sequence[Any], malformed: np.ndarray, counts: W
         calls.append(Call.of("/embeddings", embedding_body(endpoint.model, text),
                              estimate=len(text) // _CHARS_PER_TOKEN + _TEMPLATE_TOKENS))
     started = time.perf_counter()
-    outcomes = client.run(calls, usage=_safe(lambda a: read_embedding(a)[1]), on_done=_progress(counts))
+    tokens_of = _safe(lambda a: read_embedding(a)[1])
+    outcomes = client.run(calls, usage=tokens_of, on_done=_progress(counts, tokens_of))
     vectors: list[list[float] | None] = [None] * n
     paid = 0
     for i, outcome in zip(rows, outcomes):
