@@ -183,7 +183,9 @@ lint: $(STAMP)
 test: $(STAMP) jars
 	$(PY) -m tests.run_phases $(PYTEST_ARGS)
 
-# The vllm-marked tests (outside the default suite), in the vLLM environment; about 3 minutes after the install.
+# The vllm-marked tests (outside the default suite), in the vLLM environment: the vllm backend in process
+# (tests/test_vllm.py) and the endpoint backend against vLLM's OpenAI server behind the fault proxy
+# (tests/test_vllm_server.py); 4.6 minutes on 2 busy cores after the install (16 passed, 3 skipped).
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_SPARK_ENV) \
 	  $(VLLM_PY) -m pytest -m vllm $(PYTEST_ARGS)

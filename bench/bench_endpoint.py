@@ -15,7 +15,9 @@ and without Spark, so the figures are the backends' own:
 
 Timed: ``process`` of the whole chunk of rows (engine build, server start and a 2-row warm-up
 excluded; the server's start is reported). The two run one after the other, never at once, in
-alternating order per repeat, so both see the same machine; ``rows/s`` counts every row,
+alternating order per repeat, so both see the same machine; while the in-process engine runs, the
+server's process group is paused (SIGSTOP, then SIGCONT): idle, its CPU worker still spun about a third
+of a core here, which the in-process runs would otherwise pay for; ``rows/s`` counts every row,
 ``tokens/s`` the completion tokens (``all tokens/s``: prompt + completion). Also reported: rows ``ok``
 (valid against the schema) and how many completions the two backends agree on, row for row.
 """
@@ -87,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_generate import review_texts
 
-    from pipeline.demo.served import vllm_server
+    import signal
+
+    from pipeline.demo.served import start_vllm_server, stop_vllm_server
 
     widths = [int(w) for w in args.widths.split(",")]
     texts = review_texts(args.rows, 0, args.wheels)
@@ -96,13 +100,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine}", flush=True)
     results: dict[str, dict[str, list[dict[str, float]]]] = {"vllm": {}, "endpoint": {}}
     started = time.perf_counter()
-    with vllm_server(DEFAULT_MODEL, name="smollm2", api_key=key, max_model_len=512, max_num_seqs=max(widths)) as url:
+    server, url = start_vllm_server(DEFAULT_MODEL, name="smollm2", api_key=key, max_model_len=512,
+                                    max_num_seqs=max(widths))
+    try:
         server_start_s = time.perf_counter() - started
         print(f"vLLM's OpenAI server up in {server_start_s:.1f} s at {url}", flush=True)
         for repeat in range(args.repeats):
             for width in widths:
                 order = ("vllm", "endpoint") if (repeat + width) % 2 == 0 else ("endpoint", "vllm")
                 for backend in order:
+                    os.killpg(server.pid, signal.SIGCONT if backend == "endpoint" else signal.SIGSTOP)
                     task = _task(backend, width, url, key)
                     loaded = task.load(Path(DEFAULT_MODEL) if backend == "vllm" else None, "cpu")
                     _run(task, loaded, texts[:2])  # warm-up through the timed path
@@ -115,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
                         from pipeline.generation.vllm_backend import shutdown_engine
 
                         shutdown_engine()
+    finally:
+        os.killpg(server.pid, signal.SIGCONT)
+        stop_vllm_server(server)
     summary = _summarize(results, widths)
     for line in summary["table"]:
         print(line)

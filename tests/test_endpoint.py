@@ -153,6 +153,17 @@ def test_the_key_goes_as_a_bearer_token_and_a_refused_key_is_not_retried_nor_ech
     assert answer.ok and len(answer.answer["data"][0]["embedding"]) == 32
 
 
+def test_client_side_rates_pace_the_requests_and_correct_tokens_by_the_usage(server, proxy):
+    """At 300 requests and 6,000 tokens a minute (5 and 100 a second) the limiter holds requests back; every
+    row is still answered once."""
+    calls = _calls(8, prefix="paced")
+    client = EndpointClient(_endpoint(proxy, concurrency=8, requests_per_minute=300, tokens_per_minute=6000))
+    outcomes = client.run(calls, usage=_usage)
+    assert all(o.ok for o in outcomes) and _served_once(server, calls) == Counter({1: len(calls)})
+    # 8 requests at 5 a second, one in the bucket at the start: the last waits about 7 / 5 s for its turn
+    assert client.limiter.waited_s >= 1.0
+
+
 # -- jobs through run_job, on both session kinds --------------------------------------------------------------
 
 def _job(tmp_path: Path, proxy, *, kind: str, texts, task=None, run=None, model="tiny-llm"):
