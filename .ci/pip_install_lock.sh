@@ -72,11 +72,11 @@ torch_missing || { cat "$log" >&2; exit 1; }
 sed -E "s/^torch==([^+ ;#]+)\+[A-Za-z0-9]+/torch==\1/" "$lock" >"$req"
 plain="$(grep -Eo '^torch==[^ ;#]+' "$req")"
 echo "PyTorch's CPU index cannot serve ${torch_pin} here either; installing $plain, the package indexes' default build (on Linux x86_64 the CUDA build: a few GB, runs on the CPU)" >&2
-if [ "$no_deps" = 1 ]; then
-  # A lock installed --no-deps (the vLLM one) pins torch's CPU build and leaves out what that build does not
-  # need: the default build's own dependencies (its nvidia-* wheels) come with it, then the lock again puts
-  # back every pin the torch install moved (setuptools).
-  grep -Ev '^torch==' "$req" >"$req.rest"
+grep -Ev '^torch==|^[[:space:]]*(#|$)' "$req" >"$req.rest" || true
+if [ "$no_deps" = 1 ] && [ "$dry_run" = 0 ] && [ -s "$req.rest" ]; then
+  # A complete lock installed --no-deps (the vLLM one) pins torch's CPU build and leaves out what that build
+  # does not need: the default build's own dependencies (its nvidia-* wheels) come with it, then the lock again
+  # puts back every pin the torch install moved (setuptools).
   "$py" -m pip install -q -r "$req.rest" "$@" || exit 1
   "$py" -m pip install -q "$plain" || exit 1
   "$py" -m pip install -q -r "$req.rest" "$@" || exit 1
@@ -84,5 +84,6 @@ if [ "$no_deps" = 1 ]; then
   took "the package indexes' default build ($plain with its own dependencies; PyTorch's CPU build unavailable here)"
   exit 0
 fi
+rm -f "$req.rest"
 "$py" -m pip install -q -r "$req" "$@" || exit 1
 took "the package indexes' default build ($plain; PyTorch's CPU build unavailable here)"

@@ -154,10 +154,10 @@ def test_the_key_goes_as_a_bearer_token_and_a_refused_key_is_not_retried_nor_ech
 
 
 def test_client_side_rates_pace_the_requests_and_correct_tokens_by_the_usage(server, proxy):
-    """At 300 requests and 6,000 tokens a minute (5 and 100 a second) the limiter holds requests back; every
+    """At 300 requests and 60,000 tokens a minute (5 and 1,000 a second) the limiter holds requests back; every
     row is still answered once."""
     calls = _calls(8, prefix="paced")
-    client = EndpointClient(_endpoint(proxy, concurrency=8, requests_per_minute=300, tokens_per_minute=6000))
+    client = EndpointClient(_endpoint(proxy, concurrency=8, requests_per_minute=300, tokens_per_minute=60000))
     outcomes = client.run(calls, usage=_usage)
     assert all(o.ok for o in outcomes) and _served_once(server, calls) == Counter({1: len(calls)})
     # 8 requests at 5 a second, one in the bucket at the start: the last waits about 7 / 5 s for its turn
