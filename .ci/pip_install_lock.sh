@@ -14,6 +14,8 @@
 # only when the configured indexes cannot serve the lock. The last line printed says which build was
 # taken and where from (make venv shows it in the install summary; it is kept in $VENV/.torch-source).
 # Any other variant (a CUDA build, e.g. cu128): the lock with torch==X+<variant>, from that index.
+# With --no-deps (a complete lock, such as the vLLM environment's), step 3 installs the lock without its torch
+# line, then torch==X with the dependencies of that build, then the lock once more (pins torch's install moved).
 set -uo pipefail
 py="$1"; lock="$2"; shift 2
 variant="${TORCH_VARIANT:-cpu}"
@@ -23,8 +25,11 @@ trap 'rm -f "$log" "$req"' EXIT
 torch_pin="$(grep -Eo '^torch==[^ ;#]+' "$lock" || true)"
 venv_dir="$(dirname "$(dirname "$py")")"
 
-dry_run=0
-for arg in "$@"; do [ "$arg" = --dry-run ] && dry_run=1; done
+dry_run=0; no_deps=0
+for arg in "$@"; do
+  [ "$arg" = --dry-run ] && dry_run=1
+  [ "$arg" = --no-deps ] && no_deps=1
+done
 
 took() {  # the summary line, also kept beside the venv (.torch-source) for make venv's summary
   if [ "$dry_run" = 1 ]; then
@@ -67,5 +72,18 @@ torch_missing || { cat "$log" >&2; exit 1; }
 sed -E "s/^torch==([^+ ;#]+)\+[A-Za-z0-9]+/torch==\1/" "$lock" >"$req"
 plain="$(grep -Eo '^torch==[^ ;#]+' "$req")"
 echo "PyTorch's CPU index cannot serve ${torch_pin} here either; installing $plain, the package indexes' default build (on Linux x86_64 the CUDA build: a few GB, runs on the CPU)" >&2
+grep -Ev '^torch==|^[[:space:]]*(#|$)' "$req" >"$req.rest" || true
+if [ "$no_deps" = 1 ] && [ "$dry_run" = 0 ] && [ -s "$req.rest" ]; then
+  # A complete lock installed --no-deps (the vLLM one) pins torch's CPU build and leaves out what that build
+  # does not need: the default build's own dependencies (its nvidia-* wheels) come with it, then the lock again
+  # puts back every pin the torch install moved (setuptools).
+  "$py" -m pip install -q -r "$req.rest" "$@" || exit 1
+  "$py" -m pip install -q "$plain" || exit 1
+  "$py" -m pip install -q -r "$req.rest" "$@" || exit 1
+  rm -f "$req.rest"
+  took "the package indexes' default build ($plain with its own dependencies; PyTorch's CPU build unavailable here)"
+  exit 0
+fi
+rm -f "$req.rest"
 "$py" -m pip install -q -r "$req" "$@" || exit 1
 took "the package indexes' default build ($plain; PyTorch's CPU build unavailable here)"

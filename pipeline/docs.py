@@ -35,8 +35,13 @@ def reference_rows(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[s
     >>> next(reference_rows(BatchingConfig, "batching."))[:2]
     ('batching.batch_size', '`64`')
     """
+    import typing
+
     for name, field in model.model_fields.items():
         annotation = field.annotation
+        optional = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(optional) == 1 and isinstance(optional[0], type) and issubclass(optional[0], BaseModel):
+            annotation = optional[0]  # an optional section (`task.endpoint`): its keys, each under it
         nested = isinstance(annotation, type) and issubclass(annotation, BaseModel)
         if nested and not issubclass(annotation, TaskConfig):
             yield from reference_rows(annotation, f"{prefix}{name}.")
@@ -48,7 +53,7 @@ def _default(field: Any) -> str:
     if field.is_required():
         return "required"
     value = field.default_factory() if field.default_factory is not None else field.default
-    if value is PydanticUndefined or value is None:
+    if value is PydanticUndefined or value is None or value == "":
         return "none"
     if isinstance(value, BaseModel):
         value = value.model_dump()

@@ -32,6 +32,7 @@ __all__ = [
     "SimulatedOutOfMemoryError",
     "SinkError",
     "SourceError",
+    "TokenBudgetReached",
     "lost_commit_message",
 ]
 
@@ -116,3 +117,14 @@ class InjectedFaultError(PipelineError, RuntimeError):
 
 class SimulatedOutOfMemoryError(InjectedFaultError):
     """Stands in for ``torch.cuda.OutOfMemoryError`` where no GPU exists."""
+
+
+class TokenBudgetReached(PipelineError, RuntimeError):
+    """``run.max_tokens`` would be passed by the next request: the run stops and commits nothing (resumable).
+
+    ``tokens``: what the try spent on the server (the runs table records it), when known.
+    """
+
+    def __init__(self, message: str, *, tokens: int | None = None) -> None:
+        super().__init__(message)
+        self.tokens = tokens

@@ -55,7 +55,7 @@ from pydantic import BaseModel
 
 from pipeline.config import BatchingConfig, JobConfig, TaskConfig
 
-__all__ = ["FINGERPRINT_VERSION", "check_declarations", "fingerprint_batching_keys", "fingerprint_settings", "fingerprint_task_keys",
+__all__ = ["FINGERPRINT_VERSION", "check_declarations", "drop_keys", "fingerprint_batching_keys", "fingerprint_settings", "fingerprint_task_keys",
            "task_fingerprint"]
 
 # Bumped when what goes into the hash changes (every row is then rescored once).
@@ -140,10 +140,33 @@ def check_declarations(task_class: type[TaskConfig]) -> None:
         raise ValueError(f"{task_class.__name__}.fingerprint_batching names unknown batching keys {bad}")
 
 
+def _submodel(annotation: Any) -> type[BaseModel] | None:
+    """The settings class of a field typed ``Model`` or ``Model | None``; None for any other field."""
+    import typing
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if len(args) == 1 and isinstance(args[0], type) and issubclass(args[0], BaseModel):
+        return args[0]
+    return None
+
+
+def drop_keys(settings: dict[str, Any], paths: Any) -> dict[str, Any]:
+    """``settings`` (a config dumped as JSON) without the dotted ``paths``, changed in place and returned.
+
+    >>> drop_keys({"task": {"endpoint": {"base_url": "u", "model": "m"}}}, ["task.endpoint.base_url"])
+    {'task': {'endpoint': {'model': 'm'}}}
+    """
+    for path in paths:
+        _drop(settings, path.split("."))
+    return settings
+
+
 def _leaf_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     keys = []
     for name, field in model.model_fields.items():
-        annotation = field.annotation
+        annotation = _submodel(field.annotation) or field.annotation
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             keys += _leaf_keys(annotation, f"{prefix}{name}.")
         else:

@@ -124,7 +124,7 @@ WORK_KEYS = frozenset({
     "slow_batches", "rows_per_worker", "model_loads", "load_seconds", "infer_seconds", "torch_threads",
     "task_retries", "tasks_per_worker", "precision_used", "precision_fallbacks", "precision_checks",
     "precision_auto", "generation_backend",
-    "progress_rows", "oom_splits", "adaptive_splits", "poison_bisections",
+    "progress_rows", "oom_splits", "adaptive_splits", "poison_bisections", "endpoint",
 })
 
 
@@ -243,6 +243,12 @@ class RunSummary:
     # is a new input although its version looks the same (a table dropped and rebuilt)
     source_snapshot: str | None = None
     source_note: str | None = None
+    # generation and embedding: the rows' token usage (for a served model, what its server reported per row,
+    # answers replayed from an earlier try included); endpoint: what this try's requests did
+    # (requests, replayed, retries by cause, lost_answers, failed_rows, tokens_paid)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    endpoint: dict[str, float] = field(default_factory=dict)
 
     @property
     def rows_flagged(self) -> int:
@@ -324,6 +330,12 @@ class RunSummary:
             used = ", ".join(f"{b} x{n}" for b, n in sorted(self.generation_backend.items()))
             lines.append(f"generation backend      : {used} (model loads)")
         lines += [f"{label:<24}: {value}" for label, value in self.details.items()]
+        if self.endpoint:
+            lines.append(f"endpoint                : {_endpoint_line(self.endpoint)}")
+        if self.prompt_tokens or self.completion_tokens:
+            lines.append(f"token usage             : {self.prompt_tokens + self.completion_tokens:,} "
+                         f"({self.prompt_tokens:,} prompt + {self.completion_tokens:,} completion) over the rows"
+                         + (f"; this try paid {int(self.endpoint.get('tokens_paid', 0)):,}" if self.endpoint else ""))
         lines.append(f"output                  : {self.output} (Delta version {self.delta_version}, {self.writer} writer)")
         if self.replaced:
             lines.append(f"{'since then':<24}: {self.replaced} (this run's commit landed and was checked "
@@ -345,6 +357,25 @@ class RunSummary:
         for row in self.samples:
             lines.append("sample                  : " + _short(row))
         return "\n".join(lines)
+
+
+def _endpoint_line(stats: Mapping[str, float]) -> str:
+    """One line for what a run's requests to a server did.
+
+    >>> _endpoint_line({"requests": 12, "retry_429": 2, "retry_5xx": 1, "replayed": 3, "lost_answers": 0})
+    '12 request(s) sent, 3 retried (429 x2, 5xx x1), 3 answer(s) replayed from the journal, 0 lost answer(s)'
+    """
+    causes = {"429": "retry_429", "5xx": "retry_5xx", "timeout": "retry_timeout", "connection": "retry_connection",
+              "bad body": "retry_bad_body", "other": "retry_other"}
+    retried = {name: int(stats.get(key, 0)) for name, key in causes.items() if stats.get(key)}
+    text = f"{int(stats.get('requests', 0)):,} request(s) sent"
+    if retried:
+        text += f", {sum(retried.values()):,} retried (" + ", ".join(f"{k} x{v}" for k, v in retried.items()) + ")"
+    text += f", {int(stats.get('replayed', 0)):,} answer(s) replayed from the journal"
+    text += f", {int(stats.get('lost_answers', 0)):,} lost answer(s)"
+    if stats.get("failed_rows"):
+        text += f", {int(stats['failed_rows']):,} row(s) failed"
+    return text
 
 
 def batch_metrics(counts: Mapping[str, Any]) -> dict[str, Any]:

@@ -72,8 +72,9 @@ class RunRecorder:
         from pipeline.errors import RunStopped
 
         summary = summary or self.summary
-        outcome = "ok" if error is None else "stopped" if isinstance(error, RunStopped) else "failed"
-        self._write(outcome, summary=summary, error=error,
+        # a run stopped by SIGTERM or by its token budget is resumable, not broken: "stopped"
+        stopped = isinstance(error, RunStopped) or (error is not None and type(error).__name__ == "TokenBudgetReached")
+        self._write("stopped" if stopped else "failed" if error is not None else "ok", summary=summary, error=error,
                     ended_at=dt.datetime.now(dt.timezone.utc))
         if self.row is None:
             return

@@ -15,10 +15,11 @@ import json
 import shutil
 import sys
 import time
-from contextlib import nullcontext
-from dataclasses import dataclass
+from contextlib import contextmanager, nullcontext
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Iterator, TextIO
 
 from pipeline.config import JobConfig, SinkConfig
 from pipeline.errors import JobError
@@ -231,7 +232,7 @@ def _deal(inputs: "DataFrame", tasks: int, task: Any) -> "DataFrame":
 def score_inputs(
     inputs: "DataFrame", config: JobConfig, *, tasks: int, run_id: str, ds: dt.date, scored_at: dt.datetime,
     model: ModelInfo, faults: dict[str, Any] | None = None, task: Any = None, progress_dir: str | None = None,
-    staging_dir: str | None = None,
+    staging_dir: str | None = None, try_id: str = "", max_tokens: int | None = None, rate_share: float = 1.0,
 ) -> "DataFrame":
     """The lazily scored rows with lineage, in ``tasks`` inference tasks of equal rows and mixed lengths.
 
@@ -254,6 +255,7 @@ def score_inputs(
         faults=tuple((faults or {}).items()), metrics_column=METRICS_COLUMN, task_class=kind.task,
         id_column=config.source.id_column, progress_dir=progress_dir, staging_dir=staging_dir,
         calibration_rows=calibration_rows(inputs, config, task),
+        try_id=try_id, max_tokens=max_tokens, rate_share=rate_share,
     )
     scored = apply_inference(_deal(inputs, tasks, task), plan).withColumnRenamed("id", config.source.id_column)
     scored = scored.select(
@@ -572,6 +574,8 @@ class _Run:
     # the plan folder of staged task output once planned (None: none), and whether the commits have begun
     staging_dir: str | None = None
     committing: bool = False
+    # this try of the run (a fresh id per run_job call): the token ledger of run.max_tokens is per try
+    try_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
 
 
 @dataclass
@@ -713,8 +717,12 @@ def _check_idempotency(run: _Run) -> RunSummary | None:
     run.source_note = _rebuilt_source_note(config, run.source_version)
     if run.source_note:
         print(f"[{config.job}] run {run_id}: {run.source_note}", file=out, flush=True)
-    app_id = run_app_id(config.job, config.model_dump(mode="json"), model_revision=run.model.revision,
-                        source_snapshot=run.source_version)
+    from pipeline.fingerprint import drop_keys
+
+    # settings two tries of one run may differ in (a served model's address and limits) are not the run
+    settings = drop_keys(config.model_dump(mode="json"),
+                         [f"task.{p}" for p in getattr(type(config.task), "per_try_settings", ())])
+    app_id = run_app_id(config.job, settings, model_revision=run.model.revision, source_snapshot=run.source_version)
     run.run_key = app_id
     if config.run.incremental or config.sink.mode == "append":
         done = committed_run_via(spark, config.sink.path, app_id) if config.sink.path else None
@@ -775,9 +783,10 @@ def _plan_scoring(run: _Run) -> _Scoring:
 
     rows_dir = rows_folder(spark) if config.run.progress and rows_in else None  # workers' rows done, same host
     staging_dir, staged_before, resume_note = _open_staging(run, rows=rows_in, tasks=tasks)
+    requests = _request_settings(run, staging_dir=staging_dir, tasks=tasks, rows=rows_in)
     scored = score_inputs(inputs, config, tasks=tasks, run_id=run_id, ds=ds, scored_at=run.scored_at,
                           model=run.model, faults=run.faults, task=run.task, progress_dir=rows_dir,
-                          staging_dir=staging_dir)
+                          staging_dir=staging_dir, **requests)
     sink = config.sink
     if config.run.incremental and sink.mode != "append":
         # new rows join the run's partition; replacing it would drop the rows scored earlier today
@@ -826,6 +835,32 @@ def _check_output_schema(run: _Run, scored: "DataFrame", sink: SinkConfig) -> No
         return
     ours = delta_schema_of(run.kind.job.shape_output(scored.drop(METRICS_COLUMN), run.config).schema)
     check_output_schema(existing, ours, target=sink.path or sink.table)
+
+
+def _request_settings(run: _Run, *, staging_dir: str | None, tasks: int, rows: int) -> dict[str, Any]:
+    """For a task that sends rows to a server: this try's id, the token budget and each task's share of the
+    rates; refused without a staging folder (its request journal lives there). Empty for other tasks."""
+    config = run.config
+    if not getattr(run.task, "journals_requests", False):
+        if config.run.max_tokens is not None:
+            raise JobError(f"run.max_tokens is set but task.kind {config.task.kind} does not send rows to a server; "
+                           "it applies to task.backend: endpoint")
+        return {}
+    if staging_dir is None and rows:
+        raise JobError(
+            "the endpoint backend journals every answer in the run's staging folder, so that no row is paid for "
+            f"twice by a retry or a rerun, and there is none: {_no_staging_reason(config)}")
+    from pipeline.spark.planning import count_cores
+
+    at_once = max(1, min(tasks, count_cores(run.spark)))
+    return {"try_id": run.try_id, "max_tokens": config.run.max_tokens, "rate_share": 1.0 / at_once}
+
+
+def _no_staging_reason(config: JobConfig) -> str:
+    if not config.run.staging:
+        return "run.staging is off; turn it on"
+    return (f"{config.sink.path or config.sink.table} is not a local or mounted path; set run.staging_path to a "
+            "folder every executor reaches")
 
 
 def _staging_root(config: JobConfig) -> str | None:
@@ -924,7 +959,7 @@ def _score_and_commit(run: _Run, plan: _Scoring) -> "RunSummary | tuple[_Committ
     metadata = {"sbi.job": config.job, "sbi.run_id": run.run_id, "sbi.model_revision": run.model.revision}
     try:
         try:
-            with progress:
+            with progress, _budget_stop(run, plan):
                 scored_check = identity_check(
                     in_keys, key_counts(observed_scored, id_column=config.source.id_column, status_column="status"))
             counts = observed.counts() if plan.rows_in else {}
@@ -962,6 +997,33 @@ def _score_and_commit(run: _Run, plan: _Scoring) -> "RunSummary | tuple[_Committ
         in_keys.unpersist()
         if plan.rows_dir:  # the workers' rows-done files are read while the job runs, and only then
             shutil.rmtree(plan.rows_dir, ignore_errors=True)
+
+
+@contextmanager
+def _budget_stop(run: _Run, plan: _Scoring) -> Iterator[None]:
+    """A Spark job failed by ``run.max_tokens`` (a task's :class:`TokenBudgetReached`) ends the run as that
+    error, with what this try spent and what is kept for the rerun; any other failure passes unchanged."""
+    from pipeline.errors import TokenBudgetReached
+    from pipeline.spark.errors import python_error_line
+
+    try:
+        yield
+    except TokenBudgetReached:
+        raise
+    except Exception as exc:  # noqa: BLE001 - only the budget's stop is rewritten
+        line = python_error_line(str(exc)) or ""
+        if not line.startswith("TokenBudgetReached"):
+            raise
+        from pipeline.io.request_log import try_usage
+        from pipeline.io.staging import staged_tasks
+
+        spent = try_usage(plan.staging_dir, run.try_id)
+        staged = len(staged_tasks(plan.staging_dir))
+        raise TokenBudgetReached(
+            f"run.max_tokens {run.config.run.max_tokens:,} reached: this try spent {spent:,} tokens on the server; "
+            f"nothing was committed. Kept for the rerun in {plan.staging_dir}: {staged} of {plan.tasks} task(s) "
+            "staged and every answer of the others in the request journal, so the same command again (with a "
+            "budget for the rest) pays only for the rows not answered yet", tokens=spent) from None
 
 
 def _commit_quarantine(run: _Run, plan: _Scoring, scored: "DataFrame", *, errors: int,
@@ -1118,6 +1180,8 @@ def _summarize(run: _Run, plan: _Scoring, *, committed: _Committed, read: _ReadB
         batch_metrics=batch_metrics(counts), resumed_tasks=int(counts.get("resumed_tasks", 0)),
         rows_reused=int(counts.get("rows_reused", 0)), rows_scored=plan.rows_in - int(counts.get("rows_reused", 0)),
         resume_note=plan.resume_note, source_snapshot=run.source_version, source_note=run.source_note,
+        prompt_tokens=int(counts.get("prompt_tokens", 0)), completion_tokens=int(counts.get("completion_tokens", 0)),
+        endpoint={k: (round(v, 3) if isinstance(v, float) else v) for k, v in counts.get("endpoint", {}).items()},
     )
 
 

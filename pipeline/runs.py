@@ -49,7 +49,7 @@ _WRITE_ATTEMPTS = 4
 _TS = pa.timestamp("us", tz="UTC")
 RUNS_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("job", pa.string()), ("ds", pa.date32()),
-    ("outcome", pa.string()),  # started | ok | failed | stopped (SIGTERM: nothing committed, tasks staged)
+    ("outcome", pa.string()),  # started | ok | failed | stopped (SIGTERM or run.max_tokens: nothing committed, resumable)
     ("started_at", _TS), ("ended_at", _TS), ("seconds", pa.float64()),
     ("error_class", pa.string()), ("error_message", pa.string()),
     ("config_json", pa.string()), ("config_hash", pa.string()), ("task_kind", pa.string()),
@@ -105,6 +105,8 @@ def run_row(
         row["error_class"] = f"{type(error).__module__}.{type(error).__qualname__}".removeprefix("builtins.")
         message = scrub(str(error), config.secret_values())
         row["error_message"] = message if len(message) <= _MESSAGE_CHARS else message[:_MESSAGE_CHARS] + "…"
+        if getattr(error, "tokens", None) is not None:  # a run its token budget stopped: what it spent
+            row["tokens"] = int(error.tokens)
     if summary is not None:
         s = summary
         rest = s.to_dict()

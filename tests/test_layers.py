@@ -21,8 +21,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("config", ("pipeline.config", "pipeline.fingerprint")),
     ("registry", ("pipeline.registry",)),
     # engines and platform share a floor: each may use the other, never in a circle (checked below)
-    ("engines and platform", ("pipeline.models", "pipeline.generation", "pipeline.images", "pipeline.recs",
-                              "pipeline.spark", "pipeline.io")),
+    ("engines and platform", ("pipeline.models", "pipeline.generation", "pipeline.endpoint", "pipeline.images",
+                              "pipeline.recs", "pipeline.spark", "pipeline.io")),
     ("tasks", ("pipeline.tasks",)),
     ("run", ("pipeline.runner", "pipeline.runs", "pipeline.recorder", "pipeline.tracking", "pipeline.report")),
     ("faces", ("pipeline", "pipeline.cli", "pipeline.notebook", "pipeline.docs", "pipeline.demo")),

@@ -103,8 +103,8 @@ def test_a_staging_root_of_ours_keeps_what_others_put_in_it_and_names_it(spark, 
     assert summary.complete and read_scores(tmp_path).num_rows == 12
     after = _snapshot(root)
     assert {k: after.get(k) for k in foreign} == foreign, "what others wrote is intact"
-    assert sorted(after) == sorted([*foreign, OWNER_FILE]), \
-        "the old plan's own files went, the run's plan after its commit; the root stays, others' files in it"
+    assert sorted(after) == sorted([*foreign, OWNER_FILE, f"{old.name}/plan.json"]), \
+        "the old plan's own files went (its proof stays beside the foreign file), the run's plan after its commit"
     assert "left alone in staging folder" in out.getvalue() and "README.txt" in out.getvalue()
     assert f"{old.name}/my_notes.txt" in out.getvalue()
 
@@ -280,3 +280,26 @@ def test_a_gguf_conversion_never_replaces_a_folder_it_did_not_write(tmp_path):
     with pytest.raises(FileExistsError, match="was not written by a GGUF conversion"):
         convert_gguf(gguf, out)
     assert _snapshot(out) == before
+
+
+def test_a_plans_request_journal_goes_with_it_and_a_file_dropped_in_it_stays(tmp_path):
+    """The endpoint backend's journal and token ledger (``pipeline.io.request_log``) are the plan's own files;
+    a file someone put among them is left alone, named, with the folders that hold it."""
+    from pipeline.io.request_log import RequestLog
+    from pipeline.io.staging import remove_run
+
+    root = tmp_path / "stage"
+    folder = Path(open_plan(str(root), StagePlan("sbi-k", None, "fp", rows=2, tasks=1)))
+    log = RequestLog(str(folder), task=0, try_id="0123456789abcdef")
+    log.record("k1", {"choices": []}, tokens=3)
+    log.publish(force=True)
+    log.close()
+    (folder / "task-0.0123456789ab.arrow").write_bytes(b"rows")
+    assert sweep_staging(str(root), max_age_s=1e9).left_alone == []
+    (folder / "requests" / "task-0" / "notes.txt").write_text("mine")
+    assert remove_run(str(root), "sbi-k") == [f"{folder.name}/requests/task-0/notes.txt"]
+    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()) == [
+        OWNER_FILE, f"{folder.name}/plan.json", f"{folder.name}/requests/task-0/notes.txt"], \
+        "only the foreign file stays, with the proofs that the folders around it are ours"
+    (folder / "requests" / "task-0" / "notes.txt").unlink()
+    assert remove_run(str(root), "sbi-k") == [] and not root.exists(), "the plan's own folders go once empty"

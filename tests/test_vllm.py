@@ -241,3 +241,92 @@ def test_extract_on_vllm_follows_the_schema_like_the_transformers_backend(model_
         assert not list(Draft202012Validator(schema).iter_errors(json.loads(out["completion"][i], strict=False)))
         assert out["fields"][i] == json.loads(out["completion"][i], strict=False)
     assert out["completion"] == outs["transformers"]["completion"]
+
+
+# every schema feature the extract kind supports (tests/test_extract.py's FULL), under vLLM's structured outputs
+FULL = {
+    "type": "object",
+    "properties": {
+        "sentiment": {"enum": ["positive", "negative", "mixed"]},
+        "rating": {"type": "integer", "minimum": 1, "maximum": 5},
+        "spoiler": {"type": "boolean"},
+        "score": {"type": "number"},
+        "aspects": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 2},
+        "source": {"type": "object", "properties": {"code": {"type": ["string", "null"], "maxLength": 4}},
+                   "required": ["code"]},
+    },
+    "required": ["sentiment", "rating", "spoiler", "aspects", "source"],
+    "additionalProperties": False,
+}
+
+
+def _extract_task(model_dir, schema, **overrides):
+    from pipeline.tasks.extract import ExtractTaskConfig
+
+    config = ExtractTaskConfig(**{"backend": "vllm", "template": "{text}", "output_schema": schema,
+                                  "schema_in_prompt": False, "max_input_tokens": 48, "max_new_tokens": 120,
+                                  "max_new_tokens_limit": 128, "max_new_tokens_column": "budget",
+                                  "vllm": VllmConfig(max_num_seqs=4), **overrides})
+    return build_task(config, model=ModelConfig(path=str(model_dir)), batching=BatchingConfig())
+
+
+def test_extract_on_vllm_holds_every_schema_feature_and_flags_cut_off_rows_invalid(model_dir):
+    """Enums, bounded integers, booleans, numbers, arrays with maxItems and maxLength, nested objects and
+    nullable strings: every ok row validates and its typed fields equal its JSON; a row cut off at its
+    per-row budget is invalid_output with the reason, never a half-filled struct."""
+    import json
+
+    from jsonschema import Draft202012Validator
+
+    task = _extract_task(model_dir, FULL)
+    chunk = pa.RecordBatch.from_pydict({"text": PROMPTS, "budget": [None, 3, None, None, None]})
+    out = task.process(task.load(model_dir, "cpu"), chunk, WorkerCounts()).to_pydict()
+    assert out["status"][1] == "invalid_output" and "cut off at its 3-token budget" in out["error"][1]
+    assert out["fields"][1] is None
+    ok = [i for i, s in enumerate(out["status"]) if s == "ok"]
+    assert len(ok) >= 3, list(zip(out["status"], out["error"]))
+    validator = Draft202012Validator(FULL)
+    for i in ok:
+        value = json.loads(out["completion"][i], strict=False)
+        assert not list(validator.iter_errors(value))
+        assert out["fields"][i]["sentiment"] == value["sentiment"] and out["fields"][i]["source"] == value["source"]
+        assert len(out["fields"][i]["aspects"]) <= 2 and 1 <= out["fields"][i]["rating"] <= 5
+
+
+def test_free_decoding_on_vllm_is_checked_after_and_quarantined_when_it_rambles(model_dir):
+    """``constrained: false`` on vLLM: nothing holds the random model to the schema, so its rows fail the check
+    and are flagged invalid_output with a quote of the completion."""
+    task = _extract_task(model_dir, FULL, constrained=False, max_new_tokens=16)
+    chunk = pa.RecordBatch.from_pydict({"text": PROMPTS[:3], "budget": [None, None, None]})
+    out = task.process(task.load(model_dir, "cpu"), chunk, WorkerCounts()).to_pydict()
+    assert out["status"] == ["invalid_output"] * 3 and all("completion:" in e for e in out["error"])
+
+
+def test_extract_job_on_vllm_through_spark_connect_writes_typed_fields_and_quarantines(spark_connect, tmp_path,
+                                                                                        model_dir, monkeypatch):
+    from deltalake import DeltaTable
+
+    from pipeline.runner import run_job
+
+    from .conftest import CONNECT_MODE
+
+    monkeypatch.setenv(CONNECT_MODE, "1")
+    schema = {"type": "object", "properties": {"sentiment": {"enum": ["positive", "negative"]},
+                                               "rating": {"type": "integer", "minimum": 1, "maximum": 5}},
+              "required": ["sentiment", "rating"], "additionalProperties": False}
+    texts = [PROMPTS[0], PROMPTS[1], "", PROMPTS[2], PROMPTS[4]]
+    budgets = pa.array([None, 2, None, None, None], pa.int64())
+    config = generate_job(tmp_path, model_dir, texts, kind="extract", columns={"budget": budgets}, task={
+        "backend": "vllm", "template": "{text}", "output_schema": schema, "schema_in_prompt": False,
+        "max_input_tokens": 48, "max_new_tokens": 64, "max_new_tokens_column": "budget",
+        "vllm": {"kv_cache_mb": 4, "max_num_seqs": 4},
+    }, run={"max_error_fraction": 0.5})
+    summary = run_job(config, spark=spark_connect)
+    table = DeltaTable(str(tmp_path / "out"))
+    assert pa.schema(table.schema().to_arrow()).field("fields").type == pa.struct(
+        [("sentiment", pa.string()), ("rating", pa.int64())])
+    rows = {r["doc_id"]: r for r in table.to_pyarrow_table().to_pylist()}
+    quarantine = {r["doc_id"]: r for r in DeltaTable(str(tmp_path / "out_quarantine")).to_pyarrow_table().to_pylist()}
+    assert quarantine["g01"]["status"] == "invalid_output" and summary.rows_in == len(rows) + len(quarantine)
+    assert rows["g02"]["status"] == "skipped_empty"
+    assert list(summary.generation_backend)[0].startswith("vllm (continuous")

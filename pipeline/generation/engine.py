@@ -60,10 +60,12 @@ class GenerationResult:
     finish_reason: FinishReason
     latency_ms: float
     error: str | None = None
+    # a served model's count (the endpoint backend gets text and usage, not token ids); None: len(token_ids)
+    usage_completion_tokens: int | None = None
 
     @property
     def completion_tokens(self) -> int:
-        return len(self.token_ids)
+        return len(self.token_ids) if self.usage_completion_tokens is None else self.usage_completion_tokens
 
 
 @dataclass

@@ -39,15 +39,18 @@ class JsonConstraint:
         """Compile ``schema`` for ``tokenizer`` (``vocab_size``: the model's logits width, which may exceed the
         tokenizer's; ``stop_token_ids``: the tokens that end a row, EOS by default).
 
-        Whitespace between JSON tokens is not allowed (``any_whitespace=False``): a small model otherwise
-        spends its token budget on newlines and indentation and gets cut off.
+        Whitespace between JSON tokens is not allowed (``any_whitespace=False``, compact separators ``,``
+        and ``:``): a small model otherwise spends its token budget on newlines and indentation and gets
+        cut off. vLLM's structured outputs with ``disable_any_whitespace`` compile the same grammar, so the
+        two backends (and a vLLM server) decode the same tokens.
         """
         import xgrammar as xgr
 
         started = time.perf_counter()
         info = xgr.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids) if stop_token_ids else None)
-        grammar = xgr.GrammarCompiler(info).compile_json_schema(json.dumps(schema), any_whitespace=False)
+        grammar = xgr.GrammarCompiler(info).compile_json_schema(json.dumps(schema), any_whitespace=False,
+                                                                  separators=(",", ":"))
         return cls(grammar, info.vocab_size, time.perf_counter() - started)
 
     def matcher(self) -> Any:

@@ -296,6 +296,10 @@ def load_vllm(
     kwargs = engine_kwargs(config, model_dir=model_dir, model_config=read_model_config(model_dir), precision=precision,
                            max_seq_len=max_seq_len, device="cuda" if on_gpu else "cpu",
                            gpu_addresses=gpu_addresses)
+    if json_schema is not None:
+        # vLLM 0.32 reads disable_any_whitespace from the engine's config, not from each request's
+        # StructuredOutputsParams: without it a small model fills its budget with whitespace between JSON tokens
+        kwargs.setdefault("structured_outputs_config", {"backend": "xgrammar", "disable_any_whitespace": True})
     planned = kwargs.get("kv_cache_memory_bytes")
     if planned is not None:
         # vLLM's CPU platform would replace our size with this legacy variable's GiB: ours wins

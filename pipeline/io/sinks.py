@@ -542,7 +542,7 @@ _RUN_UNIQUE = {
     "storage": None,  # how the store is reached (keys rotate), not what is written
     "run": {"run_id", "progress", "progress_interval_s", "sample_rows", "summary_path", "faults", "runs_path",
             "report_path", "mlflow", "staging", "staging_path", "staging_max_age_hours", "min_rows_fraction",
-            "allow_empty"},
+            "allow_empty", "max_tokens"},
 }
 
 

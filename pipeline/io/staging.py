@@ -67,9 +67,14 @@ PLAN_FILE = "plan.json"
 # written into a staging root this module created or adopted empty: the root's proof of ownership
 OWNER_FILE = "_sbi_staging.json"
 _MARKER_SUFFIX = ".done.json"
-# the only names removed inside an owned plan folder: what open_plan, _write_atomic and TaskStage write
-_OUR_FILES = re.compile(r"^(plan\.json|task-\d+\.done\.json|task-\d+\.[0-9a-f]{12}\.arrow"
-                        r"|\.(plan\.json|task-\d+\.done\.json)\.[0-9a-f]{8}\.tmp|\.task-\d+\.[0-9a-f]{12}\.arrow\.tmp)$")
+# the only paths removed inside an owned plan folder (relative to it): what open_plan, _write_atomic and
+# TaskStage write, and the request journal and token ledger of pipeline.io.request_log
+_OUR_FILES = re.compile(
+    r"^(plan\.json|task-\d+\.done\.json|task-\d+\.[0-9a-f]{12}\.arrow"
+    r"|\.(plan\.json|task-\d+\.done\.json)\.[0-9a-f]{8}\.tmp|\.task-\d+\.[0-9a-f]{12}\.arrow\.tmp"
+    r"|requests/task-\d+/[0-9a-f]{12}\.jsonl|usage/[\w-]+/\.?\d+-[0-9a-f]{12}\.json(\.tmp)?)$")
+# the folders those live in, removed once empty
+_OUR_FOLDERS = re.compile(r"^(requests|requests/task-\d+|usage|usage/[\w-]+)$")
 
 
 class StagingLayoutError(SinkError):
@@ -225,21 +230,44 @@ def _owned_plan(folder: Path) -> dict[str, Any] | None:
 
 
 def _remove_plan(folder: Path, *, dry_run: bool = False) -> list[str]:
-    """Remove the files this module wrote in the owned plan ``folder``, then the folder when empty;
-    the names left alone (written by someone else)."""
+    """Remove the files this project wrote in the owned plan ``folder`` (``_OUR_FILES``), then its folders and,
+    once nothing else is left, its ``plan.json`` and the folder itself; the paths left alone (someone else's).
+    While anything foreign remains the folder keeps its ``plan.json``, so a later sweep can finish the job."""
     left = []
-    for entry in sorted(folder.iterdir()):
-        if entry.is_file() and not entry.is_symlink() and _OUR_FILES.match(entry.name):
-            if not dry_run:
-                entry.unlink(missing_ok=True)
-        else:
-            left.append(f"{folder.name}/{entry.name}")
+    for here, dirs, names in os.walk(folder, topdown=False):
+        rel_dir = Path(here).relative_to(folder).as_posix()
+        for name in sorted(names):
+            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+            path = Path(here) / name
+            if rel == PLAN_FILE:
+                continue  # the proof goes last, once nothing else is left: until then the folder stays provably ours
+            if _OUR_FILES.match(rel) and not path.is_symlink():
+                if not dry_run:
+                    path.unlink(missing_ok=True)
+            else:
+                left.append(f"{folder.name}/{rel}")
+        for name in dirs:
+            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+            if not _OUR_FOLDERS.match(rel) and not _left_inside(left, folder.name, rel):
+                left.append(f"{folder.name}/{rel}/")
+            elif not dry_run:
+                try:
+                    (Path(here) / name).rmdir()  # only when empty: what someone else put there keeps it
+                except OSError:
+                    pass
     if not left and not dry_run:
         try:
+            (folder / PLAN_FILE).unlink(missing_ok=True)
             folder.rmdir()
         except OSError:
             pass
-    return left
+    return sorted(left)
+
+
+def _left_inside(left: list[str], plan: str, rel: str) -> bool:
+    """Whether ``left`` already names something inside ``<plan>/<rel>/`` (so the folder is not named again)."""
+    prefix = f"{plan}/{rel}/"
+    return any(p.startswith(prefix) for p in left)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

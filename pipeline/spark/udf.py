@@ -64,6 +64,11 @@ class InferencePlan:
     staging_dir: str | None = None
     # texts of the job's own rows the accuracy gate calibrates on (pipeline.runner draws them); empty: none
     calibration_rows: tuple[str, ...] = ()
+    # a task that sends rows to a server (the endpoint backend): this try's id (its token ledger in the staging
+    # folder), the run's token budget (run.max_tokens) and this task's share of the run's request rates
+    try_id: str = ""
+    max_tokens: int | None = None
+    rate_share: float = 1.0
 
     def build_task(self) -> Any:
         if self.task_class is None:
@@ -124,6 +129,8 @@ def score_partition(
     first = next(batches, None)
     if first is None:
         return  # an empty task loads nothing
+    if getattr(task, "journals_requests", False):
+        _bind_attempt(task, plan, ctx)
     loaded = _load_for_task(task, plan, ctx, counts.worker, counts)
     if progress is not None:
         progress.restart()  # rates from the first batch on, not from the model load
@@ -168,6 +175,23 @@ def score_partition(
         rows_file(counts, force=True)
     if held is not None:
         yield _with_metrics(held, plan.metrics_column, json.dumps(counts.counts))
+
+
+def _bind_attempt(task: Any, plan: InferencePlan, ctx: Any) -> None:
+    """Give a task that sends rows to a server its request journal in the plan's staging folder, the run's
+    token budget and its share of the rates (:class:`pipeline.io.request_log.RequestLog`)."""
+    import os
+
+    from pipeline.errors import EngineError
+    from pipeline.io.request_log import RequestLog
+
+    if not plan.staging_dir or ctx is None or not os.path.isdir(plan.staging_dir):
+        raise EngineError(
+            f"the run's staging folder {plan.staging_dir!r} is not reachable from this executor; the endpoint backend "
+            "journals every answer there so that no row is paid for twice: set run.staging_path to a folder every "
+            "executor reaches")
+    journal = RequestLog(plan.staging_dir, task=ctx.partitionId(), try_id=plan.try_id or "try")
+    task.bind_attempt(journal, max_tokens=plan.max_tokens, rate_share=plan.rate_share)
 
 
 def _task_counts(plan: InferencePlan, ctx: Any) -> tuple[WorkerCounts, Any, Any]:

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from pathlib import Path
+from typing import Any, ClassVar, Iterable, Iterator, Literal
 
 import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
 from pipeline.config import TaskConfig
+from pipeline.endpoint.config import EndpointConfig
+from pipeline.metrics import WorkerCounts
 from pipeline.registry import register_task
+from pipeline.tasks._endpoint import EndpointJob
 from pipeline.tasks._torch import check_encoder_precision, forward, label_columns, list_array
-from pipeline.tasks.base import LoadedText, TextTask
+from pipeline.tasks.base import LoadedText, TextTask, malformed_rows
 
 __all__ = ["EmbedTask", "EmbedTaskConfig"]
 
@@ -22,6 +26,13 @@ class EmbedTaskConfig(TaskConfig):
     kind: Literal["embed"] = "embed"
     # padding is masked, so batch sizes and padded shapes never change a row's embedding
     fingerprint_batching: ClassVar[tuple[str, ...]] = ("max_length",)
+    fingerprint_ignore: ClassVar[frozenset[str]] = frozenset(f"endpoint.{k}" for k in EndpointConfig.PER_TRY)
+    per_try_settings: ClassVar[frozenset[str]] = frozenset(f"endpoint.{k}" for k in EndpointConfig.PER_TRY)
+    backend: Literal["transformers", "endpoint"] = Field(
+        "transformers", description="`transformers` (the model folder, on the workers) or `endpoint` (an "
+        "OpenAI-compatible server's `/embeddings`: `task.endpoint`)")
+    endpoint: EndpointConfig | None = Field(
+        None, description="the server of `backend: endpoint` (`base_url`, `model`, `api_key`, limits)")
     pooling: Literal["mean", "cls"] = Field("mean", description="`mean` or `cls` pooling")
     normalize: bool = Field(True, description="L2-normalise the embedding")
     store_embedding: bool = Field(True, description="keep the vector in the output")
@@ -30,7 +41,13 @@ class EmbedTaskConfig(TaskConfig):
         "per label, the best `label` and its `score`")
 
     def check_job(self, job: Any) -> None:
-        check_encoder_precision(job)
+        if (self.backend == "endpoint") != (self.endpoint is not None):
+            raise ValueError("task.backend endpoint and task.endpoint go together: give both (endpoint: "
+                             "{base_url: ..., model: ...}) or neither")
+        if self.backend != "endpoint" and not job.model.path:
+            raise ValueError("model.path is required (a model folder) unless task.backend is endpoint")
+        if self.backend != "endpoint":
+            check_encoder_precision(job)
 
 
 class EmbedTask(TextTask):
@@ -42,6 +59,70 @@ class EmbedTask(TextTask):
 
     kind: ClassVar[str] = "embed"
     model_kind: ClassVar[str] = "embed"
+
+    # -- the endpoint backend: rows embedded by a server's /embeddings, one request per row ---------
+    @property
+    def journals_requests(self) -> bool:
+        return self.config.backend == "endpoint"
+
+    def bind_attempt(self, journal: Any, *, max_tokens: int | None, rate_share: float) -> None:
+        from pipeline.tasks._endpoint import Attempt
+
+        self.attempt = Attempt(journal=journal, max_tokens=max_tokens, rate_share=rate_share)
+
+    def resolve_model_dir(self, path: str) -> Path | None:
+        if self.config.backend == "endpoint":
+            return None
+        from pipeline.models.loading import resolve_model_path
+
+        return resolve_model_path(path, registry_uri=self.model.registry_uri)
+
+    def load(self, model_dir: Path | None, device: str) -> Any:
+        if self.config.backend != "endpoint":
+            return super().load(model_dir, device)
+        from pipeline.tasks._endpoint import LoadedEndpoint, attempt_client, embed_rows
+
+        loaded = LoadedEndpoint(self.config.endpoint)
+        if self.config.labels:  # the label descriptions, once per worker (not rows: no journal, no budget)
+            texts = list(self.config.labels.values())
+            vectors, status, error, _ = embed_rows(self, texts, np.zeros(len(texts), dtype=bool), WorkerCounts(),
+                                                   attempt_client(self.config.endpoint, None))
+            if vectors is None or len(vectors) != len(texts):
+                raise RuntimeError(f"the endpoint could not embed the label descriptions: {[e for e in error if e]}")
+            loaded.labels = self._normalized(vectors)
+        return loaded
+
+    def _normalized(self, vectors: np.ndarray) -> np.ndarray:
+        if not self.config.normalize:
+            return vectors
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        return vectors / np.maximum(norms, 1e-12)
+
+    def process_stream(self, loaded: Any, chunks: Iterable[pa.RecordBatch], counts: WorkerCounts, *,
+                       cpus: int = 1) -> Iterator[pa.RecordBatch]:
+        if getattr(loaded, "backend", None) != "endpoint":
+            yield from super().process_stream(loaded, chunks, counts, cpus=cpus)
+            return
+        for chunk in chunks:
+            yield self.process(loaded, chunk, counts, cpus=cpus)
+
+    def process(self, loaded: Any, chunk: pa.RecordBatch, counts: WorkerCounts, *, cpus: int = 1) -> pa.RecordBatch:
+        if getattr(loaded, "backend", None) != "endpoint":
+            return super().process(loaded, chunk, counts, cpus=cpus)
+        from pipeline.tasks._endpoint import attempt_client, embed_rows
+
+        texts = chunk.column(chunk.schema.get_field_index("text")).to_pylist()
+        client = attempt_client(self.config.endpoint, getattr(self, "attempt", None))
+        vectors, status, error, n_tokens = embed_rows(self, texts, malformed_rows(chunk), counts, client)
+        valid = np.asarray([v is None for v in error], dtype=bool) & (status == "ok")
+        results = {} if vectors is None else {"embedding": self._normalized(vectors)}
+        columns = self.build_columns(loaded, results, valid)
+        counts.add("rows", chunk.num_rows)
+        counts.add("chunks")
+        counts.add_status({str(s): int(c) for s, c in zip(*np.unique(status.astype(str), return_counts=True))})
+        columns += [pa.array(n_tokens, pa.int32()), pa.array(np.zeros(chunk.num_rows, dtype=bool), pa.bool_()),
+                    pa.array(status.tolist(), pa.string()), pa.array(error.tolist(), pa.string())]
+        return pa.RecordBatch.from_arrays(columns, schema=self.output_schema())
 
     def result_fields(self) -> list[pa.Field]:
         fields = []
@@ -96,4 +177,4 @@ class EmbedTask(TextTask):
         return columns
 
 
-register_task(EmbedTaskConfig, EmbedTask)
+register_task(EmbedTaskConfig, EmbedTask, job=EndpointJob())

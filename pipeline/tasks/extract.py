@@ -33,6 +33,7 @@ from pydantic import Field, field_validator
 from pipeline.generation.engine import GenerationResult
 from pipeline.generation.schema import arrow_type, check_schema, load_schema, parse_completion
 from pipeline.registry import register_task
+from pipeline.tasks._endpoint import EndpointJob
 from pipeline.rows import INVALID_OUTPUT, STATUS_FIELDS
 from pipeline.tasks.generate import RESULT_FIELDS, GenerateTask, GenerateTaskConfig
 
@@ -118,4 +119,4 @@ class ExtractTask(GenerateTask):
         return [pa.array(fields, self.fields_type)]
 
 
-register_task(ExtractTaskConfig, ExtractTask)
+register_task(ExtractTaskConfig, ExtractTask, job=EndpointJob())

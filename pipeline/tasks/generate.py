@@ -25,6 +25,7 @@ from pydantic import Field, model_validator
 
 from pipeline import faults
 from pipeline.config import BatchingConfig, ModelConfig, TaskConfig
+from pipeline.endpoint.config import EndpointConfig
 from pipeline.generation.config import VllmConfig
 from pipeline.generation.engine import BatchGenerator, GenerationRequest, GenerationResult
 from pipeline.generation.prompts import PromptBuilder, template_fields
@@ -32,6 +33,7 @@ from pipeline.generation.sampling import SamplingParams, row_seed
 from pipeline.generation.vllm_backend import EngineError
 from pipeline.metrics import WorkerCounts
 from pipeline.registry import register_task
+from pipeline.tasks._endpoint import EndpointJob
 from pipeline.tasks.base import (
     MALFORMED, MALFORMED_ERROR, NO_CONTENT, STATUS_FIELDS, carries_content, content_free, malformed_rows,
     special_token_ids,
@@ -54,12 +56,14 @@ class GenerateTaskConfig(TaskConfig):
     # No batching key is read by this kind.
     fingerprint_ignore: ClassVar[frozenset[str]] = frozenset({
         "mode", "slots", "max_kv_cache_mb", "vllm.max_num_seqs", "vllm.gpu_memory_utilization",
-        "vllm.kv_cache_mb", "vllm.in_process",
+        "vllm.kv_cache_mb", "vllm.in_process", *(f"endpoint.{k}" for k in EndpointConfig.PER_TRY),
     })
     fingerprint_batching: ClassVar[tuple[str, ...]] = ()
-    backend: Literal["auto", "transformers", "vllm", "llama_cpp"] = Field(
+    per_try_settings: ClassVar[frozenset[str]] = frozenset(f"endpoint.{k}" for k in EndpointConfig.PER_TRY)
+    backend: Literal["auto", "transformers", "vllm", "llama_cpp", "endpoint"] = Field(
         "auto", description="`transformers`, `vllm`, `llama_cpp` (the GGUF's int4 weights; `model.precision int4`), "
-        "or `auto` (llama_cpp for int4, else vllm where the worker imports it, else transformers)")
+        "`endpoint` (an OpenAI-compatible server: `task.endpoint`), or `auto` (llama_cpp for int4, else vllm where "
+        "the worker imports it, else transformers)")
     gguf: str | None = Field(
         None, description="int4 / llama_cpp: the .gguf file (or `package:<module>/<file>`); none: a *.gguf in the "
         "model folder, else the file the folder was converted from (jobs/prepare_llm.py)")
@@ -87,9 +91,15 @@ class GenerateTaskConfig(TaskConfig):
     slots: int = Field(8, gt=0, description="transformers backend: rows decoded together (vllm: `vllm.max_num_seqs`)")
     max_kv_cache_mb: float | None = Field(None, gt=0, description="refuse configs whose KV cache needs more")
     vllm: VllmConfig = Field(default_factory=VllmConfig)
+    endpoint: EndpointConfig | None = Field(
+        None, description="the server of `backend: endpoint` (`base_url`, `model`, `api_key`, limits; see below)")
 
     @model_validator(mode="after")
     def _limits(self) -> "GenerateTaskConfig":
+        if self.backend == "endpoint" and self.endpoint is None:
+            raise ValueError("backend endpoint needs task.endpoint: {base_url: ..., model: ...}")
+        if self.endpoint is not None and self.backend != "endpoint":
+            raise ValueError(f"task.endpoint is set but task.backend is {self.backend!r}; set backend: endpoint")
         if self.max_new_tokens > self.max_new_tokens_limit:
             raise ValueError(
                 f"max_new_tokens {self.max_new_tokens} exceeds max_new_tokens_limit {self.max_new_tokens_limit}; "
@@ -101,6 +111,13 @@ class GenerateTaskConfig(TaskConfig):
 
     def check_job(self, job: Any) -> None:
         precision = job.model.precision
+        if self.backend == "endpoint":
+            if precision != "fp32":
+                raise ValueError(f"model.precision {precision!r} is the server's choice on the endpoint "
+                                 "backend; leave it unset")
+            return
+        if not job.model.path:
+            raise ValueError("model.path is required (a model folder) unless task.backend is endpoint")
         if precision == "int8":
             raise ValueError(
                 "model.precision int8 is for encoder tasks (embed, classify); "
@@ -182,10 +199,35 @@ class GenerateTask:
     def cache_key(self) -> Hashable:
         return (self.kind, self.model.path, self.model.precision, self.model.device, repr(self.config))
 
-    def load(self, model_dir: Path, device: str) -> LoadedGenerator:
+    # -- the endpoint backend: no local model; each task attempt gets its journal and budget ---------
+    @property
+    def journals_requests(self) -> bool:
+        """Whether rows go to a server (the Spark glue then binds each attempt: :meth:`bind_attempt`)."""
+        return self.config.backend == "endpoint"
+
+    def bind_attempt(self, journal: Any, *, max_tokens: int | None, rate_share: float) -> None:
+        """This attempt's request journal, the run's token budget and this task's share of the rates."""
+        from pipeline.tasks._endpoint import Attempt
+
+        self.attempt = Attempt(journal=journal, max_tokens=max_tokens, rate_share=rate_share)
+
+    def resolve_model_dir(self, path: str) -> Path | None:
+        """The local model folder to load (none on the endpoint backend: the server holds the model)."""
+        if self.config.backend == "endpoint":
+            return None
+        from pipeline.models.loading import resolve_model_path
+
+        return resolve_model_path(path, registry_uri=self.model.registry_uri)
+
+    def load(self, model_dir: Path | None, device: str) -> Any:
         from pipeline.models.loading import read_model_config
 
         cfg = self.config
+        if cfg.backend == "endpoint":
+            from pipeline.tasks._endpoint import LoadedEndpoint
+
+            return LoadedEndpoint(cfg.endpoint)
+        assert model_dir is not None
         backend = self._backend(model_dir)
         sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, stop=tuple(cfg.stop))
         precision = self.model.precision
@@ -281,7 +323,7 @@ class GenerateTask:
                          sampling=sampling, gpu_addresses=gpus, max_kv_cache_mb=cfg.max_kv_cache_mb,
                          json_schema=self.vllm_json_schema())
 
-    def process(self, loaded: LoadedGenerator, chunk: pa.RecordBatch, counts: WorkerCounts) -> pa.RecordBatch:
+    def process(self, loaded: Any, chunk: pa.RecordBatch, counts: WorkerCounts) -> pa.RecordBatch:
         missing = [c for c in self.input_columns if c not in chunk.schema.names]
         if missing:
             raise ValueError(
@@ -290,6 +332,31 @@ class GenerateTask:
             )
         n = chunk.num_rows
         cols = {c: chunk.column(chunk.schema.get_field_index(c)).to_pylist() for c in self.input_columns}
+        truncated = np.zeros(n, dtype=bool)
+        if getattr(loaded, "backend", None) == "endpoint":
+            from pipeline.tasks._endpoint import attempt_client, generate_rows
+
+            client = attempt_client(self.config.endpoint, getattr(self, "attempt", None))
+            results, status, error = generate_rows(self, cols, malformed_rows(chunk), counts, client)
+        else:
+            results, status, error, truncated = self._generate_rows(loaded, chunk, cols, counts)
+        leading = self.check_outputs(results, status, error)
+
+        counts.add("rows", n)
+        counts.add("chunks")
+        counts.add_status({str(s): int(c) for s, c in zip(*np.unique(status.astype(str), return_counts=True))})
+        reasons: dict[str, int] = {}
+        for result in results:
+            if result is not None:
+                reasons[result.finish_reason] = reasons.get(result.finish_reason, 0) + 1
+        counts.merge({"finish_reasons": reasons})
+        return self._to_batch(results, truncated, status, error, leading=leading)
+
+    def _generate_rows(self, loaded: LoadedGenerator, chunk: pa.RecordBatch, cols: dict[str, list[Any]],
+                       counts: WorkerCounts) -> tuple[list[GenerationResult | None], np.ndarray, np.ndarray,
+                                                      np.ndarray]:
+        """``(results, status, error, truncated)`` of a chunk on a local backend (transformers, vLLM)."""
+        n = chunk.num_rows
         status = np.full(n, "ok", dtype=object)
         error = np.full(n, None, dtype=object)
         truncated = np.zeros(n, dtype=bool)
@@ -332,17 +399,7 @@ class GenerateTask:
             results[i] = result
             if result.finish_reason == "error":
                 status[i], error[i] = "error", result.error
-        leading = self.check_outputs(results, status, error)
-
-        counts.add("rows", n)
-        counts.add("chunks")
-        counts.add_status({str(s): int(c) for s, c in zip(*np.unique(status.astype(str), return_counts=True))})
-        reasons: dict[str, int] = {}
-        for result in results:
-            if result is not None:
-                reasons[result.finish_reason] = reasons.get(result.finish_reason, 0) + 1
-        counts.merge({"finish_reasons": reasons})
-        return self._to_batch(results, truncated, status, error, leading=leading)
+        return results, status, error, truncated
 
     # -- what a subclass (the extract kind) changes ----------------------------------------------
     def system_prompt(self) -> str | None:
@@ -491,4 +548,4 @@ def _as_text(value: Any) -> Any:
     return value.decode("utf-8", errors="replace") if isinstance(value, (bytes, bytearray)) else value
 
 
-register_task(GenerateTaskConfig, GenerateTask)
+register_task(GenerateTaskConfig, GenerateTask, job=EndpointJob())

@@ -36,8 +36,13 @@ class TaskJob:
         against the task, and the task's token length against the model's
         positions (``pipeline.models.checks``).
         """
+        from pipeline.errors import ModelError
         from pipeline.models.checks import check_model
         from pipeline.models.loading import model_revision, resolve_model_path
+
+        if not config.model.path:
+            raise ModelError(f"model.path is required for task.kind {config.task.kind}: a model folder or "
+                             "package:<module> (only the endpoint backend of generate, extract and embed needs none)")
 
         path = resolve_model_path(config.model.path, registry_uri=config.model.registry_uri)
         needed = task.positions_needed() if hasattr(task, "positions_needed") else (None, "")

@@ -1,0 +1,311 @@
+"""The ``endpoint`` backend of ``generate``, ``extract`` and ``embed``: rows answered by an OpenAI-compatible server.
+
+What the three kinds share: the driver-side model check (the server lists the
+model: :class:`EndpointJob`), what a worker keeps (:class:`LoadedEndpoint`:
+nothing heavy, no local model), the client of one task attempt (its journal
+and its share of the run's rates and token budget), and the rows' statuses
+when there is no local tokenizer: ``skipped_null``, ``skipped_empty`` and
+``skipped_no_content`` (only control or format characters and U+FFFD) are
+decided on the text; a prompt past the served model's context is the
+server's to refuse, and the row gets ``error`` with its answer.
+
+Per row the output carries the server's usage (``prompt_tokens``,
+``completion_tokens``; ``n_tokens`` for embed) and the worker counts add up
+what this try paid (``endpoint.*``), which the summary and the runs table show.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import numpy as np
+
+from pipeline.endpoint import Call, EndpointClient, EndpointConfig, Outcome
+from pipeline.endpoint.wire import WireError, chat_body, completion_body, embedding_body, read_embedding, read_generation
+from pipeline.errors import EngineError, ModelError, TokenBudgetReached
+from pipeline.metrics import WorkerCounts
+from pipeline.registry import ModelInfo
+from pipeline.rows import MALFORMED, MALFORMED_ERROR, NO_CONTENT
+from pipeline.tasks.base import carries_content, malformed_rows
+from pipeline.tasks.job import TaskJob
+
+if TYPE_CHECKING:
+    from pipeline.config import JobConfig
+
+__all__ = ["EndpointJob", "LoadedEndpoint", "attempt_client", "embed_rows", "generate_rows", "served_model"]
+
+# upper estimate of a prompt's tokens from its characters (BPE vocabularies average 3.5-4.5 characters a token
+# on English; chat templates add a few tokens per message)
+_CHARS_PER_TOKEN = 3
+_TEMPLATE_TOKENS = 16
+
+
+@dataclass
+class LoadedEndpoint:
+    """What a worker keeps for an endpoint task: the settings (the client is per task attempt) and, for
+    ``embed`` with labels, the label descriptions' vectors."""
+
+    config: EndpointConfig
+    labels: Any = None
+    backend: str = "endpoint"
+    precision: str = "served"
+
+    @property
+    def load_counts(self) -> dict[str, Any]:
+        from urllib.parse import urlsplit
+
+        where = urlsplit(self.config.base_url).netloc
+        return {"generation_backend": {f"endpoint ({self.config.model} at {where})": 1}}
+
+
+@dataclass
+class Attempt:
+    """What the Spark glue gives an endpoint task for one attempt: its journal, the budget, its rate share."""
+
+    journal: Any = None
+    max_tokens: int | None = None
+    rate_share: float = 1.0
+
+
+def served_model(config: EndpointConfig) -> dict[str, Any]:
+    """The server's entry for ``config.model`` in ``GET /models``; a clear :class:`ModelError` otherwise.
+
+    Called on the driver before any Spark work: an address nobody answers, a key the server refuses
+    or a model it does not serve fails the run in seconds.
+    """
+    import httpx
+
+    from pipeline.endpoint.limits import backoff_delay, retry_after_seconds
+
+    headers = {"Authorization": f"Bearer {config.secret()}"} if config.secret() else {}
+    url = f"{config.base_url}/models"
+    timeout = httpx.Timeout(config.timeout_s, connect=config.connect_timeout_s)
+    for attempt in range(config.max_attempts):  # a busy server's 429 or 5xx is waited out, as for rows
+        try:
+            response = httpx.get(url, headers=headers, timeout=timeout, trust_env=False)
+        except httpx.HTTPError as exc:
+            if attempt + 1 < config.max_attempts and not isinstance(exc, httpx.ConnectError):
+                time.sleep(backoff_delay(attempt, base=config.backoff_s, cap=config.max_backoff_s))
+                continue
+            raise ModelError(f"cannot reach the endpoint at {config.base_url} ({type(exc).__name__}: {exc}): check "
+                             "task.endpoint.base_url and that the server runs") from None
+        if (response.status_code == 429 or response.status_code >= 500) and attempt + 1 < config.max_attempts:
+            wait = retry_after_seconds(response.headers)
+            time.sleep(min(wait, config.max_retry_after_s) if wait is not None else
+                       backoff_delay(attempt, base=config.backoff_s, cap=config.max_backoff_s))
+            continue
+        break
+    if response.status_code in (401, 403):
+        raise ModelError(f"the endpoint at {config.base_url} refused the key (HTTP {response.status_code}): check the "
+                         "variable task.endpoint.api_key reads")
+    if response.status_code != 200:
+        raise ModelError(f"GET {url} answered HTTP {response.status_code}: {response.text[:200]!r}; is "
+                         f"{config.base_url} an OpenAI-compatible API root (it usually ends in /v1)?")
+    try:
+        data = response.json().get("data") or []
+    except (ValueError, AttributeError):
+        data = []
+    for entry in data:
+        if isinstance(entry, Mapping) and entry.get("id") == config.model:
+            return dict(entry)
+    served = sorted(str(e.get("id")) for e in data if isinstance(e, Mapping))
+    raise ModelError(f"the endpoint at {config.base_url} does not serve model {config.model!r} (it serves "
+                     f"{served}); set task.endpoint.model to one of them")
+
+
+class EndpointJob(TaskJob):
+    """The driver-side hooks of a kind with an endpoint backend: on it, the model is the server's, checked there."""
+
+    def model_info(self, config: "JobConfig", task: Any) -> ModelInfo:
+        endpoint = getattr(config.task, "endpoint", None)
+        if getattr(config.task, "backend", None) != "endpoint" or endpoint is None:
+            return super().model_info(config, task)
+        import hashlib
+        import json
+
+        entry = served_model(endpoint)
+        # what names the weights behind the name; not `created`, which a restarted server changes
+        identity = {k: entry.get(k) for k in ("id", "root", "parent", "max_model_len", "owned_by")}
+        revision = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        return ModelInfo(config.model.path or "", config.model.name or endpoint.model, revision)
+
+
+def attempt_client(config: EndpointConfig, attempt: Attempt | None) -> EndpointClient:
+    """The client of one task attempt: its journal, the run's token budget and this task's share of the rates."""
+    attempt = attempt or Attempt()
+    return EndpointClient(config, journal=attempt.journal, max_tokens=attempt.max_tokens,
+                          rate_share=attempt.rate_share)
+
+
+def _text(value: Any) -> Any:
+    return value.decode("utf-8", errors="replace") if isinstance(value, (bytes, bytearray)) else value
+
+
+def _status_of(values: Sequence[Any]) -> str | None:
+    """A row's skip status from its template values (None: it is sent)."""
+    if any(v is None for v in values):
+        return "skipped_null"
+    if any(not str(v).strip() for v in values):
+        return "skipped_empty"
+    if not any(carries_content(str(v)) for v in values):
+        return NO_CONTENT
+    return None
+
+
+def _finish(counts: WorkerCounts, client: EndpointClient, outcomes: Sequence[Outcome], paid: int) -> None:
+    """Merge the client's counters into the task's and stop the run when the budget refused a row."""
+    counts.merge({"endpoint": {**client.stats, "tokens_paid": paid}})
+    refused = sum(1 for o in outcomes if o.budget)
+    if refused:
+        spent = client.budget.spent()
+        raise TokenBudgetReached(
+            f"run.max_tokens {client.budget.limit:,} reached: this try has spent {spent:,} tokens and {refused:,} "
+            "row(s) of this task were not sent; nothing is committed. Every answer so far is kept (the request "
+            "journal and the staged tasks): rerun the same command, with a budget for the rest, to pay only for "
+            "the rows not answered yet")
+
+
+def generate_rows(task: Any, cols: Mapping[str, list[Any]], malformed: np.ndarray, counts: WorkerCounts,
+                  client: EndpointClient) -> tuple[list[Any], np.ndarray, np.ndarray]:
+    """``(results, status, error)`` for a generate/extract chunk on the endpoint backend (results in row order)."""
+    from pipeline.generation.engine import GenerationResult
+    from pipeline.generation.sampling import row_seed
+
+    cfg, endpoint = task.config, task.config.endpoint
+    n = len(malformed)
+    status = np.full(n, "ok", dtype=object)
+    error = np.full(n, None, dtype=object)
+    results: list[Any] = [None] * n
+    system, schema = task.system_prompt(), task.vllm_json_schema()
+    build = chat_body if endpoint.api == "chat" else completion_body
+    rows, calls = [], []
+    for i in range(n):
+        if malformed[i]:
+            status[i], error[i] = MALFORMED, MALFORMED_ERROR
+            continue
+        values = {c: _text(cols[c][i]) for c in task.template_columns}
+        skipped = _status_of(list(values.values()))
+        if skipped is not None:
+            status[i] = skipped
+            continue
+        try:
+            prompt = cfg.template.format(**values)
+            budget = task._budget(cols, i)
+        except (ValueError, KeyError, IndexError) as exc:
+            status[i], error[i] = "error", str(exc)
+            continue
+        key = cols[cfg.seed_column][i] if cfg.seed_column else "\x1f".join(map(str, values.values()))
+        body = build(endpoint.model, prompt, system=system, max_tokens=budget, temperature=cfg.temperature,
+                     top_p=cfg.top_p, seed=row_seed(cfg.seed, key), stop=cfg.stop, json_schema=schema)
+        estimate = (len(prompt) + len(system or "")) // _CHARS_PER_TOKEN + _TEMPLATE_TOKENS + budget
+        rows.append(i)
+        calls.append(Call.of(endpoint.api_path(), body, estimate=estimate))
+
+    def usage(answer: Mapping[str, Any]) -> int:
+        reply = read_generation(answer)
+        return reply.prompt_tokens + reply.completion_tokens
+
+    started = time.perf_counter()
+    outcomes = client.run(calls, usage=_safe(usage), on_done=_progress(counts, _safe(usage)))
+    paid = 0
+    for i, outcome in zip(rows, outcomes):
+        if not outcome.ok:
+            status[i], error[i] = "error", f"endpoint: {outcome.error}"
+            results[i] = GenerationResult("", [], 0, "error", outcome.seconds * 1000.0, error=error[i])
+            continue
+        try:
+            reply = read_generation(outcome.answer or {})
+        except WireError as exc:
+            status[i], error[i] = "error", f"endpoint: {exc}"
+            results[i] = GenerationResult("", [], 0, "error", outcome.seconds * 1000.0, error=error[i])
+            continue
+        if not outcome.replayed:
+            paid += reply.prompt_tokens + reply.completion_tokens
+        results[i] = GenerationResult(reply.text, [], reply.prompt_tokens, reply.finish_reason,
+                                      outcome.seconds * 1000.0, usage_completion_tokens=reply.completion_tokens)
+    _count_generation(counts, [results[i] for i in rows], paid, time.perf_counter() - started)
+    _finish(counts, client, outcomes, paid)
+    return results, status, error
+
+
+def _safe(usage: Any) -> Any:
+    def tokens(answer: Mapping[str, Any]) -> int:
+        try:
+            return int(usage(answer))
+        except (WireError, TypeError, ValueError):
+            return 0
+    return tokens
+
+
+def _progress(counts: WorkerCounts, usage: Any) -> Any:
+    def done(_: int, outcome: Outcome) -> None:
+        counts.add("progress_rows")
+        if outcome.ok and outcome.answer is not None:
+            counts.add("progress_tokens", usage(outcome.answer))
+        if counts.on_batch is not None:
+            counts.on_batch(counts)
+    return done
+
+
+def _count_generation(counts: WorkerCounts, results: Sequence[Any], paid: int, seconds: float) -> None:
+    prompt = sum(r.prompt_tokens for r in results if r is not None)
+    completion = sum(r.completion_tokens for r in results if r is not None)
+    counts.add("prompt_tokens", prompt)
+    counts.add("completion_tokens", completion)
+    counts.add("tokens", paid)
+    counts.add("generate_seconds", seconds)
+    if results:
+        counts.record_batch(rows=len(results), tokens=prompt + completion, padded_tokens=prompt + completion,
+                            seconds=seconds, padded_length=0)
+
+
+def embed_rows(task: Any, texts: Sequence[Any], malformed: np.ndarray, counts: WorkerCounts,
+               client: EndpointClient) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, np.ndarray]:
+    """``(embeddings of the ok rows, status, error, n_tokens)`` for an embed chunk on the endpoint backend."""
+    endpoint = task.config.endpoint
+    n = len(texts)
+    status = np.full(n, "ok", dtype=object)
+    error = np.full(n, None, dtype=object)
+    n_tokens = np.zeros(n, dtype=np.int32)
+    rows, calls = [], []
+    for i, value in enumerate(texts):
+        text = _text(value)
+        if malformed[i]:
+            status[i], error[i] = MALFORMED, MALFORMED_ERROR
+            continue
+        skipped = _status_of([text])
+        if skipped is not None:
+            status[i] = skipped
+            continue
+        rows.append(i)
+        calls.append(Call.of("/embeddings", embedding_body(endpoint.model, text),
+                             estimate=len(text) // _CHARS_PER_TOKEN + _TEMPLATE_TOKENS))
+    started = time.perf_counter()
+    tokens_of = _safe(lambda a: read_embedding(a)[1])
+    outcomes = client.run(calls, usage=tokens_of, on_done=_progress(counts, tokens_of))
+    vectors: list[list[float] | None] = [None] * n
+    paid = 0
+    for i, outcome in zip(rows, outcomes):
+        try:
+            if not outcome.ok:
+                raise WireError(str(outcome.error))
+            vector, tokens = read_embedding(outcome.answer or {})
+        except WireError as exc:
+            status[i], error[i] = "error", f"endpoint: {exc}"
+            continue
+        vectors[i], n_tokens[i] = vector, tokens
+        paid += 0 if outcome.replayed else tokens
+    ok = [i for i in range(n) if vectors[i] is not None]
+    dims = {len(vectors[i]) for i in ok}  # type: ignore[arg-type]
+    if len(dims) > 1:
+        raise EngineError(f"the endpoint returned embeddings of different sizes {sorted(dims)} in one task")
+    matrix = np.asarray([vectors[i] for i in ok], dtype=np.float32) if ok else None
+    counts.add("tokens", paid)
+    counts.add("prompt_tokens", int(n_tokens.sum()))
+    if ok:
+        counts.record_batch(rows=len(ok), tokens=int(n_tokens.sum()), padded_tokens=int(n_tokens.sum()),
+                            seconds=time.perf_counter() - started, padded_length=0)
+    _finish(counts, client, outcomes, paid)
+    return matrix, status, error, n_tokens

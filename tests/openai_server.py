@@ -1,0 +1,436 @@
+"""Servers for the endpoint tests: an OpenAI-compatible server on real models, and a proxy that injects faults.
+
+``OpenAIServer`` serves ``/v1/models``, ``/v1/chat/completions``,
+``/v1/completions`` and ``/v1/embeddings`` in OpenAI's wire format (the
+request and answer fields vLLM's server reads and writes: ``messages``,
+``max_tokens``, ``seed``, ``stop``, ``response_format: json_schema``;
+``choices[0].message.content``, ``finish_reason``, ``usage``; errors as
+``{"error": {"message", "type", "code"}}``). Its models are loaded through the
+project's real loading code: a causal LM generating with the transformers
+backend (xgrammar for ``json_schema``), and an encoder embedding with mean
+pooling. It runs on uvicorn in a thread of the test process, on 127.0.0.1,
+starts in about a second, and counts every request it answered by the
+request's key, so a test can tell whether a row was requested twice.
+
+``FaultProxy`` sits in front of any such server (this one, or vLLM's) and,
+per request, answers ``429`` (with ``Retry-After``) or ``500`` itself, closes
+the connection before forwarding (``drop``), forwards after a delay
+(``slow``), or forwards and then cuts the answer off half-way (``cut``: the
+server did the work, the client never got it). HTTP/1.1 is parsed by h11.
+Both stop with their fixture; request loops are bounded by the tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from pipeline.endpoint.wire import body_key
+
+
+def _bound_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+class _Uvicorn:
+    """An ASGI app on uvicorn in a daemon thread, on a socket bound to 127.0.0.1 (``url``), until ``stop``."""
+
+    def __init__(self, app: Any) -> None:
+        import uvicorn
+
+        self.sock = _bound_socket()
+        self.port = self.sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def start(self) -> "_Uvicorn":
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the test server did not start within 30 s")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+        self.sock.close()
+
+
+def _error(status: int, message: str, kind: str = "BadRequestError") -> Any:
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}},
+                        status_code=status)
+
+
+class OpenAIServer:
+    """The OpenAI API over a local causal LM (``llm_dir``, served as ``llm_name``) and encoder (``embed_dir``).
+
+    ``requests`` counts what it answered by :func:`pipeline.endpoint.wire.body_key` (path, body);
+    ``fail_marker``: a prompt holding it is refused with ``400`` (a row the server rejects).
+    """
+
+    def __init__(self, *, llm_dir: Path | None = None, llm_name: str = "tiny-llm", embed_dir: Path | None = None,
+                 embed_name: str = "tiny-embed", api_key: str | None = None, max_model_len: int = 512,
+                 fail_marker: str = "<<refuse>>") -> None:
+        self.llm_dir, self.llm_name, self.embed_dir, self.embed_name = llm_dir, llm_name, embed_dir, embed_name
+        self.api_key, self.max_model_len, self.fail_marker = api_key, max_model_len, fail_marker
+        self.requests: Counter[str] = Counter()
+        self.paths: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._llm: Any = None
+        self._embed: Any = None
+        self._constraints: dict[str, Any] = {}
+        self._server: _Uvicorn | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def start(self) -> "OpenAIServer":
+        self._load()
+        self._server = _Uvicorn(self._app()).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.port}/v1"
+
+    def _load(self) -> None:
+        if self.llm_dir is not None:
+            from pipeline.generation.loading import load_causal_lm
+
+            self._llm = load_causal_lm(self.llm_dir, device="cpu", precision="fp32")
+        if self.embed_dir is not None:
+            from pipeline.models.loading import load_model
+
+            self._embed = load_model(self.embed_dir, kind="embed", device="cpu")
+
+    # -- the API ------------------------------------------------------------------------------------
+    def _app(self) -> Any:
+        from starlette.applications import Starlette
+        from starlette.routing import Route
+
+        return Starlette(routes=[
+            Route("/v1/models", self._models, methods=["GET"]),
+            Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/v1/completions", self._completions, methods=["POST"]),
+            Route("/v1/embeddings", self._embeddings, methods=["POST"]),
+        ])
+
+    def _refused(self, request: Any) -> Any:
+        if self.api_key and request.headers.get("authorization") != f"Bearer {self.api_key}":
+            return _error(401, "Incorrect API key provided", "AuthenticationError")
+        return None
+
+    async def _models(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        if (refused := self._refused(request)) is not None:
+            return refused
+        served = [(self.llm_name, self.llm_dir), (self.embed_name, self.embed_dir)]
+        data = [{"id": name, "object": "model", "created": int(time.time()), "owned_by": "sbi-tests",
+                 "root": str(folder), "parent": None, "max_model_len": self.max_model_len}
+                for name, folder in served if folder is not None]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def _body(self, request: Any, path: str) -> tuple[dict[str, Any] | None, Any]:
+        if (refused := self._refused(request)) is not None:
+            return None, refused
+        try:
+            body = json.loads(await request.body())
+        except ValueError:
+            return None, _error(400, "the body is not JSON")
+        with self._lock:
+            self.requests[body_key(path, body)] += 1
+            self.paths[path] += 1
+        return body, None
+
+    async def _chat(self, request: Any) -> Any:
+        body, refused = await self._body(request, "/chat/completions")
+        if refused is not None:
+            return refused
+        if body.get("model") != self.llm_name or self._llm is None:
+            return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+        tokenizer = self._llm[0]
+        ids = tokenizer.apply_chat_template(body.get("messages") or [], add_generation_prompt=True, tokenize=True,
+                                            return_dict=False)
+        text = " ".join(str(m.get("content", "")) for m in body.get("messages") or [])
+        return await self._generate(body, list(ids), text, chat=True)
+
+    async def _completions(self, request: Any) -> Any:
+        body, refused = await self._body(request, "/completions")
+        if refused is not None:
+            return refused
+        if body.get("model") != self.llm_name or self._llm is None:
+            return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+        prompt = str(body.get("prompt", ""))
+        return await self._generate(body, self._llm[0](prompt)["input_ids"], prompt, chat=False)
+
+    async def _generate(self, body: dict[str, Any], ids: list[int], text: str, *, chat: bool) -> Any:
+        from starlette.concurrency import run_in_threadpool
+        from starlette.responses import JSONResponse
+
+        if self.fail_marker in text:
+            return _error(400, "the server refuses this prompt (test marker)")
+        max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
+        if len(ids) + max_tokens > self.max_model_len:
+            return _error(400, f"This model's maximum context length is {self.max_model_len} tokens. However, you "
+                               f"requested {len(ids) + max_tokens} tokens.")
+        completion, tokens, reason = await run_in_threadpool(self._decode, body, ids, max_tokens)
+        usage = {"prompt_tokens": len(ids), "completion_tokens": tokens, "total_tokens": len(ids) + tokens}
+        choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": completion}
+        else:
+            choice["text"] = completion
+        return JSONResponse({"id": f"cmpl-{time.monotonic_ns()}", "object": "chat.completion" if chat else
+                             "text_completion", "created": int(time.time()), "model": body["model"],
+                             "choices": [choice], "usage": usage})
+
+    def _decode(self, body: dict[str, Any], ids: list[int], max_tokens: int) -> tuple[str, int, str]:
+        from pipeline.generation import BatchGenerator, GenerationRequest, SamplingParams
+
+        tokenizer, model = self._llm
+        schema = ((body.get("response_format") or {}).get("json_schema") or {}).get("schema")
+        sampling = SamplingParams(temperature=float(body.get("temperature", 1.0)), top_p=float(body.get("top_p", 1.0)),
+                                  stop=tuple(body.get("stop") or ()))
+        with self._lock:
+            constraint = self._constraint(schema) if schema else None
+            gen = BatchGenerator(model, tokenizer, mode="static", slots=1, max_seq_len=self.max_model_len,
+                                 sampling=sampling, constraint=constraint)
+            result = gen.generate([GenerationRequest(ids, max_tokens, int(body.get("seed") or 0))])[0]
+        return result.completion, result.completion_tokens, result.finish_reason
+
+    def _constraint(self, schema: dict[str, Any]) -> Any:
+        from pipeline.generation.engine import eos_ids
+        from pipeline.generation.grammar import JsonConstraint
+
+        key = json.dumps(schema, sort_keys=True)
+        if key not in self._constraints:
+            tokenizer, model = self._llm
+            self._constraints[key] = JsonConstraint.compile(tokenizer, schema, vocab_size=model.config.vocab_size,
+                                                            stop_token_ids=sorted(eos_ids(model, tokenizer)))
+        return self._constraints[key]
+
+    async def _embeddings(self, request: Any) -> Any:
+        from starlette.concurrency import run_in_threadpool
+        from starlette.responses import JSONResponse
+
+        body, refused = await self._body(request, "/embeddings")
+        if refused is not None:
+            return refused
+        if body.get("model") != self.embed_name or self._embed is None:
+            return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+        inputs = body.get("input")
+        inputs = [inputs] if isinstance(inputs, str) else list(inputs or [])
+        if any(self.fail_marker in str(t) for t in inputs):
+            return _error(400, "the server refuses this input (test marker)")
+        vectors, tokens = await run_in_threadpool(self._encode, [str(t) for t in inputs])
+        data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)]
+        return JSONResponse({"object": "list", "data": data, "model": body["model"],
+                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+    def _encode(self, texts: list[str]) -> tuple[list[list[float]], int]:
+        import torch
+
+        tokenizer, model = self._embed
+        enc = tokenizer(texts, padding=True, truncation=True, max_length=128, return_tensors="pt")
+        with self._lock, torch.inference_mode():
+            hidden = model(**enc).last_hidden_state
+        mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        return pooled.tolist(), int(enc["attention_mask"].sum())
+
+
+# ------------------------------------------------------------------------------------- the fault proxy
+
+@dataclass
+class FaultPlan:
+    """Which fault the ``n``-th request (from 0) gets: ``None`` (forwarded), ``429``, ``500``, ``drop``,
+    ``slow`` or ``cut``. Rules are checked in this order; each is "every ``k``-th request, from ``offset``".
+
+    A 429 burst: ``burst_429 = (k, length)``: requests ``n`` with ``n % k < length`` are refused.
+    """
+
+    burst_429: tuple[int, int] | None = None
+    every_500: int | None = None
+    every_drop: int | None = None
+    every_slow: int | None = None
+    slow_s: float = 0.3
+    every_cut: int | None = None
+    retry_after_ms: int = 50
+    # a rule applies only to requests whose body contains this text (None: every request)
+    only_if: str | None = None
+
+    def fault(self, n: int, body: bytes) -> str | None:
+        if self.only_if is not None and self.only_if.encode() not in body:
+            return None
+        if self.burst_429 and n % self.burst_429[0] < self.burst_429[1]:
+            return "429"
+        for name, every in (("500", self.every_500), ("drop", self.every_drop), ("slow", self.every_slow),
+                            ("cut", self.every_cut)):
+            if every and n % every == every - 1:
+                return name
+        return None
+
+
+@dataclass
+class FaultProxy:
+    """An HTTP/1.1 proxy on 127.0.0.1 in front of ``upstream`` (``http://host:port``), injecting ``plan``'s faults.
+
+    ``injected`` counts the faults by name; ``forwarded`` counts, by request key, what reached the upstream.
+    """
+
+    upstream: str
+    plan: FaultPlan = field(default_factory=FaultPlan)
+    injected: Counter = field(default_factory=Counter)
+    forwarded: Counter = field(default_factory=Counter)
+    requests: int = 0
+
+    def start(self) -> "FaultProxy":
+        self._sock = _bound_socket()
+        self.port = self._sock.getsockname()[1]
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("the fault proxy did not start")
+        return self
+
+    def url(self, root: str = "/v1") -> str:
+        return f"http://127.0.0.1:{self.port}{root}"
+
+    def stop(self) -> None:
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._stopping.set)
+        self._thread.join(timeout=10)
+        self._sock.close()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(self._serve())
+        self._loop.close()
+
+    async def _serve(self) -> None:
+        import httpx
+
+        self._stopping = asyncio.Event()
+        self._client = httpx.AsyncClient(base_url=self.upstream, timeout=httpx.Timeout(300.0), trust_env=False)
+        server = await asyncio.start_server(self._handle, sock=self._sock)
+        self._ready.set()
+        async with server:
+            await self._stopping.wait()
+        await self._client.aclose()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        import h11
+
+        conn = h11.Connection(h11.SERVER)
+        try:
+            while True:
+                request, body = await self._read(conn, reader)
+                if request is None:
+                    break
+                if not await self._answer(conn, writer, request, body):
+                    break
+                if conn.our_state is h11.MUST_CLOSE:
+                    break
+                conn.start_next_cycle()
+        except (ConnectionError, h11.ProtocolError):
+            pass
+        finally:
+            writer.close()
+
+    async def _read(self, conn: Any, reader: asyncio.StreamReader) -> tuple[Any, bytes]:
+        import h11
+
+        request, chunks = None, []
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                data = await reader.read(65536)
+                if not data and conn.their_state is h11.IDLE:
+                    return None, b""
+                conn.receive_data(data)
+            elif isinstance(event, h11.Request):
+                request = event
+            elif isinstance(event, h11.Data):
+                chunks.append(bytes(event.data))
+            elif isinstance(event, h11.EndOfMessage):
+                return request, b"".join(chunks)
+            elif isinstance(event, h11.ConnectionClosed):
+                return None, b""
+
+    async def _answer(self, conn: Any, writer: asyncio.StreamWriter, request: Any, body: bytes) -> bool:
+        """Answer one request (forwarded or faulted); False when the connection was dropped."""
+        n, self.requests = self.requests, self.requests + 1
+        fault = self.plan.fault(n, body)
+        if fault:
+            self.injected[fault] += 1
+        if fault in ("429", "500"):
+            headers = {"retry-after": "1", "retry-after-ms": str(self.plan.retry_after_ms)} if fault == "429" else {}
+            text = json.dumps({"error": {"message": "injected " + fault, "type": "InjectedFault", "code": int(fault)}})
+            await self._send(conn, writer, int(fault), {"content-type": "application/json", **headers}, text.encode())
+            return True
+        if fault == "drop":
+            writer.transport.abort()  # a reset before the request went anywhere
+            return False
+        if fault == "slow":
+            await asyncio.sleep(self.plan.slow_s)
+        status, headers, content = await self._forward(request, body)
+        if fault == "cut":  # the upstream did the work; the client gets half an answer and a closed connection
+            head = f"HTTP/1.1 {status} OK\r\ncontent-type: application/json\r\ncontent-length: {len(content)}\r\n\r\n"
+            writer.write(head.encode() + content[: len(content) // 2])
+            await writer.drain()
+            writer.transport.abort()
+            return False
+        await self._send(conn, writer, status, headers, content)
+        return True
+
+    async def _forward(self, request: Any, body: bytes) -> tuple[int, dict[str, str], bytes]:
+        target = request.target.decode()
+        if body:
+            try:
+                parsed = json.loads(body)
+                path = target.split("/v1", 1)[-1]
+                self.forwarded[body_key(path, parsed)] += 1
+            except ValueError:
+                pass
+        headers = {k.decode(): v.decode() for k, v in request.headers
+                   if k.lower() not in (b"host", b"content-length", b"connection")}
+        response = await self._client.request(request.method.decode(), target, content=body, headers=headers)
+        keep = {k: v for k, v in response.headers.items()
+                if k.lower() in ("content-type", "retry-after", "retry-after-ms")}
+        return response.status_code, keep, response.content
+
+    @staticmethod
+    async def _send(conn: Any, writer: asyncio.StreamWriter, status: int, headers: dict[str, str],
+                    content: bytes) -> None:
+        import h11
+
+        pairs = [(k, v) for k, v in headers.items()] + [("content-length", str(len(content)))]
+        writer.write(conn.send(h11.Response(status_code=status, headers=pairs)))
+        writer.write(conn.send(h11.Data(data=content)))
+        writer.write(conn.send(h11.EndOfMessage()))
+        await writer.drain()
+
+
+def count_requests(counter: Counter, keys: Callable[[str], bool] | None = None) -> dict[str, int]:
+    """The counter as a plain dict, optionally only the keys ``keys`` accepts."""
+    return {k: v for k, v in counter.items() if keys is None or keys(k)}
