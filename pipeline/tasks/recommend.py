@@ -273,6 +273,9 @@ class RecommendJob(TaskJob):
             "user_id", F.col("rec.item_ids").alias("item_id"), F.col("rec.scores").alias("score"),
             (F.col("pos") + 1).cast("int").alias("rank"), *OUTPUT_COLUMNS[4:])
 
+    def output_rows_per_input(self, config: JobConfig) -> int:
+        return config.task.k  # a user's top k
+
     def check_complete(self, *, rows_in: int, rows_out: int, rows_quarantined: int,
                        counts: dict[str, Any]) -> str | None:
         """Every user scored once, and every recommendation the executors produced written once."""
