@@ -22,7 +22,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 export HF_HUB_OFFLINE := 1
 
 .PHONY: venv jars venv-vllm demo demo-s3 demo-data report demo-generate demo-generate-vllm demo-extract demo-extract-vllm demo-extract-endpoint \
-	demo-extract-logs bench-extract demo-recs demo-images demo-images-data lint test \
+	demo-extract-logs bench-extract bench-extract-vllm demo-recs demo-images demo-images-data lint test \
 	test-vllm bench bench-batching bench-gpu bench-generate bench-generate-width bench-scaling bench-row-keys \
 	bench-small-jobs bench-images bench-resume bench-precision bench-endpoint \
 	bench-feed lock lock-vllm \
@@ -146,6 +146,10 @@ demo-extract-logs: jars $(LLM_DIR)/model.safetensors
 bench-extract: demo-data $(LLM_DIR)/model.safetensors
 	$(PY) bench/bench_extract.py --rows $(EXTRACT_ROWS) $(BENCH_ARGS)
 	$(PY) bench/bench_grammar_libs.py --model $(LLM_DIR) --rows 8
+
+# constrained against free on both backends, in one environment (docs/benchmarks_generation.md)
+bench-extract-vllm: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
+	for backend in transformers vllm; do PYTHONPATH=. $(VLLM_PY) bench/bench_extract.py --rows $(EXTRACT_ROWS) --backend $$backend; done
 
 # Image demo: sample photos (scikit-image wheel) + bad images -> classify_images (EfficientNet-Lite0) -> Delta;
 # pages of Debian PDF manuals (apt-get download, pdftoppm) -> ocr_pages (PP-OCRv4, onnxruntime) -> Delta,

@@ -138,17 +138,72 @@ def test_int8_that_fails_the_gate_falls_back_to_fp32(tiny_classify_model, tmp_pa
     assert reason.startswith("int8->fp32 (int8: mean cosine") and "run rows (FAIL)" in reason
 
 
+def test_the_fp32_model_a_fallback_keeps_scores_as_a_plain_fp32_load(tiny_embed_model, tmp_path):
+    # the first load of a revision exports from the fp32 model in memory; a failed gate then scores with
+    # that model, which must still be in eval mode (dropout off), as if int8 had never been tried
+    model_dir = _copy(tiny_embed_model, tmp_path)
+    fell_back = _task(model_dir, rows=SENTENCES, accuracy_gate={"min_mean_cosine": 1.0}).load(model_dir, "cpu")
+    assert fell_back.precision == "fp32" and fell_back.gate.fell_back
+    assert not fell_back.model.training
+    plain = _task(model_dir, "fp32").load(model_dir, "cpu")
+    ours = _score(_task(model_dir), fell_back).column("embedding").to_pylist()
+    theirs = _score(_task(model_dir, "fp32"), plain).column("embedding").to_pylist()
+    np.testing.assert_allclose(np.array(ours), np.array(theirs), rtol=0, atol=1e-6)
+
+
+def _timed_as(monkeypatch, seconds):
+    """The gate's timed sample runs take ``seconds[precision]`` (their outputs are real)."""
+    from pipeline.models import precision
+
+    real, calls = precision.timed_run, []
+
+    def timed_run(run, model, name, texts, *, warm):
+        calls.append((name, warm))
+        return real(run, model, name, texts, warm=warm)[0], seconds[name]
+
+    monkeypatch.setattr(precision, "timed_run", timed_run)
+    return calls
+
+
 def test_auto_picks_int8_on_a_cpu_when_it_passes_and_fp32_when_not(tiny_embed_model, tmp_path, monkeypatch):
     from pipeline.models import precision
 
     monkeypatch.setattr(precision, "has_fast_bf16", lambda device_type: False)
+    calls = _timed_as(monkeypatch, {"fp32": 2.0, "int8": 1.0})
     model_dir = _copy(tiny_embed_model, tmp_path)
     chosen = _task(model_dir, "auto", rows=SENTENCES, accuracy_gate=LOOSE).load(model_dir, "cpu")
     assert chosen.precision == "int8" and not chosen.gate.fell_back
     assert chosen.load_counts["precision_auto"] == {"auto -> int8": 1}
+    (check,) = chosen.load_counts["precision_checks"]
+    assert "2.00x fp32's speed" in check and check.endswith("(pass)")
+    assert calls == [("fp32", True), ("int8", True)]  # auto times both after a warm-up
     strict = _task(model_dir, "auto", rows=SENTENCES, accuracy_gate={"min_mean_cosine": 1.0, "on_fail": "fail"})
     safe = strict.load(model_dir, "cpu")  # auto never fails: it ends at fp32
     assert safe.precision == "fp32" and "precision_fallbacks" not in safe.load_counts
+
+
+def test_auto_keeps_fp32_where_int8_passes_but_is_not_faster_here(tiny_embed_model, tmp_path, monkeypatch):
+    # a CPU where ONNX Runtime's int8 is slower than torch's fp32 (measured on some: docs/benchmarks.md)
+    from pipeline.models import precision
+
+    monkeypatch.setattr(precision, "has_fast_bf16", lambda device_type: False)
+    _timed_as(monkeypatch, {"fp32": 1.0, "int8": 1.25})
+    model_dir = _copy(tiny_embed_model, tmp_path)
+    chosen = _task(model_dir, "auto", rows=SENTENCES, accuracy_gate=LOOSE).load(model_dir, "cpu")
+    assert chosen.precision == "fp32" and not chosen.gate.fell_back
+    assert chosen.load_counts["precision_auto"] == {"auto -> fp32": 1}
+    assert "precision_fallbacks" not in chosen.load_counts
+    (check,) = chosen.load_counts["precision_checks"]
+    assert "0.80x fp32's speed" in check and check.endswith("(pass, but not faster than fp32)")
+
+
+def test_an_int8_request_is_not_timed_and_keeps_int8_when_it_passes(tiny_embed_model, tmp_path, monkeypatch):
+    calls = _timed_as(monkeypatch, {"fp32": 1.0, "int8": 5.0})
+    model_dir = _copy(tiny_embed_model, tmp_path)
+    chosen = _task(model_dir, "int8", rows=SENTENCES, accuracy_gate=LOOSE).load(model_dir, "cpu")
+    assert chosen.precision == "int8"
+    (check,) = chosen.load_counts["precision_checks"]
+    assert "fp32's speed" not in check and calls == [("fp32", False), ("int8", False)]
 
 
 def test_int8_classify_matches_fp32_labels_closely(tiny_classify_model, tmp_path):

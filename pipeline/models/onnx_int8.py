@@ -135,11 +135,18 @@ def export_onnx(model: Any, out: Path, *, kind: str) -> None:
     axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"},
             name: {0: "batch", 1: "sequence"} if kind == "embed" else {0: "batch"}}
     ids = torch.ones((2, 8), dtype=torch.long)
-    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
-        warnings.simplefilter("ignore")  # the exporter announces its deprecation and traces with warnings
-        torch.onnx.export(_Forward(model.eval()), (ids, torch.ones_like(ids)), str(out),
-                          input_names=["input_ids", "attention_mask"], output_names=[name], dynamic_axes=axes,
-                          opset_version=17, dynamo=False)
+    # The exporter puts the module it is given back in that module's own mode when it is done: a fresh
+    # wrapper is in training mode, which would leave the fp32 model (the gate's fallback) with dropout on.
+    wrapper = _Forward(model).eval()
+    training = model.training
+    try:
+        with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
+            warnings.simplefilter("ignore")  # the exporter announces its deprecation and traces with warnings
+            torch.onnx.export(wrapper, (ids, torch.ones_like(ids)), str(out),
+                              input_names=["input_ids", "attention_mask"], output_names=[name], dynamic_axes=axes,
+                              opset_version=17, dynamo=False)
+    finally:
+        model.train(training)
 
 
 def matmul_module_names(onnx_path: Path) -> dict[str, str]:
