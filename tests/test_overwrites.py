@@ -63,7 +63,7 @@ def test_two_runs_overwriting_a_new_day_at_once_one_stands_the_other_says_who(sp
                                                                             writer):
     """The nightly run and a backfill of the same new day (with a smaller batch: another logical run): one run's
     rows stand; the other fails naming it, its runs-table row says `failed` with the conflict, and its staged
-    tasks stay for its rerun."""
+    tasks stay for a rerun."""
     from pipeline.io.staging import staged_tasks
     from pipeline.runs import read_runs
 
@@ -98,4 +98,12 @@ def test_two_runs_overwriting_a_new_day_at_once_one_stands_the_other_says_who(sp
     assert f"run {winner}" in runs[loser]["error_message"], runs[loser]["error_message"]
     plans = [p for p in (tmp_path / "scores_staging").iterdir() if p.is_dir()]
     assert len(plans) == 1 and staged_tasks(str(plans[0])), "the loser's staged tasks stay for its rerun"
-    # (a rerun reusing them and replacing the day: tests/test_resume.py drills the reuse)
+    staged = len(staged_tasks(str(plans[0])))
+
+    rerun = job_config(tmp_path, tiny_embed_model, sink={"mode": "overwrite_partition"},
+                       batching={"batch_size": 16 if loser == "nightly" else 8},
+                       run={"run_id": f"{loser}-again", "ds": D1.isoformat()})
+    again = run_job(rerun, spark=spark, out=io.StringIO())
+    assert again.complete and again.resumed_tasks == staged, "the rerun reuses the loser's staged tasks"
+    day = [r for r in _table_rows(spark, tmp_path / "scores") if r["ds"] == D1]
+    assert len(day) == 40 and {r["run_id"] for r in day} == {f"{loser}-again"}, "the rerun replaces the day"

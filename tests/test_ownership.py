@@ -63,6 +63,11 @@ def test_a_users_table_beside_the_sink_named_like_its_staging_is_refused_and_int
     assert DeltaTable(str(tmp_path / "scores_staging")).to_pyarrow_table().num_rows == 6
     assert not (tmp_path / "scores").exists(), "refused before any work: no output written"
 
+    summary = run_job(job_config(tmp_path, tiny_embed_model, run={"staging_path": str(tmp_path / "stage")}),
+                      spark=spark, out=io.StringIO())
+    assert summary.complete and read_scores(tmp_path).num_rows == 12, "the advice in the error works"
+    assert _snapshot(tmp_path / "scores_staging") == before
+
 
 def test_a_shared_folder_as_staging_path_is_refused_and_its_old_files_survive(spark, tmp_path, tiny_embed_model):
     """``run.staging_path`` pointed at a team's shared folder holding a five-day-old file no run wrote."""

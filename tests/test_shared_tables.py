@@ -190,7 +190,7 @@ def test_a_quarantined_line_with_invalid_utf8_is_valid_text_with_its_bytes_kept(
 def test_sigterm_stops_the_run_records_it_and_the_same_command_resumes(tmp_path, tiny_embed_model):
     """A scheduler's stop: SIGTERM to ``python -m pipeline run`` once half its tasks are staged. It exits 143
     with one line saying nothing was committed and how to resume (no Java stack trace), the runs table says
-    ``stopped``, and the finished tasks stay staged (a rerun reusing staged tasks: tests/test_resume.py)."""
+    ``stopped``, and the same command again reuses the staged tasks and writes each id once."""
     import json
     import os
     import signal
@@ -245,4 +245,12 @@ def test_sigterm_stops_the_run_records_it_and_the_same_command_resumes(tmp_path,
     assert "Traceback" not in log and "\tat org.apache" not in after, log[-3000:]
     assert not (tmp_path / "scores" / "_delta_log").exists(), "nothing committed"
     assert [r["outcome"] for r in read_runs(str(tmp_path / "scores_runs"))] == ["stopped"]
-    assert staged() >= 2, "the finished tasks stay staged for the rerun (whose reuse tests/test_resume.py drills)"
+    finished = staged()
+
+    rerun = start(tmp_path / "rerun.log")
+    assert rerun.wait(timeout=600) == 0, (tmp_path / "rerun.log").read_text()[-3000:]
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["complete"] and saved["resumed_tasks"] == finished > 0
+    ids = read_scores(tmp_path)["doc_id"].to_pylist()
+    assert len(ids) == 20 == len(set(ids))
+    assert [r["outcome"] for r in read_runs(str(tmp_path / "scores_runs"))] == ["stopped", "ok"]
