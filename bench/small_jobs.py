@@ -1,7 +1,9 @@
-"""Where a small job's time goes: the driver's stages of ``run_job`` for 100 and 10,000 rows, cold and warm.
+"""Where a small job's time goes: the driver's stages of ``run_job`` for 100 and 10,000 rows, cold and warm,
+and the cold job against the hand-written equivalent (``bench/handwritten_job.py``) in the same run.
 
-    make bench-small-jobs                                   # 100 and 10,000 rows, 3 repeats, both writers
-    PYTHONPATH=. .venv/bin/python bench/small_jobs.py --rows 100 --repeats 1 --writers deltalake
+    make bench-small-jobs                                   # 100 and 10,000 rows, 3 repeats, auto and connector
+    PYTHONPATH=. .venv/bin/python bench/small_jobs.py --rows 100 --repeats 3 --writers auto   # the ratio alone
+    PYTHONPATH=. .venv/bin/python bench/small_jobs.py --rows 100 --repeats 1 --writers deltalake --no-baseline
     PYTHONPATH=. .venv/bin/python bench/small_jobs.py --rows 100 --writers deltalake \
         --jvm-options '' '-XX:TieredStopAtLevel=1 -XX:+UseSerialGC' --out /tmp/jvm.json   # driver JVM options
 
@@ -21,8 +23,15 @@ first Spark job over the scored rows: inference and the identity check),
 quarantine commit, commit, read-back, summary, runs table; ``imports`` is the
 interpreter's start and imports before ``run_job`` (cold only), ``inference`` the
 workers' own inference seconds (summed over workers, so it can exceed the stage)
-and ``outside inference`` the wall minus the stage that runs inference. Results:
-``bench/results_small_jobs.json``; the reading in ``docs/benchmarks.md``.
+and ``outside inference`` the wall minus the stage that runs inference.
+
+The baseline: each repeat also runs ``bench/handwritten_job.py`` on the same rows in a new process
+(a Spark session with the Delta connector, a pandas UDF with a module-level model cache, a connector
+append; no checks), interleaved with the pipeline's runs so the machine's drift hits both alike. The
+ratio printed per row count and writer is the pipeline's cold wall over the hand-written job's, each
+from the process's start to its committed rows: the median of the per-repeat ratios with their range
+(the bar: at most 0.6 at 100 rows). Results: ``bench/results_small_jobs.json``; the reading in
+``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -77,14 +86,36 @@ def _child(rows: int, writer: str, root: str) -> dict[str, Any]:
     return runs
 
 
-def _subprocess(args: list[str], timeout: float, *, file_cache: bool = True, jvm_options: str | None = None
-                ) -> dict[str, Any]:
-    env = {**({} if file_cache else {"SBI_FILE_CACHE": "0"}), **os.environ, "PYTHONPATH": str(REPO),
+def _env(*, file_cache: bool = True, jvm_options: str | None = None, pythonpath: str = str(REPO)) -> dict[str, str]:
+    env = {**({} if file_cache else {"SBI_FILE_CACHE": "0"}), **os.environ, "PYTHONPATH": pythonpath,
            "PYSPARK_PYTHON": os.environ.get("PYSPARK_PYTHON", sys.executable),
            "PYSPARK_DRIVER_PYTHON": os.environ.get("PYSPARK_DRIVER_PYTHON", sys.executable),
            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
     if jvm_options is not None:  # the driver JVM's options, read by spark-submit's launcher
         env["SPARK_SUBMIT_OPTS"] = jvm_options
+    return env
+
+
+def handwritten(rows: int, output: str, timeout: float) -> dict[str, float]:
+    """One cold run of the hand-written job in a new process: its wall to the committed append, and to exit."""
+    env = _env(pythonpath=f"{REPO / 'bench'}{os.pathsep}{REPO}")
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "handwritten_job.py"),
+                           str(REPO / "warehouse" / "demo" / "documents"), output, "--rows", str(rows)],
+                          capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO)
+    process_s = time.perf_counter() - started
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"the hand-written job failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    out = json.loads(lines[-1])
+    if out["rows"] != rows:
+        raise RuntimeError(f"the hand-written job wrote {out['rows']} rows, not {rows}")
+    return {"wall_s": out["wall_s"], "process_s": round(process_s, 3)}
+
+
+def _subprocess(args: list[str], timeout: float, *, file_cache: bool = True, jvm_options: str | None = None
+                ) -> dict[str, Any]:
+    env = _env(file_cache=file_cache, jvm_options=jvm_options)
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, env=env,
                           timeout=timeout, cwd=REPO)
@@ -95,6 +126,11 @@ def _subprocess(args: list[str], timeout: float, *, file_cache: bool = True, jvm
     out = json.loads(lines[-1])
     out["cold"]["process_s"] = round(process_s, 3)  # to the process's exit (JVM shutdown included)
     return out
+
+
+def ratio(runs: list[dict[str, Any]], hand: list[dict[str, float]]) -> dict[str, float]:
+    """The pipeline's cold wall over the hand-written job's, repeat by repeat (run i beside baseline i)."""
+    return _spread([r["wall_s"] / h["wall_s"] for r, h in zip(runs, hand)])
 
 
 def machine() -> dict[str, Any]:
@@ -153,8 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, nargs="+", default=[100, 10_000])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--writers", nargs="+", default=["deltalake", "delta"],
-                        help="sink.writer values (delta: the connector, when `make jars` fetched it)")
+    parser.add_argument("--writers", nargs="+", default=["auto", "delta"],
+                        help="sink.writer values (auto: what a job runs by default, a small job light; delta: the "
+                             "connector, when `make jars` fetched it)")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="leave out the hand-written job (it needs the Delta jars `make jars` caches)")
     parser.add_argument("--no-file-cache", action="store_true",
                         help="SBI_FILE_CACHE=0: the model check and the weights' sha256 computed in every process, "
                              "as on a machine that never ran the model (the figures before the cache)")
@@ -170,8 +209,17 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"machine": machine(), "command": "bench/small_jobs.py " + " ".join(argv or sys.argv[1:]),
                                "runs": {}, "raw": {}}
     print(json.dumps(results["machine"]), flush=True)
+    baseline = not args.no_baseline
+    if baseline:
+        from pipeline.spark.jars import session_jar_confs
+
+        if not session_jar_confs(("delta",)):
+            print("no cached Delta jars for the hand-written baseline: run `make jars`, or pass --no-baseline",
+                  file=sys.stderr)
+            return 2
     with tempfile.TemporaryDirectory(prefix="sbi-small-jobs-") as root:
         for rows in args.rows:
+            hand: list[dict[str, float]] = []
             for writer in args.writers:
                 variants = args.jvm_options if args.jvm_options is not None else [None]
                 raw: dict[str | None, dict[str, list[dict[str, Any]]]] = {v: {"cold": [], "warm": []}
@@ -185,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
                         label = "" if variant is None else f" jvm '{variant}'"
                         print(f"rows {rows:,} {writer}{label} #{i + 1}: cold {out['cold']['wall_s']:.1f} s, "
                               f"warm {out['warm']['wall_s']:.1f} s", flush=True)
+                    if baseline and writer == args.writers[0]:  # once per repeat, beside the first writer's runs
+                        hand.append(handwritten(rows, f"{root}/{rows}-handwritten-{i}", args.timeout))
+                        print(f"rows {rows:,} hand-written #{i + 1}: {hand[-1]['wall_s']:.1f} s", flush=True)
                 for variant, kinds in raw.items():
                     for kind, runs in kinds.items():
                         extra = (", no file cache" if args.no_file_cache else "") + (
@@ -192,8 +243,19 @@ def main(argv: list[str] | None = None) -> int:
                         key = f"{rows:,} rows {kind} ({runs[0]['writer']}{extra})"
                         results["runs"][key] = summarise(runs)
                         results["raw"][key] = runs
+                        if kind == "cold" and hand:
+                            results.setdefault("ratios", {})[f"{rows:,} rows ({writer}{extra})"] = ratio(runs, hand)
+            if hand:
+                results.setdefault("handwritten", {})[f"{rows:,} rows"] = {
+                    "wall_s": _spread([h["wall_s"] for h in hand]), "process_s": _spread([h["process_s"] for h in hand]),
+                    "raw": hand}
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(table(results))
+    for key, entry in results.get("handwritten", {}).items():
+        print(f"hand-written job, {key}: {entry['wall_s']['median']:.1f} s "
+              f"({entry['wall_s']['min']:.1f}-{entry['wall_s']['max']:.1f})")
+    for key, r in results.get("ratios", {}).items():
+        print(f"small-job ratio, {key}, cold pipeline / hand-written: {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})")
     print(f"results: {args.out}")
     return 0
 

@@ -565,6 +565,8 @@ class _Run:
     faults: dict[str, Any]
     out: TextIO
     clock: StageClock
+    # a small job (pipeline.small_jobs): its session was built light and its commits run in the driver
+    small: bool = False
     app_id: str = ""
     # the logical run's key (its Delta transaction id before any per-try suffix) and its source version
     run_key: str = ""
@@ -676,6 +678,7 @@ def _prepare(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     """Checks that fail in seconds before any Spark work: partitioning, the model, addresses, locations."""
     from pipeline import faults as fault_hooks
     from pipeline.io.preflight import check_locations
+    from pipeline.small_jobs import small_job
     from pipeline.spark.reach import check_job_addresses
     from pipeline.spark.session import get_session
 
@@ -690,14 +693,23 @@ def _prepare(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     clock.lap("model check")
     if spark is None:  # a metastore or object store endpoint nobody answers fails in seconds, not minutes
         check_job_addresses(config, timeout_s=config.spark.connect_timeout_s)
+    small = small_job(config, spark=spark)
+    if small:
+        print(f"[{config.job}] small job ({small.why}): a light local session, committed from the driver "
+              "(spark.small_job_rows: 0 turns this off)", file=out, flush=True)
     spark = spark or get_session(config.spark, object_stores=_uses_object_store(config),
-                                 storage=config.storage.options())
+                                 storage=config.storage.options(), small=small.small)
+    if small:  # the model loads in a worker while the driver plans (pipeline.spark.warmup)
+        from pipeline.spark.warmup import start_warm_up, warm_up_plan
+
+        if (warm := warm_up_plan(config, model_path=model.path, task_class=kind.task)) is not None:
+            start_warm_up(spark, warm)
     recorder.note(spark=spark)
     clock.lap("session")
     check_locations(spark, source=config.source, sink=config.sink)  # a remote path the session cannot reach fails here, before any work
     _check_staging_root(config)
     clock.lap("pre-flight")
-    return _Run(config=config, kind=kind, task=task, model=model, spark=spark,
+    return _Run(config=config, kind=kind, task=task, model=model, spark=spark, small=small.small,
                 run_id=config.run.resolved_run_id(), ds=config.run.resolved_ds(),
                 scored_at=dt.datetime.now(dt.timezone.utc).replace(microsecond=0),
                 faults=fault_hooks.from_env(config.run.faults), out=out, clock=clock)
@@ -982,7 +994,7 @@ def _score_and_commit(run: _Run, plan: _Scoring) -> "RunSummary | tuple[_Committ
             result = _commit_output(
                 config, kind=run.kind, scored=scored, sink=plan.sink, ds=run.ds, metadata=metadata, faults=run.faults,
                 app_id=run.app_id, clock=clock, run_id=run.run_id, model=run.model, out=run.out,
-                read_version=plan.read_version)
+                read_version=plan.read_version, in_driver=run.small)
             if pairs and not isinstance(result, RunSummary):
                 _check_quarantine_pair(run, plan, version=quarantine_version,
                                        when=f"this run's output (version {result.version}) and that quarantine "
@@ -1045,7 +1057,7 @@ def _commit_quarantine(run: _Run, plan: _Scoring, scored: "DataFrame", *, errors
         # written even when empty once it exists, so a rerun replaces that day's failures too
         q = write_sink(_quarantine_rows(scored, plan.inputs, config, tuple(run.task.input_columns)), sink,
                        partition_values={"ds": ds}, commit_metadata=metadata, path=quarantine_path,
-                       txn_app_id=run.app_id)
+                       txn_app_id=run.app_id, in_driver=run.small)
         _say_swept(config.job, q, run.out)
         quarantine_version = q.version
         if q.already_committed:  # an earlier try of this run committed them: read back its rows
@@ -1058,9 +1070,10 @@ def _commit_quarantine(run: _Run, plan: _Scoring, scored: "DataFrame", *, errors
 
 def _commit_output(config: JobConfig, *, kind: TaskKind, scored: "DataFrame", sink: SinkConfig, ds: dt.date,
                    metadata: dict[str, str], faults: dict[str, Any], app_id: str, clock: StageClock, run_id: str,
-                   model: ModelInfo, out: TextIO, read_version: int | None) -> Any:
+                   model: ModelInfo, out: TextIO, read_version: int | None, in_driver: bool = False) -> Any:
     """The output commit: the write result, or the summary of a concurrent try of this run that committed first.
-    Appends are keyed on their rows (:func:`_commit_keys`) from ``read_version`` on."""
+    Appends are keyed on their rows (:func:`_commit_keys`) from ``read_version`` on; ``in_driver``: a small
+    job's commit, written from this process."""
     from pipeline import faults as fault_hooks
     from pyspark.sql import functions as F
 
@@ -1073,7 +1086,7 @@ def _commit_output(config: JobConfig, *, kind: TaskKind, scored: "DataFrame", si
     result = write_sink(
         kind.job.shape_output(to_write, config), sink,
         partition_values={"ds": ds}, commit_metadata=metadata, faults=faults, txn_app_id=app_id,
-        key_columns=_commit_keys(config, sink), read_version=read_version,
+        key_columns=_commit_keys(config, sink), read_version=read_version, in_driver=in_driver,
     )
     clock.lap("commit")
     if result.already_committed:  # a concurrent try of this very run committed first

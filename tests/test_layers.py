@@ -24,7 +24,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("engines and platform", ("pipeline.models", "pipeline.generation", "pipeline.endpoint", "pipeline.images",
                               "pipeline.recs", "pipeline.spark", "pipeline.io")),
     ("tasks", ("pipeline.tasks",)),
-    ("run", ("pipeline.runner", "pipeline.runs", "pipeline.recorder", "pipeline.tracking", "pipeline.report")),
+    ("run", ("pipeline.runner", "pipeline.runs", "pipeline.recorder", "pipeline.tracking", "pipeline.report",
+             "pipeline.small_jobs")),
     ("faces", ("pipeline", "pipeline.cli", "pipeline.notebook", "pipeline.docs", "pipeline.demo")),
 ]
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from pipeline.config.loading import build_config, load_config, merged_config_data, parse_overrides
 from pipeline.config.models import (
-    RUN_ID_PATTERN, AccuracyGateConfig, BatchingConfig, Int8Config, JobConfig, MlflowConfig, ModelConfig, RunConfig,
-    SinkConfig, SourceConfig, SparkConfig, StorageConfig, TaskConfig,
+    DELTA_CONNECTOR_CONF, RUN_ID_PATTERN, AccuracyGateConfig, BatchingConfig, Int8Config, JobConfig, MlflowConfig,
+    ModelConfig, RunConfig, SinkConfig, SourceConfig, SparkConfig, StorageConfig, TaskConfig,
 )
 from pipeline.config.models import __all__ as _model_names
 from pipeline.errors import ConfigError

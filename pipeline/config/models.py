@@ -21,6 +21,7 @@ from pipeline.config.kinds import known_kinds, task_config_class
 from pipeline.config.redaction import REDACTED, redact_config
 
 __all__ = [
+    "DELTA_CONNECTOR_CONF",
     "AccuracyGateConfig",
     "BatchingConfig",
     "Int8Config",
@@ -35,6 +36,10 @@ __all__ = [
     "TaskConfig",
 ]
 
+
+# A session this library builds says in this setting whether it has the Delta connector ("true"/"false"), so
+# asking (pipeline.io.sources.has_delta_connector) costs no probe query; unset on every other session.
+DELTA_CONNECTOR_CONF = "spark.sbi.deltaConnector"
 
 # run ids reach SQL filters, file names and commit metadata: no quotes, spaces or slashes
 RUN_ID_PATTERN = r"[A-Za-z0-9._:-]{1,128}"
@@ -61,6 +66,11 @@ class SparkConfig(_Model):
     rows_per_task: int = Field(
         10_000, gt=0, description="target rows per inference task (`generate`: 512 unless set): the runner plans "
         "ceil(rows / rows_per_task) tasks, at least one per core and a multiple of the cores")
+    small_job_rows: int = Field(
+        10_000, ge=0, description="a job of at most this many source rows (`source.limit`, else the Delta log's "
+        "counts) with local paths only, `sink.writer` auto or deltalake and no session of its own runs light on a "
+        "local master: no Delta jars, a quick-start JVM, the commit written from the driver (pipeline.small_jobs); "
+        "0: never")
     remote: str | None = Field(
         None, description="Spark Connect address (`sc://host:port/;token=...`); none: `$SPARK_REMOTE`, "
         "else a classic session")

@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
-__all__ = ["DeltaLakeDataSource", "DeltaWriteMessage", "FORMAT_NAME"]
+__all__ = ["DeltaLakeDataSource", "DeltaWriteMessage", "FORMAT_NAME", "write_from_driver"]
 
 FORMAT_NAME = "sbi_delta"
 _KEYED_ATTEMPTS = 5
@@ -72,6 +72,29 @@ class DeltaLakeDataSource(DataSource):
 
         arrow_schema = _to_delta_schema(to_arrow_schema(schema, timezone="UTC"))
         return DeltaLakeArrowWriter(dict(self.options), schema=arrow_schema, overwrite=overwrite)
+
+
+def write_from_driver(df: Any, options: dict[str, str], *, overwrite: bool) -> None:
+    """What ``df.write.format("sbi_delta").options(**options).save()`` does, with its one task run here.
+
+    For small jobs on a local master (``pipeline.small_jobs``): the rows come to this process as
+    Arrow, one :meth:`DeltaLakeArrowWriter.write` writes their files and :meth:`~DeltaLakeArrowWriter.commit`
+    commits them, the same two phases, markers and transaction as through Spark, without the three
+    Python processes Spark starts for a data source write (its planning, the task, the commit: about
+    5 s of a 100-row job on 2 cores). As through Spark, a failed write or commit aborts: its marker is
+    marked aborted and its files deleted.
+    """
+    writer = DeltaLakeDataSource(dict(options)).writer(df.schema, overwrite)
+    messages: list[DeltaWriteMessage] = []
+    try:
+        messages.append(writer.write(iter(df.toArrow().to_batches())))
+        writer.commit(messages)
+    except BaseException:
+        try:
+            writer.abort(messages)
+        except Exception:  # noqa: BLE001 - the write's own error is the one to report; a sweep takes the rest
+            pass
+        raise
 
 
 def _option_list(value: str | None) -> list[str]:

@@ -20,6 +20,7 @@ the environment: :mod:`pipeline.io.stores`) and refuses any other scheme before 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import hashlib
@@ -85,6 +86,9 @@ class WritePlan:
     # fault drills (tests only, :mod:`pipeline.faults`) the connector's write fires; the deltalake
     # writer carries its own in ``options``
     faults: Mapping[str, Any] = field(default_factory=dict)
+    # the deltalake writer's one task run in the driver (:func:`pipeline.io.delta_writer.write_from_driver`):
+    # small jobs on a local master (pipeline.small_jobs)
+    in_driver: bool = False
 
     @property
     def target(self) -> str:
@@ -275,9 +279,10 @@ def execute_write(df: "DataFrame", plan: WritePlan) -> WriteResult:
     if not store.remote:
         _check_writable(path)
     from pipeline.io import leftovers
-    from pipeline.io.delta_writer import DeltaLakeDataSource
+    from pipeline.io.delta_writer import DeltaLakeDataSource, write_from_driver
 
-    _register_once(spark, DeltaLakeDataSource)
+    if not plan.in_driver:
+        _register_once(spark, DeltaLakeDataSource)
     grace = float(plan.options.get("leftover_grace_s", "900"))
     marker = (leftovers.running_marker(store, plan.write_id, table_version=_table_version(path),
                                        heartbeat_s=min(30.0, grace / 4))
@@ -286,7 +291,10 @@ def execute_write(df: "DataFrame", plan: WritePlan) -> WriteResult:
     secret = {"storage_options_secret": json.dumps(store.options)} if store.remote else {}
     try:
         with marker:
-            df.write.format(plan.format).mode(plan.mode).options(**plan.options, **secret).save()
+            if plan.in_driver:
+                write_from_driver(df, {**plan.options, **secret}, overwrite=plan.mode == "overwrite")
+            else:
+                df.write.format(plan.format).mode(plan.mode).options(**plan.options, **secret).save()
     except Exception as exc:  # noqa: BLE001
         raise SinkError(f"writing Delta table {plan.target} failed: {_root_cause(exc)}") from exc
     facts = leftovers.finished_facts(store, plan.write_id)
@@ -435,6 +443,7 @@ def write_sink(
     txn_app_id: str | None = None,
     key_columns: tuple[str, ...] = (),
     read_version: int | None = None,
+    in_driver: bool = False,
 ) -> WriteResult:
     """Write ``df`` as configured; returns where, with which writer, and the Delta version made.
 
@@ -444,12 +453,16 @@ def write_sink(
     ``txn_app_id`` (:func:`run_app_id`): an append of a run the table already holds adds nothing
     and returns ``already_committed``. ``key_columns`` and ``read_version``: a keyed append
     (:func:`plan_write`); ``overlapped`` in the result counts the rows another run wrote first.
+    ``in_driver``: the deltalake writer writes and commits from this process (a small job's few rows,
+    :func:`pipeline.io.delta_writer.write_from_driver`); the connector ignores it.
     """
     plan = plan_write(
         config, partition_values=partition_values, commit_metadata=commit_metadata, path=path,
         connector=has_delta_connector(df.sparkSession), faults=faults, txn_app_id=txn_app_id,
         key_columns=key_columns, read_version=read_version,
     )
+    if in_driver and plan.writer == "deltalake":
+        plan = dataclasses.replace(plan, in_driver=True)
     return execute_write(df, plan)
 
 

@@ -17,7 +17,7 @@ import uuid
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from pipeline.config import SourceConfig
+from pipeline.config import DELTA_CONNECTOR_CONF, SourceConfig
 from pipeline.errors import SourceError
 from pipeline.io.paths import connector_hint, local_path, remote_refusal, resolve_location
 from pipeline.io.stores import is_object_store, is_table, open_table, reachable, table_store
@@ -52,7 +52,8 @@ def has_delta_connector(spark: "SparkSession") -> bool:
     Asked through the DataFrame API only, so it answers on a classic and a Spark
     Connect session alike: analysing a read of a path that does not exist costs
     no job, and only a missing connector fails it with ``DATA_SOURCE_NOT_FOUND``.
-    Databricks runtimes always have the connector. Cached per session.
+    Databricks runtimes always have the connector, and a session this library built says whether it
+    added the connector's jars (:data:`~pipeline.config.DELTA_CONNECTOR_CONF`). Cached per session.
     """
     if os.environ.get("DATABRICKS_RUNTIME_VERSION"):
         return True
@@ -60,12 +61,19 @@ def has_delta_connector(spark: "SparkSession") -> bool:
         return _connector_cache[spark]
     except (KeyError, TypeError):
         pass
-    probe = os.path.join(tempfile.gettempdir(), f"sbi-delta-probe-{uuid.uuid4().hex}")
     try:
-        spark.read.format("delta").load(probe).schema  # noqa: B018 - analysis only
-        found = True
-    except Exception as exc:  # noqa: BLE001 - py4j, AnalysisException or a Connect error, by session kind
-        found = "DATA_SOURCE_NOT_FOUND" not in str(exc)
+        said = spark.conf.get(DELTA_CONNECTOR_CONF, None)
+    except Exception:  # noqa: BLE001 - a managed session may refuse to read a setting: probe instead
+        said = None
+    if said in ("true", "false"):
+        found = said == "true"
+    else:
+        probe = os.path.join(tempfile.gettempdir(), f"sbi-delta-probe-{uuid.uuid4().hex}")
+        try:
+            spark.read.format("delta").load(probe).schema  # noqa: B018 - analysis only
+            found = True
+        except Exception as exc:  # noqa: BLE001 - py4j, AnalysisException or a Connect error, by session kind
+            found = "DATA_SOURCE_NOT_FOUND" not in str(exc)
     try:
         _connector_cache[spark] = found
     except TypeError:  # not weakly referenceable: ask again next time

@@ -12,10 +12,12 @@ import socket
 import threading
 from typing import Any, Callable, Hashable
 
-__all__ = ["clear", "discard", "get_or_load", "load_count", "worker_id"]
+__all__ = ["clear", "discard", "get_or_load", "load_count", "note_unreported", "take_unreported", "worker_id"]
 
 _models: dict[Hashable, Any] = {}
 _loads: dict[Hashable, int] = {}
+# loads no task has counted yet (a warm-up loaded them, pipeline.spark.warmup): the first task to use one counts it
+_unreported: dict[Hashable, dict[str, Any]] = {}
 # reentrant: a factory may discard other entries (a worker holds one vLLM engine at a time)
 _lock = threading.RLock()
 
@@ -36,6 +38,19 @@ def get_or_load(key: Hashable, factory: Callable[[], Any]) -> tuple[Any, bool]:
         return obj, True
 
 
+def note_unreported(key: Hashable, counts: dict[str, Any]) -> None:
+    """Keep ``counts`` (what loading ``key`` cost) for the first task that uses it: a load outside any task."""
+    with _lock:
+        if key in _models:
+            _unreported[key] = counts
+
+
+def take_unreported(key: Hashable) -> dict[str, Any] | None:
+    """The counts :func:`note_unreported` kept for ``key``, once (None after, or when none were kept)."""
+    with _lock:
+        return _unreported.pop(key, None)
+
+
 def load_count(key: Hashable | None = None) -> int:
     """How many times ``key`` (or anything, when None) was loaded in this process."""
     return sum(_loads.values()) if key is None else _loads.get(key, 0)
@@ -47,6 +62,7 @@ def discard(match: Callable[[Any], bool]) -> int:
         keys = [k for k, obj in _models.items() if match(obj)]
         for key in keys:
             del _models[key]
+            _unreported.pop(key, None)
         return len(keys)
 
 
@@ -54,3 +70,4 @@ def clear() -> None:
     """Drop every cached model (tests; freeing accelerator memory)."""
     with _lock:
         _models.clear()
+        _unreported.clear()

@@ -14,13 +14,13 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any, Mapping
 
-from pipeline.config import SparkConfig
+from pipeline.config import DELTA_CONNECTOR_CONF, SparkConfig
 from pipeline.spark.jars import GROUPS, session_jar_confs
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["activate_for_this_thread", "apply_session_settings", "get_session", "is_connect", "quiet_task_failure_logs",
+__all__ = ["QUICK_START_JVM_OPTIONS", "activate_for_this_thread", "apply_session_settings", "get_session", "is_connect", "quiet_task_failure_logs",
            "register_data_source",
            "remote_url", "s3a_settings", "session_key", "session_settings", "with_local_task_attempts"]
 
@@ -57,6 +57,13 @@ _TASK_FAILURE_LOGGERS = (
     "org.apache.spark.executor.Executor", "org.apache.spark.util.Utils", "org.apache.spark.scheduler.TaskSetManager",
     "org.apache.spark.sql.execution.datasources.v2",
 )
+
+
+# A small job's driver JVM runs for seconds: compiled by C1 alone, a serial collector and a code cache that
+# needs no second tier. On 2 cores a 100-row job started about 3 s sooner (bench/small_jobs.py).
+QUICK_START_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:ReservedCodeCacheSize=256m"
+# settings through which a user's spark.conf may bring the Delta classes themselves
+_USER_CLASSPATH_CONFS = ("spark.jars", "spark.jars.packages", "spark.driver.extraClassPath")
 
 
 def session_settings(config: SparkConfig) -> dict[str, str]:
@@ -130,7 +137,7 @@ def apply_session_settings(spark: "SparkSession", config: SparkConfig, *, out: A
 
 
 def get_session(config: SparkConfig, *, object_stores: bool = True,
-                storage: Mapping[str, str] | None = None) -> "SparkSession":
+                storage: Mapping[str, str] | None = None, small: bool = False) -> "SparkSession":
     """A Spark Connect session (``spark.remote`` / ``SPARK_REMOTE``), the active session, or a new local one.
 
     Our runtime SQL settings are applied in every case. Under spark-submit the
@@ -141,6 +148,9 @@ def get_session(config: SparkConfig, *, object_stores: bool = True,
     4 s of every start on 2 cores). ``storage`` (S3 settings in delta-rs's names, the config's
     ``storage:`` section) becomes the S3A settings of a session built here (:func:`s3a_settings`;
     ``spark.conf`` can still set any one of them); an active or Spark Connect session keeps its own.
+    ``small`` (a small job on a local master, :mod:`pipeline.small_jobs`): a session built here leaves
+    every cached jar off and starts its JVM with :data:`QUICK_START_JVM_OPTIONS` unless ``spark.conf``
+    sets ``spark.driver.extraJavaOptions``.
     """
     url = remote_url(config)
     if url:
@@ -174,8 +184,13 @@ def get_session(config: SparkConfig, *, object_stores: bool = True,
     # the Delta connector and S3A jars fetched once by `make jars` (pipeline.spark.jars), when cached; under
     # spark-submit the driver's JVM and its class path exist already, so its own --jars and --conf decide
     # (naming Delta's catalog here without its classes on that path fails the session's first query)
-    jars = (session_jar_confs(GROUPS if object_stores else tuple(g for g in GROUPS if g != "s3"))
-            if master is not None else {})
+    groups = () if small else GROUPS if object_stores else tuple(g for g in GROUPS if g != "s3")
+    jars = session_jar_confs(groups) if master is not None and groups else {}
+    if master is not None and not any(k in config.conf for k in _USER_CLASSPATH_CONFS):
+        # what has_delta_connector answers for this session without probing it (a first query costs ~2 s)
+        defaults[DELTA_CONNECTOR_CONF] = "true" if "spark.sql.extensions" in jars else "false"
+    if small and master is not None:
+        defaults["spark.driver.extraJavaOptions"] = QUICK_START_JVM_OPTIONS
     if jars and config.conf.get("spark.jars"):
         jars["spark.jars"] = f"{config.conf['spark.jars']},{jars['spark.jars']}"
     if master is not None:

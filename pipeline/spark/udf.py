@@ -31,7 +31,7 @@ from pipeline.rows import INVALID_ID
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["InferencePlan", "METRICS_COLUMN", "apply_inference", "output_schema", "score_partition"]
+__all__ = ["InferencePlan", "METRICS_COLUMN", "apply_inference", "load_model", "output_schema", "score_partition"]
 
 # The column that carries each task's counts (JSON, on its last row); dropped before any write.
 METRICS_COLUMN = "_sbi_metrics"
@@ -353,7 +353,22 @@ def _results(task: Any, loaded: Any, inputs: Iterator[pa.RecordBatch], counts: W
 
 
 def _load_for_task(task: Any, plan: InferencePlan, ctx: Any, worker: str, counts: WorkerCounts) -> Any:
-    """The task's model from the per-worker cache (loading it on this task's device if new)."""
+    """The task's model from the per-worker cache (loading it on this task's device if new), counted."""
+    import torch
+
+    loaded, cost = load_model(task, plan, ctx)
+    counts.merge({"torch_threads": {str(torch.get_num_threads()): 1}})  # per task: what it really ran with
+    if cost is not None:  # loaded by this task, or by a warm-up before it (pipeline.spark.warmup)
+        counts.merge({"model_loads": {worker: 1}, **cost})
+    return loaded
+
+
+def load_model(task: Any, plan: InferencePlan, ctx: Any, *, defer: bool = False) -> tuple[Any, dict[str, Any] | None]:
+    """``(model, cost)``: the model from the per-worker cache, on the task's device and thread count, and what
+    loading it cost (``load_seconds``, the model's ``load_counts``) when no task has counted that load yet.
+
+    ``defer``: a load outside any task (a warm-up) keeps its cost for the first task that uses the model.
+    """
     from pipeline.models import cache
     from pipeline.models.device import pick_device, task_threads
 
@@ -365,13 +380,16 @@ def _load_for_task(task: Any, plan: InferencePlan, ctx: Any, worker: str, counts
     threads = task_threads(ctx.cpus() if ctx else None, override=plan.model.torch_threads)
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
-    counts.merge({"torch_threads": {str(torch.get_num_threads()): 1}})  # per task: what it really ran with
+    key = (task.cache_key(), device)
     started = time.perf_counter()
-    loaded, fresh = cache.get_or_load((task.cache_key(), device), lambda: _load(task, plan.model, device))
-    if fresh:
-        counts.merge({"model_loads": {worker: 1}, "load_seconds": time.perf_counter() - started})
-        counts.merge(getattr(loaded, "load_counts", {}))  # e.g. the precision the accuracy gate chose
-    return loaded
+    loaded, fresh = cache.get_or_load(key, lambda: _load(task, plan.model, device))
+    if not fresh:
+        return loaded, cache.take_unreported(key)
+    cost = {"load_seconds": time.perf_counter() - started, **getattr(loaded, "load_counts", {})}
+    if defer:
+        cache.note_unreported(key, cost)
+        return loaded, None
+    return loaded, cost
 
 
 def _with_metrics(batch: pa.RecordBatch, column: str | None, counts_json: str | None) -> pa.RecordBatch:
