@@ -206,10 +206,15 @@ test-vllm: $(VLLM_STAMP)
 # (bench/null_forward.py), predict_batch_udf and a row UDF, fp32 and bf16 (where the CPU has native bf16);
 # medians of 3 repeats -> bench/results_limit.json. 4,000 rows by default: 5.6 minutes on 2 quiet cores
 # without native bf16 (fp32 only; bf16 adds the model runs again). BENCH_ARGS="--full": 20,000 rows, plus
-# spark.task.cpus=N and the breakdown without persist (29 minutes there).
+# spark.task.cpus=N and the breakdown without persist (29 minutes there). Then the same on long documents
+# (news articles and speeches, bench/results_limit_long.json, about 25 minutes) and the small-job ratio: a
+# 100-row job in a new process against the hand-written pandas-UDF job, 3 repeats each (about 5 minutes).
 BENCH_ARGS ?=
-bench: demo-data
+bench: demo-data jars
 	PYTHONPATH=. $(PY) bench/bench_limit.py $(BENCH_ARGS)
+	PYTHONPATH=. $(PY) bench/bench_limit.py --corpus long --precisions fp32 --skip-udfs \
+	  --json bench/results_limit_long.json $(BENCH_ARGS)
+	PYTHONPATH=. $(PY) bench/small_jobs.py --rows 100 --repeats 3 --writers auto
 
 # Precision (bf16/fp16/int8 against fp32) and padding by batching choice (docs/benchmarks.md, lower sections).
 bench-batching: demo-data
@@ -254,7 +259,8 @@ bench-resume: $(STAMP)
 	PYTHONPATH=. $(PY) bench/bench_resume.py --rows $(RESUME_ROWS) $(BENCH_ARGS)
 
 # Where a small job's time goes (docs/benchmarks.md, "Small jobs"): the driver's stages for 100 and 10,000
-# rows, cold (a new process) and warm (a second run_job in the same session).
+# rows, cold (a new process) and warm (a second run_job in the same session), sink.writer auto (a small job
+# runs light) and delta (the connector), and each row count's cold job against the hand-written job.
 bench-small-jobs: demo-data jars
 	PYTHONPATH=. $(PY) bench/small_jobs.py $(BENCH_ARGS)
 
