@@ -247,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
                             results.setdefault("ratios", {})[f"{rows:,} rows ({writer}{extra})"] = ratio(runs, hand)
             if hand:
                 results.setdefault("handwritten", {})[f"{rows:,} rows"] = {
-                    "wall_s": _spread([h["wall_s"] for h in hand]), "process_s": _spread([h["process_s"] for h in hand]),
+                    "wall_s": _spread([h["wall_s"] for h in hand]),
+                    "process_s": _spread([h["process_s"] for h in hand]),
                     "raw": hand}
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(table(results))
@@ -255,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hand-written job, {key}: {entry['wall_s']['median']:.1f} s "
               f"({entry['wall_s']['min']:.1f}-{entry['wall_s']['max']:.1f})")
     for key, r in results.get("ratios", {}).items():
-        print(f"small-job ratio, {key}, cold pipeline / hand-written: {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})")
+        print(f"small-job ratio, {key}, cold pipeline / hand-written: "
+              f"{r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})")
     print(f"results: {args.out}")
     return 0
 

@@ -35,7 +35,8 @@ DS = "2026-12-01"
 def _config(tmp_path: Path, model: Path | str = "/m", **sections):
     data = {
         "job": "small_test",
-        "source": {"format": "delta", "path": str(tmp_path / "docs"), "id_column": "doc_id", "keep_columns": ["source"]},
+        "source": {"format": "delta", "path": str(tmp_path / "docs"), "id_column": "doc_id",
+                   "keep_columns": ["source"]},
         "model": {"path": str(model), "name": "tiny-bert"},
         "task": {"kind": "embed", "labels": {"pos": "good great", "neg": "bad awful"}},
         "batching": {"batch_size": 16, "max_length": 256},

@@ -20,9 +20,9 @@ from pipeline.spark.jars import GROUPS, session_jar_confs
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["QUICK_START_JVM_OPTIONS", "activate_for_this_thread", "apply_session_settings", "get_session", "is_connect", "quiet_task_failure_logs",
-           "register_data_source",
-           "remote_url", "s3a_settings", "session_key", "session_settings", "with_local_task_attempts"]
+__all__ = ["QUICK_START_JVM_OPTIONS", "activate_for_this_thread", "apply_session_settings", "get_session", "is_connect",
+           "quiet_task_failure_logs", "register_data_source", "remote_url", "s3a_settings", "session_key",
+           "session_settings", "with_local_task_attempts"]
 
 # Spark's own patterns (SparkContext.createTaskScheduler): these local masters allow one attempt per task
 _LOCAL_ONE_ATTEMPT = re.compile(r"local(?:\[\s*([0-9]+|\*)\s*\])?")
