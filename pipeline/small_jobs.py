@@ -32,13 +32,13 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from pipeline.config import JobConfig
+from pipeline.spark.session import USER_CLASSPATH_CONFS
 
 __all__ = ["SmallJob", "small_job"]
 
 _LOCAL_MASTER = re.compile(r"local(\[.*\])?")
 # spark.conf settings that bring jars or the Delta connector's own session settings
-_USER_DELTA_CONFS = ("spark.jars", "spark.jars.packages", "spark.driver.extraClassPath", "spark.sql.extensions",
-                     "spark.sql.catalog.spark_catalog")
+_USER_DELTA_CONFS = (*USER_CLASSPATH_CONFS, "spark.sql.extensions", "spark.sql.catalog.spark_catalog")
 
 
 @dataclass(frozen=True)
@@ -137,15 +137,11 @@ def _source_rows(config: JobConfig) -> tuple[int | None, str]:
 
 def _delta_log_rows(path: str) -> int | None:
     """The rows of the Delta table at ``path`` by its log's per-file counts; None when any is missing or no table."""
-    import pyarrow as pa
-
+    from pipeline.io.delta_tables import log_rows
     from pipeline.io.stores import open_table
 
     try:
-        actions = pa.table(open_table(path).get_add_actions(flatten=True)).to_pylist()
+        table = open_table(path)
     except Exception:  # noqa: BLE001 - no table there (yet): the read reports it; not small meanwhile
         return None
-    counts = [a.get("num_records") for a in actions]
-    if any(c is None for c in counts):
-        return None
-    return int(sum(counts))
+    return log_rows(table)

@@ -9,7 +9,7 @@ from pipeline.io.sources import has_delta_connector, latest_version, read_delta
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["replaced_by", "rows_held"]
+__all__ = ["log_rows", "replaced_by", "rows_held"]
 
 
 def replaced_by(spark: "SparkSession", path: str, *, run_id: str, partition: dict[str, Any],
@@ -38,6 +38,19 @@ def replaced_by(spark: "SparkSession", path: str, *, run_id: str, partition: dic
     return f"replaced by run {', '.join(str(o) for o in others)}{at}"
 
 
+def log_rows(table: Any, partition: dict[str, Any] | None = None) -> int | None:
+    """The rows of a ``deltalake.DeltaTable`` (in ``partition``) by its log's per-file counts; None when a
+    file's count is missing (a writer that records no statistics)."""
+    import pyarrow as pa
+
+    adds = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    wanted = {f"partition.{c}": str(v) for c, v in (partition or {}).items()}
+    files = [a for a in adds if all(str(a.get(k)) == v for k, v in wanted.items())]
+    if any(a.get("num_records") is None for a in files):
+        return None
+    return int(sum(a["num_records"] for a in files))
+
+
 def _latest_version(spark: "SparkSession", path: str) -> int | None:
     try:
         if has_delta_connector(spark):
@@ -62,13 +75,9 @@ def rows_held(spark: "SparkSession", *, path: str | None, table: str | None,
     if path and not table and not has_delta_connector(spark):
         if not (reachable(path) and is_table(path)):
             return 0
-        import pyarrow as pa
-
-        adds = pa.table(open_table(path).get_add_actions(flatten=True)).to_pylist()
-        wanted = {f"partition.{c}": str(v) for c, v in (partition or {}).items()}
-        files = [a for a in adds if all(str(a.get(k)) == v for k, v in wanted.items())]
-        if all(a.get("num_records") is not None for a in files):
-            return int(sum(a["num_records"] for a in files))
+        counted = log_rows(open_table(path), partition)
+        if counted is not None:
+            return counted
     try:
         frame = spark.table(table) if table else read_delta(spark, path)
     except Exception:  # noqa: BLE001 - no table yet: nothing to shrink

@@ -20,9 +20,9 @@ from pipeline.spark.jars import GROUPS, session_jar_confs
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["QUICK_START_JVM_OPTIONS", "activate_for_this_thread", "apply_session_settings", "get_session", "is_connect",
-           "quiet_task_failure_logs", "register_data_source", "remote_url", "s3a_settings", "session_key",
-           "session_settings", "with_local_task_attempts"]
+__all__ = ["QUICK_START_JVM_OPTIONS", "USER_CLASSPATH_CONFS", "activate_for_this_thread", "apply_session_settings",
+           "get_session", "is_connect", "quiet_task_failure_logs", "register_data_source", "remote_url",
+           "s3a_settings", "session_key", "session_settings", "with_local_task_attempts"]
 
 # Spark's own patterns (SparkContext.createTaskScheduler): these local masters allow one attempt per task
 _LOCAL_ONE_ATTEMPT = re.compile(r"local(?:\[\s*([0-9]+|\*)\s*\])?")
@@ -63,7 +63,7 @@ _TASK_FAILURE_LOGGERS = (
 # needs no second tier. On 2 cores a 100-row job started about 3 s sooner (bench/small_jobs.py).
 QUICK_START_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:ReservedCodeCacheSize=256m"
 # settings through which a user's spark.conf may bring the Delta classes themselves
-_USER_CLASSPATH_CONFS = ("spark.jars", "spark.jars.packages", "spark.driver.extraClassPath")
+USER_CLASSPATH_CONFS = ("spark.jars", "spark.jars.packages", "spark.driver.extraClassPath")
 
 
 def session_settings(config: SparkConfig) -> dict[str, str]:
@@ -186,7 +186,7 @@ def get_session(config: SparkConfig, *, object_stores: bool = True,
     # (naming Delta's catalog here without its classes on that path fails the session's first query)
     groups = () if small else GROUPS if object_stores else tuple(g for g in GROUPS if g != "s3")
     jars = session_jar_confs(groups) if master is not None and groups else {}
-    if master is not None and not any(k in config.conf for k in _USER_CLASSPATH_CONFS):
+    if master is not None and not any(k in config.conf for k in USER_CLASSPATH_CONFS):
         # what has_delta_connector answers for this session without probing it (a first query costs ~2 s)
         defaults[DELTA_CONNECTOR_CONF] = "true" if "spark.sql.extensions" in jars else "false"
     if small and master is not None:
