@@ -27,7 +27,7 @@ from pipeline.spark.udf import InferencePlan, load_model
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["WARM_UP_GROUP", "start_warm_up", "warm_up"]
+__all__ = ["WARM_UP_GROUP", "start_warm_up", "warm_up", "warm_up_plan"]
 
 WARM_UP_GROUP = "sbi-warm-up"
 
