@@ -357,8 +357,8 @@ def _valid_text_and_bytes(inputs: "DataFrame", input_columns: tuple[str, ...]) -
 
 # --- malformed source lines (JSON lines Spark could not parse): flagged by the task, quarantined raw ---
 def _malformed_input(inputs: "DataFrame") -> tuple[str, ...]:
-    """The raw-line column for the task when the source has one (``pipeline.io.sources.MALFORMED_COLUMN``)."""
-    from pipeline.io.sources import MALFORMED_COLUMN
+    """The raw-line column for the task when the source has one (``pipeline.rows.MALFORMED_COLUMN``)."""
+    from pipeline.rows import MALFORMED_COLUMN
 
     return (MALFORMED_COLUMN,) if MALFORMED_COLUMN in inputs.columns else ()
 
@@ -720,7 +720,7 @@ def _check_idempotency(run: _Run) -> RunSummary | None:
 
     Sets the run's Delta transaction id (``run.app_id``) either way.
     """
-    from pipeline.io.sinks import committed_run_via, resolve_writer, run_app_id, source_snapshot
+    from pipeline.io.sinks import committed_run_via, resolve_writer, source_snapshot
 
     config, spark, run_id, ds, out = run.config, run.spark, run.run_id, run.ds, run.out
     # one Delta transaction id per logical run: a fast path for a retry whose commit landed, taken only while
@@ -729,12 +729,10 @@ def _check_idempotency(run: _Run) -> RunSummary | None:
     run.source_note = _rebuilt_source_note(config, run.source_version)
     if run.source_note:
         print(f"[{config.job}] run {run_id}: {run.source_note}", file=out, flush=True)
-    from pipeline.fingerprint import drop_keys
+    from pipeline.identity import run_key, run_settings
 
-    # settings two tries of one run may differ in (a served model's address and limits) are not the run
-    settings = drop_keys(config.model_dump(mode="json"),
-                         [f"task.{p}" for p in getattr(type(config.task), "per_try_settings", ())])
-    app_id = run_app_id(config.job, settings, model_revision=run.model.revision, source_snapshot=run.source_version)
+    app_id = run_key(config.job, run_settings(config), model_revision=run.model.revision,
+                     source_snapshot=run.source_version)
     run.run_key = app_id
     if config.run.incremental or config.sink.mode == "append":
         done = committed_run_via(spark, config.sink.path, app_id) if config.sink.path else None

@@ -23,7 +23,6 @@ writes these rows and then the report and MLflow; this module knows neither.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import pyarrow as pa
 
 from pipeline.config.redaction import redact_config, scrub
+from pipeline.identity import config_hash
 from pipeline.io.stores import delta_uri, is_table, open_table, storage_options
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from pipeline.metrics import RunSummary
 
 __all__ = [
-    "RUNS_SCHEMA", "config_hash", "read_runs", "redact_config", "run_row", "spark_identity",
+    "RUNS_SCHEMA", "read_runs", "redact_config", "run_row", "spark_identity",
     "write_run_row",
 ]
 
@@ -67,22 +67,6 @@ RUNS_SCHEMA = pa.schema([
 
 
 # ------------------------------------------------------------------ pure: the row
-
-
-def config_hash(redacted: Mapping[str, Any]) -> str:
-    """sha256 (16 hex digits) of the redacted config without ``run.ds``/``run.run_id`` and ``storage``
-    (how the store is reached, keys that rotate): same settings, same hash.
-
-    >>> config_hash({"job": "a", "run": {"ds": "2026-01-01"}}) == config_hash({"job": "a", "run": {"ds": "2026-01-02"}})
-    True
-    """
-    data = json.loads(json.dumps(redacted, default=str))
-    data.pop("storage", None)
-    run = data.get("run")
-    if isinstance(run, dict):
-        run.pop("ds", None)
-        run.pop("run_id", None)
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def run_row(

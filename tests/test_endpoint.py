@@ -300,7 +300,8 @@ def test_the_token_budget_stops_the_run_committing_nothing_and_the_rerun_pays_on
 
 def test_the_key_from_the_environment_is_a_secret_in_every_dump_of_the_config(monkeypatch, tmp_path):
     from pipeline.config import build_config
-    from pipeline.runs import config_hash, redact_config
+    from pipeline.identity import config_hash
+    from pipeline.runs import redact_config
 
     monkeypatch.setenv("SBI_TEST_ENDPOINT_KEY", KEY)
     config = build_config({

@@ -39,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.rows import Status
+
 __all__ = [
     "DEFAULT_MAX_PIXELS", "DecodedImage", "ImageRejected", "decode_image", "decode_pages", "read_image_bytes", "resize_center_crop",
     "resize_to_height",
@@ -121,9 +123,9 @@ def decode_image(data: bytes | None, *, max_pixels: int = DEFAULT_MAX_PIXELS, dr
     from PIL import Image, ImageOps, UnidentifiedImageError
 
     if data is None:
-        raise ImageRejected("skipped_null", "no image: the value is null")
+        raise ImageRejected(Status.SKIPPED_NULL, "no image: the value is null")
     if len(data) == 0:
-        raise ImageRejected("skipped_empty", "empty image: 0 bytes")
+        raise ImageRejected(Status.SKIPPED_EMPTY, "empty image: 0 bytes")
     notes: list[str] = []
     with warnings.catch_warnings():
         # our own pixel guard below replaces Pillow's warning band
@@ -134,7 +136,7 @@ def decode_image(data: bytes | None, *, max_pixels: int = DEFAULT_MAX_PIXELS, dr
             raise ImageRejected("too_large", f"decompression bomb refused before decoding: {exc}") from None
         except UnidentifiedImageError:
             raise ImageRejected(
-                "invalid_image",
+                Status.INVALID_IMAGE,
                 f"not an image: Pillow cannot identify the format (first bytes {bytes(data[:10])!r}); "
                 "check that the source holds image files (JPEG, PNG, GIF, WebP, TIFF, BMP)",
             ) from None
@@ -146,7 +148,7 @@ def decode_image(data: bytes | None, *, max_pixels: int = DEFAULT_MAX_PIXELS, dr
                 "(task.max_pixels); refused before decoding (a decompression bomb, or raise the limit)",
             )
         if width <= 0 or height <= 0:
-            raise ImageRejected("invalid_image", f"image has no pixels ({width} x {height})")
+            raise ImageRejected(Status.INVALID_IMAGE, f"image has no pixels ({width} x {height})")
         fmt = im.format or "unknown"
         mode = im.mode
         frames = int(getattr(im, "n_frames", 1) or 1)
@@ -162,7 +164,7 @@ def decode_image(data: bytes | None, *, max_pixels: int = DEFAULT_MAX_PIXELS, dr
             raise ImageRejected("too_large", f"decompression bomb refused: {exc}") from None
         except (OSError, SyntaxError, ValueError, EOFError) as exc:
             raise ImageRejected(
-                "invalid_image", f"truncated or corrupt {fmt} data: {exc}; re-export or re-upload the file"
+                Status.INVALID_IMAGE, f"truncated or corrupt {fmt} data: {exc}; re-export or re-upload the file"
             ) from None
     orientation = _orientation(im)
     if orientation not in (None, 1):
@@ -201,7 +203,7 @@ def decode_pages(data: bytes | None, *, max_pixels: int = DEFAULT_MAX_PIXELS, ma
                 im.load()
                 page = ImageOps.exif_transpose(im) or im
             except (OSError, SyntaxError, ValueError, EOFError) as exc:
-                raise ImageRejected("invalid_image", f"page {k + 1} of {total} of this TIFF is truncated or "
+                raise ImageRejected(Status.INVALID_IMAGE, f"page {k + 1} of {total} of this TIFF is truncated or "
                                                      f"corrupt: {exc}; re-export or re-scan the document") from None
             pages.append(_to_rgb(page, []))
             budget -= width * height

@@ -4,7 +4,7 @@ Either way one job makes one Delta commit, and ``overwrite_partition``
 replaces only the run's partition (a rerun of the same day replaces its rows).
 
 A write made for a run carries a Delta transaction id derived from the
-LOGICAL run (:func:`run_app_id`): an append of a run that already committed
+LOGICAL run (its run key, :func:`pipeline.identity.run_key`): an append of a run that already committed
 (its driver died after the commit, and the scheduler retried it) adds nothing.
 
 What a write does is decided apart from doing it: :func:`plan_write` is pure
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SinkError", "WritePlan", "WriteResult", "check_sink", "commit_metadata", "committed_run", "committed_run_via",
     "execute_write", "plan_write",
-    "resolve_writer", "run_app_id", "source_snapshot", "write_sink",
+    "resolve_writer", "source_snapshot", "write_sink",
 ]
 
 Writer = Literal["delta", "deltalake"]
@@ -176,7 +176,7 @@ def plan_write(
     >>> p.writer, p.format, p.mode, p.path, p.partition_by, p.options["replaceWhere"]
     ('delta', 'delta', 'overwrite', 's3://lake/scores', ('ds',), "ds = '2026-11-29'")
 
-    ``txn_app_id`` (:func:`run_app_id`) makes an append idempotent: the connector gets Delta's
+    ``txn_app_id`` (the run key, :func:`pipeline.identity.run_key`) makes an append idempotent: the connector gets Delta's
     ``txnAppId``/``txnVersion`` options (it skips a write whose app id the table already holds),
     the deltalake writer records the same transaction and skips such an append itself:
 
@@ -450,7 +450,7 @@ def write_sink(
     ``partition_values`` names the partition this run writes (e.g. ``{"ds": date}``);
     with ``mode: overwrite_partition`` exactly that partition is replaced.
     ``path`` writes to another folder with the same settings (the quarantine table).
-    ``txn_app_id`` (:func:`run_app_id`): an append of a run the table already holds adds nothing
+    ``txn_app_id`` (the run key, :func:`pipeline.identity.run_key`): an append of a run the table already holds adds nothing
     and returns ``already_committed``. ``key_columns`` and ``read_version``: a keyed append
     (:func:`plan_write`); ``overlapped`` in the result counts the rows another run wrote first.
     ``in_driver``: the deltalake writer writes and commits from this process (a small job's few rows,
@@ -547,45 +547,6 @@ def _table_version(path: str) -> int | None:
         return open_table(path).version()
     except TableNotFoundError:
         return None
-
-
-# settings that differ between two tries of one logical run without changing what it writes
-_RUN_UNIQUE = {
-    "spark": None,
-    "storage": None,  # how the store is reached (keys rotate), not what is written
-    "run": {"run_id", "progress", "progress_interval_s", "sample_rows", "summary_path", "faults", "runs_path",
-            "report_path", "mlflow", "staging", "staging_path", "staging_max_age_hours", "min_rows_fraction",
-            "allow_empty", "max_tokens"},
-}
-
-
-def run_app_id(job: str, settings: Mapping[str, Any], *, model_revision: str, source_snapshot: str | None) -> str:
-    """The Delta transaction app id of one LOGICAL run: the same for every retry of it, different otherwise.
-
-    A hash of the job name, the output location, the run date, the model revision, the source
-    snapshot (:func:`source_snapshot`; None where unknown) and the job's ``settings`` (the config as
-    JSON) minus what differs between tries (``run.run_id``, progress and reporting settings, fault
-    drills, ``spark.*``, ``storage.*``).
-
-    >>> from pipeline.config import build_config
-    >>> raw = {"job": "j", "source": {"path": "/d"}, "model": {"path": "/m"}, "task": {"kind": "embed"},
-    ...        "sink": {"path": "/out"}, "run": {"ds": "2026-11-29", "run_id": "a"}}
-    >>> def settings(data): return build_config(data).model_dump(mode="json")
-    >>> a = run_app_id("j", settings(raw), model_revision="r1", source_snapshot="delta:3")
-    >>> retry = run_app_id("j", settings({**raw, "run": {"ds": "2026-11-29", "run_id": "b"}}),
-    ...                    model_revision="r1", source_snapshot="delta:3")
-    >>> a == retry, a == run_app_id("j", settings(raw), model_revision="r1", source_snapshot="delta:4")
-    (True, False)
-    """
-    dumped = dict(settings)
-    for section, keys in _RUN_UNIQUE.items():
-        if keys is None:
-            dumped.pop(section, None)
-        else:
-            dumped[section] = {k: v for k, v in dumped.get(section, {}).items() if k not in keys}
-    key = {"config": dumped, "model_revision": model_revision, "source_snapshot": source_snapshot}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
-    return f"sbi-{job}-{digest[:32]}"
 
 
 def source_snapshot(source: SourceConfig) -> str | None:

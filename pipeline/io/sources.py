@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.config import DELTA_CONNECTOR_CONF, SourceConfig
 from pipeline.errors import SourceError
+from pipeline.rows import MALFORMED_COLUMN
 from pipeline.io.paths import connector_hint, local_path, remote_refusal, resolve_location
 from pipeline.io.stores import is_object_store, is_table, open_table, reachable, table_store
 
@@ -26,14 +27,13 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = [
-    "MALFORMED_COLUMN", "SourceError", "check_source", "has_delta_connector", "is_delta_table", "read_binary_files",
+    "SourceError", "check_source", "has_delta_connector", "is_delta_table", "read_binary_files",
     "read_delta", "read_json", "read_source", "select_input",
 ]
 
 # Spark's corrupt-record column: the raw text of a JSON line it could not parse (null on good lines).
 CORRUPT_RECORD_COLUMN = "_corrupt_record"
 # The same raw text, as select_input carries it to the task (which flags the row `malformed`).
-MALFORMED_COLUMN = "_malformed"
 
 # Reader features whose semantics a plain Parquet read would get wrong.
 _UNSUPPORTED_READER_FEATURES = {

@@ -10,7 +10,7 @@ folder holds nothing but the table.
 
 What makes a staged task reusable, and by whom:
 
-- The folder is named by the **plan key** (:func:`plan_key`): the run key
+- The folder is named by the **plan key** (:func:`pipeline.identity.plan_key`): the run key
   (the Delta transaction id of the logical run, which covers the config
   minus per-try settings, the model revision, the run date and the source
   snapshot), the task fingerprint, the number of rows and of tasks. Another
@@ -29,7 +29,7 @@ What may be deleted, and the proof it is ours: nothing is removed because of its
 name, its place or its age alone. A root is **ours** when it holds the owner file
 ``_sbi_staging.json`` this module writes when it creates (or adopts an empty)
 root; a plan folder is ours when its ``plan.json`` hashes back to the folder's
-own name (:func:`plan_key` of the values it records); inside an owned plan
+own name (:func:`pipeline.identity.plan_key` of the values it records); inside an owned plan
 folder only the files this module names (``plan.json``, ``task-<n>.done.json``,
 ``task-<n>.<12 hex>.arrow`` and their temp files) are removed. A folder that
 holds a Delta table, or entries no run wrote, is refused as a root before any
@@ -56,9 +56,10 @@ from typing import Any, Iterable, Iterator
 import pyarrow as pa
 
 from pipeline.errors import SinkError
+from pipeline.identity import plan_key
 
 __all__ = ["OWNER_FILE", "PLAN_FILE", "STAGING_SUFFIX", "InputDigest", "RootCheck", "StagePlan", "StagingLayoutError", "StagingSweep",
-           "TaskStage", "check_root", "explain_unused", "open_plan", "plan_key", "remove_run", "staged_tasks",
+           "TaskStage", "check_root", "explain_unused", "open_plan", "remove_run", "staged_tasks",
            "staging_root", "sweep_staging"]
 
 # the staging folder beside a local sink's table folder: <sink path>_staging
@@ -113,18 +114,8 @@ class StagePlan:
     drills: str = ""
 
     def key(self) -> str:
-        return plan_key(self)
-
-
-def plan_key(plan: StagePlan) -> str:
-    """The folder name of ``plan``'s staged output: a hash of every value a reuse depends on.
-
-    >>> a = StagePlan("sbi-j-1", "delta:3", "fp", rows=10, tasks=2, job="j", ds="2026-11-29")
-    >>> len(plan_key(a)), plan_key(a) == plan_key(StagePlan("sbi-j-1", "delta:4", "fp", 10, 2, "j", "2026-11-29"))
-    (24, False)
-    """
-    fields = [plan.run_key, plan.source_version, plan.task_fingerprint, plan.rows, plan.tasks, plan.drills]
-    return hashlib.sha256(json.dumps(fields).encode()).hexdigest()[:24]
+        return plan_key(self.run_key, self.source_version, self.task_fingerprint, rows=self.rows, tasks=self.tasks,
+                        drills=self.drills)
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from pipeline.config import BatchingConfig, ModelConfig
 from pipeline.metrics import WorkerCounts, WorkerProgress
-from pipeline.rows import INVALID_ID
+from pipeline.rows import INVALID_ID, MALFORMED_COLUMN
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -324,8 +324,8 @@ def _split_null_ids(batch: pa.RecordBatch, schema: pa.Schema, plan: InferencePla
     if ids.null_count == 0 or "status" not in schema.names or "error" not in schema.names:
         return batch, None
     missing = pc.is_null(ids)
-    if "_malformed" in batch.schema.names:
-        missing = pc.and_(missing, pc.is_null(batch.column("_malformed")))
+    if MALFORMED_COLUMN in batch.schema.names:
+        missing = pc.and_(missing, pc.is_null(batch.column(MALFORMED_COLUMN)))
     if not pc.any(missing).as_py():
         return batch, None
     flagged = batch.filter(missing)

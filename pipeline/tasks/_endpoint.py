@@ -27,7 +27,7 @@ from pipeline.endpoint.wire import WireError, chat_body, completion_body, embedd
 from pipeline.errors import EngineError, ModelError, TokenBudgetReached
 from pipeline.metrics import WorkerCounts
 from pipeline.registry import ModelInfo
-from pipeline.rows import MALFORMED, MALFORMED_ERROR, NO_CONTENT
+from pipeline.rows import MALFORMED, MALFORMED_ERROR, NO_CONTENT, Status
 from pipeline.tasks.base import carries_content, malformed_rows
 from pipeline.tasks.job import TaskJob
 
@@ -146,9 +146,9 @@ def _text(value: Any) -> Any:
 def _status_of(values: Sequence[Any]) -> str | None:
     """A row's skip status from its template values (None: it is sent)."""
     if any(v is None for v in values):
-        return "skipped_null"
+        return Status.SKIPPED_NULL
     if any(not str(v).strip() for v in values):
-        return "skipped_empty"
+        return Status.SKIPPED_EMPTY
     if not any(carries_content(str(v)) for v in values):
         return NO_CONTENT
     return None
@@ -175,7 +175,7 @@ def generate_rows(task: Any, cols: Mapping[str, list[Any]], malformed: np.ndarra
 
     cfg, endpoint = task.config, task.config.endpoint
     n = len(malformed)
-    status = np.full(n, "ok", dtype=object)
+    status = np.full(n, Status.OK, dtype=object)
     error = np.full(n, None, dtype=object)
     results: list[Any] = [None] * n
     system, schema = task.system_prompt(), task.vllm_json_schema()
@@ -194,7 +194,7 @@ def generate_rows(task: Any, cols: Mapping[str, list[Any]], malformed: np.ndarra
             prompt = cfg.template.format(**values)
             budget = task._budget(cols, i)
         except (ValueError, KeyError, IndexError) as exc:
-            status[i], error[i] = "error", str(exc)
+            status[i], error[i] = Status.ERROR, str(exc)
             continue
         key = cols[cfg.seed_column][i] if cfg.seed_column else "\x1f".join(map(str, values.values()))
         body = build(endpoint.model, prompt, system=system, max_tokens=budget, temperature=cfg.temperature,
@@ -212,13 +212,13 @@ def generate_rows(task: Any, cols: Mapping[str, list[Any]], malformed: np.ndarra
     paid = 0
     for i, outcome in zip(rows, outcomes):
         if not outcome.ok:
-            status[i], error[i] = "error", f"endpoint: {outcome.error}"
+            status[i], error[i] = Status.ERROR, f"endpoint: {outcome.error}"
             results[i] = GenerationResult("", [], 0, "error", outcome.seconds * 1000.0, error=error[i])
             continue
         try:
             reply = read_generation(outcome.answer or {})
         except WireError as exc:
-            status[i], error[i] = "error", f"endpoint: {exc}"
+            status[i], error[i] = Status.ERROR, f"endpoint: {exc}"
             results[i] = GenerationResult("", [], 0, "error", outcome.seconds * 1000.0, error=error[i])
             continue
         if not outcome.replayed:
@@ -266,7 +266,7 @@ def embed_rows(task: Any, texts: Sequence[Any], malformed: np.ndarray, counts: W
     """``(embeddings of the ok rows, status, error, n_tokens)`` for an embed chunk on the endpoint backend."""
     endpoint = task.config.endpoint
     n = len(texts)
-    status = np.full(n, "ok", dtype=object)
+    status = np.full(n, Status.OK, dtype=object)
     error = np.full(n, None, dtype=object)
     n_tokens = np.zeros(n, dtype=np.int32)
     rows, calls = [], []
@@ -293,7 +293,7 @@ def embed_rows(task: Any, texts: Sequence[Any], malformed: np.ndarray, counts: W
                 raise WireError(str(outcome.error))
             vector, tokens = read_embedding(outcome.answer or {})
         except WireError as exc:
-            status[i], error[i] = "error", f"endpoint: {exc}"
+            status[i], error[i] = Status.ERROR, f"endpoint: {exc}"
             continue
         vectors[i], n_tokens[i] = vector, tokens
         paid += 0 if outcome.replayed else tokens

@@ -25,7 +25,7 @@ import pyarrow as pa
 from pipeline.config import BatchingConfig, ModelConfig
 from pipeline.images.decode import DecodedImage, ImageRejected, decode_image, read_image_bytes
 from pipeline.metrics import WorkerCounts
-from pipeline.rows import TRUNCATED
+from pipeline.rows import TRUNCATED, Status
 from pipeline.tasks.base import STATUS_FIELDS, _describe
 
 __all__ = ["IMAGE_FIELDS", "ImageTask"]
@@ -92,7 +92,7 @@ class ImageTask:
     def decode(self, value: Any) -> DecodedImage:
         """Decode one row's value (bytes, or a path/URI read here when ``image_input`` is ``path``)."""
         if value is None:
-            raise ImageRejected("skipped_null", "no image: the value is null")
+            raise ImageRejected(Status.SKIPPED_NULL, "no image: the value is null")
         data = read_image_bytes(str(value)) if self.config.image_input == "path" else value
         return self.decode_bytes(data)
 
@@ -109,7 +109,7 @@ class ImageTask:
                 f"task.image_column {self.config.image_column!r} has type {column.type}, not binary; "
                 "set task.image_input: path when it holds file paths or URIs"
             )
-        status = np.full(n, "ok", dtype=object)
+        status = np.full(n, Status.OK, dtype=object)
         error = np.full(n, None, dtype=object)
         results: list[dict[str, Any]] = [self.empty_result() for _ in range(n)]
         meta: list[tuple[Any, Any, Any, Any]] = [(None, None, None, None)] * n
@@ -150,7 +150,7 @@ class ImageTask:
                 status[i], error[i] = exc.status, str(exc)
                 continue
             except Exception as exc:  # noqa: BLE001 - an unforeseen decoder failure: a poison row
-                status[i], error[i] = "error", "decode: " + _describe(exc)
+                status[i], error[i] = Status.ERROR, "decode: " + _describe(exc)
                 continue
             meta[i] = (image.width, image.height, image.format, "; ".join(image.notes) or None)
             group.append(_Row(i, raw, image))
@@ -173,7 +173,7 @@ class ImageTask:
             if len(group) == 1:
                 counts.add("row_errors")
                 row = group[0].index
-                status[row], error[row] = "error", _describe(exc)
+                status[row], error[row] = Status.ERROR, _describe(exc)
                 return []
             counts.add("poison_bisections")
             half = len(group) // 2

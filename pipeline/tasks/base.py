@@ -34,7 +34,7 @@ from pipeline.batching import (Batch, BatchSizeMemory, bucket_length, collate, p
                                small_chunk_budget)
 from pipeline.config import BatchingConfig, ModelConfig
 from pipeline.metrics import WorkerCounts
-from pipeline.rows import MALFORMED, MALFORMED_ERROR, NO_CONTENT, STATUS_FIELDS
+from pipeline.rows import MALFORMED, MALFORMED_COLUMN, MALFORMED_ERROR, NO_CONTENT, STATUS_FIELDS, Status
 
 __all__ = [
     "MALFORMED", "NO_CONTENT", "STATUS_FIELDS", "ChunkWork", "LoadedText", "Task", "TextTask", "TokenizedChunk",
@@ -42,8 +42,6 @@ __all__ = [
     "content_free", "malformed_rows", "special_token_ids",
 ]
 
-# The column that carries a malformed line's raw text to the task (pipeline.io.sources.MALFORMED_COLUMN).
-_MALFORMED_COLUMN = "_malformed"
 
 # Text longer than this many characters per allowed token is cut before
 # tokenising (a 1 MB document would otherwise cost seconds for nothing); the
@@ -154,9 +152,9 @@ def malformed_rows(chunk: pa.RecordBatch) -> np.ndarray:
 
     All False when the chunk has no such column (any source but JSON lines).
     """
-    if _MALFORMED_COLUMN not in chunk.schema.names:
+    if MALFORMED_COLUMN not in chunk.schema.names:
         return np.zeros(chunk.num_rows, dtype=bool)
-    return np.asarray(chunk.column(chunk.schema.get_field_index(_MALFORMED_COLUMN)).is_valid(), dtype=bool)
+    return np.asarray(chunk.column(chunk.schema.get_field_index(MALFORMED_COLUMN)).is_valid(), dtype=bool)
 
 
 def special_token_ids(tokenizer: Any) -> frozenset[int]:
@@ -438,7 +436,7 @@ class TextTask:
             # raw bytes (logs): invalid UTF-8 becomes U+FFFD rather than failing the row
             texts = [None if b is None else b.decode("utf-8", errors="replace") for b in texts]
         work = ChunkWork(
-            n=n, status=np.full(n, "ok", dtype=object), error=np.full(n, None, dtype=object),
+            n=n, status=np.full(n, Status.OK, dtype=object), error=np.full(n, None, dtype=object),
             n_tokens=np.zeros(n, dtype=np.int32), truncated=np.zeros(n, dtype=bool),
         )
         status, error = work.status, work.error
@@ -449,9 +447,9 @@ class TextTask:
             if malformed[i]:
                 status[i], error[i] = MALFORMED, MALFORMED_ERROR
             elif text is None:
-                status[i] = "skipped_null"
+                status[i] = Status.SKIPPED_NULL
             elif not text.strip():
-                status[i] = "skipped_empty"
+                status[i] = Status.SKIPPED_EMPTY
             elif not carries_content(text):
                 status[i] = NO_CONTENT
             else:
@@ -496,7 +494,7 @@ class TextTask:
             tok = work.tok
             work.n_tokens[rows] = tok.lengths
             work.truncated[rows] = tok.truncated
-            status[rows[tok.truncated]] = "truncated"
+            status[rows[tok.truncated]] = Status.TRUNCATED
             if work.errors:
                 failed = np.fromiter(work.errors, dtype=np.int64)
                 for i, message in work.errors.items():

@@ -13,6 +13,7 @@ from pipeline.config import TaskConfig
 from pipeline.endpoint.config import EndpointConfig
 from pipeline.metrics import WorkerCounts
 from pipeline.registry import register_task
+from pipeline.rows import Status
 from pipeline.tasks._endpoint import EndpointJob
 from pipeline.tasks._torch import check_encoder_precision, forward, label_columns, list_array
 from pipeline.tasks.base import LoadedText, TextTask, malformed_rows
@@ -114,7 +115,7 @@ class EmbedTask(TextTask):
         texts = chunk.column(chunk.schema.get_field_index("text")).to_pylist()
         client = attempt_client(self.config.endpoint, getattr(self, "attempt", None))
         vectors, status, error, n_tokens = embed_rows(self, texts, malformed_rows(chunk), counts, client)
-        valid = np.asarray([v is None for v in error], dtype=bool) & (status == "ok")
+        valid = np.asarray([v is None for v in error], dtype=bool) & (status == Status.OK)
         results = {} if vectors is None else {"embedding": self._normalized(vectors)}
         columns = self.build_columns(loaded, results, valid)
         counts.add("rows", chunk.num_rows)

@@ -34,7 +34,7 @@ from pipeline.generation.engine import GenerationResult
 from pipeline.generation.schema import arrow_type, check_schema, load_schema, parse_completion
 from pipeline.registry import register_task
 from pipeline.tasks._endpoint import EndpointJob
-from pipeline.rows import INVALID_OUTPUT, STATUS_FIELDS
+from pipeline.rows import INVALID_OUTPUT, STATUS_FIELDS, Status
 from pipeline.tasks.generate import RESULT_FIELDS, GenerateTask, GenerateTaskConfig
 
 __all__ = ["INVALID_OUTPUT", "ExtractTask", "ExtractTaskConfig"]
@@ -106,7 +106,7 @@ class ExtractTask(GenerateTask):
                       error: np.ndarray) -> list[pa.Array]:
         fields: list[dict | None] = [None] * len(results)
         for i, result in enumerate(results):
-            if result is None or status[i] not in ("ok", "truncated"):
+            if result is None or status[i] not in (Status.OK, Status.TRUNCATED):
                 continue
             value, reason = parse_completion(result.completion, self.schema, self._validator)
             if reason is None:

@@ -33,6 +33,7 @@ from pipeline.generation.sampling import SamplingParams, row_seed
 from pipeline.generation.vllm_backend import EngineError
 from pipeline.metrics import WorkerCounts
 from pipeline.registry import register_task
+from pipeline.rows import Status
 from pipeline.tasks._endpoint import EndpointJob
 from pipeline.tasks.base import (
     MALFORMED, MALFORMED_ERROR, NO_CONTENT, STATUS_FIELDS, carries_content, content_free, malformed_rows,
@@ -357,7 +358,7 @@ class GenerateTask:
                                                       np.ndarray]:
         """``(results, status, error, truncated)`` of a chunk on a local backend (transformers, vLLM)."""
         n = chunk.num_rows
-        status = np.full(n, "ok", dtype=object)
+        status = np.full(n, Status.OK, dtype=object)
         error = np.full(n, None, dtype=object)
         truncated = np.zeros(n, dtype=bool)
         results: list[GenerationResult | None] = [None] * n
@@ -371,11 +372,11 @@ class GenerateTask:
                 continue
             values = {c: _as_text(cols[c][i]) for c in self.template_columns}
             if any(v is None for v in values.values()):
-                status[i] = "skipped_null"
+                status[i] = Status.SKIPPED_NULL
                 continue
             # Like a null, a blank value in any column the template needs leaves nothing to generate from.
             if any(not str(v).strip() for v in values.values()):
-                status[i] = "skipped_empty"
+                status[i] = Status.SKIPPED_EMPTY
                 continue
             if not any(self._has_content(loaded.tokenizer, str(v), special) for v in values.values()):
                 status[i] = NO_CONTENT
@@ -385,7 +386,7 @@ class GenerateTask:
                 self._check_vocab(prompt.token_ids, loaded.vocab_size)
                 budget = self._budget(cols, i)
             except ValueError as exc:
-                status[i], error[i] = "error", str(exc)
+                status[i], error[i] = Status.ERROR, str(exc)
                 continue
             key = cols[self.config.seed_column][i] if self.config.seed_column else "\x1f".join(map(str, values.values()))
             rows.append(i)
@@ -393,12 +394,12 @@ class GenerateTask:
             requests.append(GenerationRequest(prompt.token_ids, budget, row_seed(self.config.seed, key)))
             truncated[i] = prompt.truncated
             if prompt.truncated:
-                status[i] = "truncated"
+                status[i] = Status.TRUNCATED
 
         for i, result in zip(rows, self._generate(loaded, requests, texts, counts)):
             results[i] = result
             if result.finish_reason == "error":
-                status[i], error[i] = "error", result.error
+                status[i], error[i] = Status.ERROR, result.error
         return results, status, error, truncated
 
     # -- what a subclass (the extract kind) changes ----------------------------------------------

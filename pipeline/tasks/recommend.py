@@ -40,6 +40,7 @@ from pipeline.config import BatchingConfig, JobConfig, ModelConfig, TaskConfig
 from pipeline.errors import ModelError, SourceError
 from pipeline.metrics import WorkerCounts
 from pipeline.registry import register_task
+from pipeline.rows import Status
 from pipeline.tasks.job import ModelInfo, TaskJob
 from pipeline.tasks.base import STATUS_FIELDS
 
@@ -180,7 +181,7 @@ class RecommendTask:
         n_history[rows] = np.diff(inputs.history_offsets)
         truncated = np.zeros(n, dtype=bool)
         truncated[rows] = inputs.truncated
-        status = np.where(valid, np.where(truncated, "truncated", "ok"), "skipped_null").astype(object)
+        status = np.where(valid, np.where(truncated, Status.TRUNCATED, Status.OK), Status.SKIPPED_NULL).astype(object)
 
         counts.add("rows", n)
         counts.add("chunks")
