@@ -205,7 +205,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m pipeline")
         _print_error(exc, verbose=getattr(args, "verbose", False), secrets=secrets)
         return 143 if isinstance(exc, RunStopped) else 2  # 128 + SIGTERM, as a shell reports a stopped job
     except Exception as exc:  # a failure Spark reports (e.g. a worker's exception): one line, not pages of Java
-        from pipeline.spark.errors import is_spark_error
+        from pipeline.error_text import is_spark_error
 
         if not is_spark_error(exc):
             raise  # our bug: the full traceback is the useful report
@@ -219,7 +219,7 @@ def _print_error(exc: BaseException, *, verbose: bool, secrets: Sequence[str] = 
     from pipeline.config.redaction import scrub
 
     from pipeline.errors import PipelineError
-    from pipeline.spark.errors import error_line, is_spark_error
+    from pipeline.error_text import error_line, is_spark_error
 
     if verbose:
         import traceback

@@ -1016,7 +1016,7 @@ def _budget_stop(run: _Run, plan: _Scoring) -> Iterator[None]:
     """A Spark job failed by ``run.max_tokens`` (a task's :class:`TokenBudgetReached`) ends the run as that
     error, with what this try spent and what is kept for the rerun; any other failure passes unchanged."""
     from pipeline.errors import TokenBudgetReached
-    from pipeline.spark.errors import python_error_line
+    from pipeline.error_text import python_error_line
 
     try:
         yield

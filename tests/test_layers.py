@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "pipeline"
 
 # ground floor first; a module's floor is that of its longest matching prefix
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("core", ("pipeline.errors", "pipeline.rows", "pipeline.batching", "pipeline.metrics", "pipeline.faults")),
+    ("core", ("pipeline.errors", "pipeline.error_text", "pipeline.sessions", "pipeline.rows", "pipeline.batching", "pipeline.metrics", "pipeline.faults")),
     ("config", ("pipeline.config", "pipeline.fingerprint", "pipeline.identity")),
     ("registry", ("pipeline.registry",)),
     # engines and platform share a floor: each may use the other, never in a circle (checked below)

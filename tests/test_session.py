@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from pipeline.config import SparkConfig
-from pipeline.spark.session import apply_session_settings, is_connect, remote_url
+from pipeline.sessions import is_connect
+from pipeline.spark.session import apply_session_settings, remote_url
 
 
 def test_remote_from_config_then_environment(monkeypatch):

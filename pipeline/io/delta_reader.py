@@ -79,6 +79,6 @@ def read_snapshot(spark: "SparkSession", store: Any, files: list[dict[str, Any]]
 
 
 def _register(spark: "SparkSession") -> None:
-    from pipeline.spark.session import register_data_source
+    from pipeline.sessions import register_data_source
 
     register_data_source(spark, DeltaFilesDataSource)

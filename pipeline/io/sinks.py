@@ -467,8 +467,8 @@ def write_sink(
 
 
 def _register_once(spark: Any, source: type) -> None:
-    """Register the data source once per session (:func:`pipeline.spark.session.register_data_source`)."""
-    from pipeline.spark.session import register_data_source
+    """Register the data source once per session (:func:`pipeline.sessions.register_data_source`)."""
+    from pipeline.sessions import register_data_source
 
     register_data_source(spark, source)
 
@@ -730,6 +730,6 @@ def _connector_winner(spark: Any, plan: WritePlan) -> str | None:
 
 def _root_cause(exc: BaseException) -> str:
     """The Python error (``Class: message``) buried in a Spark exception, else its first real line."""
-    from pipeline.spark.errors import error_line
+    from pipeline.error_text import error_line
 
     return error_line(exc)

@@ -225,7 +225,7 @@ def rows_folder(spark: Any) -> str | None:
     address whose master is ``local``. On a cluster the workers' disks are not
     the driver's, so no folder (classic still has the status store's rows).
     """
-    from pipeline.spark.session import is_connect
+    from pipeline.sessions import is_connect
 
     try:
         if is_connect(spark):
@@ -357,7 +357,7 @@ def stage_source(spark: Any, *, rows_dir: str | None = None) -> StageSource:
 
     ``rows_dir``: the :func:`rows_folder` the inference tasks write their rows done to, if any.
     """
-    from pipeline.spark.session import is_connect
+    from pipeline.sessions import is_connect
 
     return (_ConnectHandlerSource(spark, rows_dir) if is_connect(spark)
             else _StatusTrackerSource(spark, rows_dir))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-import threading
 from typing import TYPE_CHECKING, Any, Mapping
 
 from pipeline.config import DELTA_CONNECTOR_CONF, SparkConfig
@@ -20,9 +19,8 @@ from pipeline.spark.jars import GROUPS, session_jar_confs
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["QUICK_START_JVM_OPTIONS", "USER_CLASSPATH_CONFS", "activate_for_this_thread", "apply_session_settings",
-           "get_session", "is_connect", "quiet_task_failure_logs", "register_data_source", "remote_url",
-           "s3a_settings", "session_key", "session_settings", "with_local_task_attempts"]
+__all__ = ["QUICK_START_JVM_OPTIONS", "USER_CLASSPATH_CONFS", "apply_session_settings", "get_session",
+           "quiet_task_failure_logs", "remote_url", "s3a_settings", "session_settings", "with_local_task_attempts"]
 
 # Spark's own patterns (SparkContext.createTaskScheduler): these local masters allow one attempt per task
 _LOCAL_ONE_ATTEMPT = re.compile(r"local(?:\[\s*([0-9]+|\*)\s*\])?")
@@ -107,11 +105,6 @@ def s3a_settings(options: Mapping[str, str]) -> dict[str, str]:
     if str(options.get("aws_allow_http", "")).lower() == "true":
         confs["fs.s3a.connection.ssl.enabled"] = "false"
     return {f"spark.hadoop.{k}": v for k, v in confs.items()}
-
-
-def is_connect(spark: Any) -> bool:
-    """Whether ``spark`` is a Spark Connect session (no ``sparkContext``, JVM or RDD API on the driver)."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def remote_url(config: SparkConfig) -> str | None:
@@ -284,41 +277,3 @@ def _connect_session(url: str, config: SparkConfig) -> "SparkSession":
     for key, value in runtime.items():
         spark.conf.set(key, value)
     return spark
-
-
-def session_key(spark: "SparkSession") -> Any:
-    """One key per underlying session: the server-side session id on Spark Connect, the JVM session on classic
-    (several Python wrappers may share one)."""
-    if is_connect(spark):
-        return ("connect", spark.session_id)
-    return id(spark._jsparkSession)
-
-
-_data_sources: set[tuple[Any, str]] = set()
-_data_sources_lock = threading.Lock()
-
-
-def register_data_source(spark: "SparkSession", source: type) -> None:
-    """Register the Python data source ``source`` on ``spark`` once per session and source name
-    (re-registering races with writes in other threads), with ``spark`` active for this thread."""
-    activate_for_this_thread(spark)
-    key = (session_key(spark), source.name())
-    with _data_sources_lock:
-        if key not in _data_sources:
-            spark.dataSource.register(source)
-            _data_sources.add(key)
-
-
-def activate_for_this_thread(spark: "SparkSession") -> None:
-    """Make ``spark`` the JVM thread's active session (classic); nothing to do on Spark Connect.
-
-    Python data sources are looked up in the JVM thread's active session, and a
-    write from another Python thread runs on a JVM thread that has none.
-    """
-    jsession = getattr(spark, "_jsparkSession", None)
-    if jsession is None:
-        return
-    try:
-        spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(jsession)  # type: ignore[attr-defined]
-    except Exception:  # noqa: BLE001 - best effort: the default session is used instead
-        pass

@@ -1,0 +1,57 @@
+"""What the library asks of a session object, whichever kind it is, without importing pyspark.
+
+Both the Spark glue (``pipeline.spark``) and the table code (``pipeline.io``) need to know whether a
+session is a Spark Connect one, which underlying session a Python wrapper stands for, and to register a
+Python data source on it once. These answers read only the object's attributes, so they live on the
+ground floor, where neither platform package has to import the other.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+__all__ = ["activate_for_this_thread", "is_connect", "register_data_source", "session_key"]
+
+
+def is_connect(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect session (no ``sparkContext``, JVM or RDD API on the driver)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def session_key(spark: Any) -> Any:
+    """One key per underlying session: the server-side session id on Spark Connect, the JVM session on classic
+    (several Python wrappers may share one)."""
+    if is_connect(spark):
+        return ("connect", spark.session_id)
+    return id(spark._jsparkSession)
+
+
+_data_sources: set[tuple[Any, str]] = set()
+_data_sources_lock = threading.Lock()
+
+
+def register_data_source(spark: Any, source: type) -> None:
+    """Register the Python data source ``source`` on ``spark`` once per session and source name
+    (re-registering races with writes in other threads), with ``spark`` active for this thread."""
+    activate_for_this_thread(spark)
+    key = (session_key(spark), source.name())
+    with _data_sources_lock:
+        if key not in _data_sources:
+            spark.dataSource.register(source)
+            _data_sources.add(key)
+
+
+def activate_for_this_thread(spark: Any) -> None:
+    """Make ``spark`` the JVM thread's active session (classic); nothing to do on Spark Connect.
+
+    Python data sources are looked up in the JVM thread's active session, and a
+    write from another Python thread runs on a JVM thread that has none.
+    """
+    jsession = getattr(spark, "_jsparkSession", None)
+    if jsession is None:
+        return
+    try:
+        spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(jsession)  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - best effort: the default session is used instead
+        pass
