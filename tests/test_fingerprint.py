@@ -16,7 +16,8 @@ from pipeline.config import build_config
 from pipeline.fingerprint import (check_declarations, fingerprint_settings, fingerprint_task_keys,
                                   task_fingerprint)
 from pipeline.registry import register_task, task_kinds
-from pipeline.runner import JobError, prepare_inputs, run_job
+from pipeline.runner import JobError, run_job
+from pipeline.stages.inputs import prepare_inputs
 
 from .conftest import REPO
 from .generation_models import generate_job, save_model_folder

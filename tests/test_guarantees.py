@@ -162,7 +162,8 @@ def test_a_crash_between_the_quarantine_and_the_output_commit_is_repaired_by_a_r
 def test_read_back_is_at_this_runs_version_and_says_who_replaced_it(spark, tmp_path, tiny_embed_model, writer):
     """Run a's rows, replaced by run b's in the same partition: a's commit still checks out at its version."""
     from pipeline.metrics import RunSummary
-    from pipeline.runner import _check_written, _rows_written, prepare_inputs
+    from pipeline.stages.inputs import prepare_inputs
+    from pipeline.stages.verify import check_written, rows_written
     from pipeline.io.delta_tables import replaced_by
     from pipeline.spark.checks import key_counts
 
@@ -178,10 +179,10 @@ def test_read_back_is_at_this_runs_version_and_says_who_replaced_it(spark, tmp_p
 
     # the input keys as the runner compares them, against what run a committed at its own version
     in_keys = key_counts(prepare_inputs(spark, config_a, revision=first.model_revision), id_column="id")
-    check = _check_written(in_keys, _rows_written(spark, path, "a", day, version=first.delta_version), None,
+    check = check_written(in_keys, rows_written(spark, path, "a", day, version=first.delta_version), None,
                            "doc_id")
     assert check.ok and (check.rows_in, check.rows_out, check.keys_out) == (10, 10, 10)
-    assert _rows_written(spark, path, "a", day).count() == 0  # latest: gone, which is not a loss
+    assert rows_written(spark, path, "a", day).count() == 0  # latest: gone, which is not a loss
 
     assert replaced_by(spark, path, run_id="a", version=first.delta_version, partition={"ds": day}) \
         == "replaced by run b (version 1)"

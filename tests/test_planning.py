@@ -106,7 +106,7 @@ class _Session:
 def test_task_preference_applies_unless_rows_per_task_is_set(tmp_path, tiny_embed_model):
     from types import SimpleNamespace
 
-    from pipeline.runner import plan_inference_tasks
+    from pipeline.stages.scoring import plan_inference_tasks
     from pipeline.tasks.generate import GenerateTask
 
     generate = SimpleNamespace(rows_per_task=GenerateTask.rows_per_task)

@@ -217,7 +217,8 @@ def test_int8_classify_matches_fp32_labels_closely(tiny_classify_model, tmp_path
 
 
 def test_run_job_calibrates_on_its_own_rows_and_prints_the_agreement(spark, tmp_path, tiny_embed_model):
-    from pipeline.runner import calibration_rows, run_job
+    from pipeline.runner import run_job
+    from pipeline.stages.scoring import calibration_rows
 
     from .test_runner import job_config
 

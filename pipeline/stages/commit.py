@@ -1,0 +1,185 @@
+"""Score and commit: inference, the checks before any commit, the quarantine commit, then the output's.
+
+Nothing is committed unless every input row came back exactly once and the failed rows stay within the
+error budget (``run.max_error_fraction``, ``run.max_errors``). The quarantine commits first, then the
+output; an append is keyed on its rows (``plan.key_columns``), so an overlapping run's keys are written once.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from contextlib import contextmanager, nullcontext
+from typing import TYPE_CHECKING, Any, Iterator
+
+from pipeline.config import JobConfig
+from pipeline.errors import JobError
+from pipeline.rows import QUARANTINED_STATUSES
+from pipeline.stages.plan import AlreadyCommitted, Checkpoint, Committed, Prepared, ReadBack, RunPlan
+from pipeline.stages.quarantine import check_quarantine_pair, commit_quarantine, say_swept
+from pipeline.stages.resume import remove_staging
+from pipeline.stages.verify import read_back
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["score_and_commit"]
+
+
+def _check_before_commit(check: Any, scored: "DataFrame", config: JobConfig) -> None:
+    """Refuse to commit scored rows that lost or duplicated input rows, or that failed beyond the error budget."""
+    from pipeline.spark.checks import error_budget, top_errors
+
+    if not check.ok:
+        raise JobError(
+            f"scoring did not return every input row exactly once, so nothing was committed: {check.describe()}. "
+            "A source that changed while the job ran (files added to a folder) does this; otherwise it is a bug "
+            "or a broken executor, not bad input: rerun the job, and report it if it repeats"
+        )
+    budget = error_budget(check.errors, check.rows_out, max_fraction=config.run.max_error_fraction,
+                          max_errors=config.run.max_errors)
+    if budget.exceeded:
+        raise JobError(
+            f"{budget.describe(top_errors(scored))}. Nothing was committed (neither the output nor the quarantine "
+            "table). Fix the cause (a bad model or deploy, batching.max_length beyond the model, broken input), "
+            "or raise run.max_error_fraction / run.max_errors if these failures are expected"
+        )
+
+
+@contextmanager
+def _budget_stop(prep: Prepared, plan: RunPlan) -> Iterator[None]:
+    """A Spark job failed by ``run.max_tokens`` (a task's :class:`TokenBudgetReached`) ends the run as that
+    error, with what this try spent and what is kept for the rerun; any other failure passes unchanged."""
+    from pipeline.errors import TokenBudgetReached
+    from pipeline.error_text import python_error_line
+
+    try:
+        yield
+    except TokenBudgetReached:
+        raise
+    except Exception as exc:  # noqa: BLE001 - only the budget's stop is rewritten
+        line = python_error_line(str(exc)) or ""
+        if not line.startswith("TokenBudgetReached"):
+            raise
+        from pipeline.io.request_log import try_usage
+        from pipeline.io.staging import staged_tasks
+
+        spent = try_usage(plan.staging_dir, plan.identity.try_id)
+        staged = len(staged_tasks(plan.staging_dir))
+        raise TokenBudgetReached(
+            f"run.max_tokens {prep.config.run.max_tokens:,} reached: this try spent {spent:,} tokens on the server; "
+            f"nothing was committed. Kept for the rerun in {plan.staging_dir}: {staged} of {plan.tasks} task(s) "
+            "staged and every answer of the others in the request journal, so the same command again (with a "
+            "budget for the rest) pays only for the rows not answered yet", tokens=spent) from None
+
+
+def score_and_commit(prep: Prepared, plan: RunPlan, checkpoint: Checkpoint) -> tuple[Committed, ReadBack] | AlreadyCommitted:
+    """Inference and the check before any commit, the quarantine commit, the output commit, and the
+    read-back of both at the versions committed; a try that finds a concurrent try of this run committed
+    first gets :class:`AlreadyCommitted`. ``checkpoint.committing`` is set once the commits begin."""
+    from pyspark import StorageLevel
+
+    from pipeline.spark.checks import key_counts
+
+    # Scored rows feed the checks and two writes (quarantine, output): keep them so inference runs once.
+    scored = plan.scored.persist(StorageLevel.MEMORY_AND_DISK)
+    # the input keys feed the check before the commits and the one after them
+    in_keys = key_counts(plan.inputs, id_column="id").persist(StorageLevel.MEMORY_AND_DISK)
+    started = time.perf_counter()
+    try:
+        try:
+            errors, counts = _score_and_check(prep, plan, scored, in_keys)
+            checkpoint.committing = True
+            result, quarantine = _commit_both(prep, plan, scored, errors=errors)
+        finally:
+            scored.unpersist()
+        if isinstance(result, AlreadyCommitted):
+            return result
+        committed = Committed(result=result, counts=counts, seconds=time.perf_counter() - started,
+                              quarantine_version=quarantine[0], quarantine_run=quarantine[1])
+        return committed, read_back(prep, plan, committed, in_keys)
+    finally:
+        in_keys.unpersist()
+        if plan.rows_dir:  # the workers' rows-done files are read while the job runs, and only then
+            shutil.rmtree(plan.rows_dir, ignore_errors=True)
+
+
+def _score_and_check(prep: Prepared, plan: RunPlan, scored: "DataFrame", in_keys: "DataFrame") -> tuple[int, Any]:
+    """Run inference (the first action over the persisted ``scored`` rows) under the progress line, and hold
+    the checks before any commit: ``(rows failed, the workers' counts)``."""
+    from pipeline.spark.checks import identity_check, key_counts
+    from pipeline.spark.progress import JobProgress, stage_source
+    from pipeline.spark.run_metrics import observe_counts
+    from pipeline.spark.udf import METRICS_COLUMN
+
+    config = prep.config
+    # the tasks' counts are observed on the first action over the scored rows (the check, which runs
+    # inference and fills the cache); their column is never written
+    observed_scored, observed = observe_counts(scored, METRICS_COLUMN)
+    progress = (JobProgress(stage_source(prep.spark, rows_dir=plan.rows_dir), job=config.job,
+                            planned_tasks=plan.tasks, rows_total=plan.rows_in, interval=config.run.progress_interval_s,
+                            out=prep.out, reused_tasks=plan.staged_before)
+                if config.run.progress and plan.rows_in else nullcontext())
+    prep.clock.lap("planning")
+    with progress, _budget_stop(prep, plan):
+        scored_check = identity_check(
+            in_keys, key_counts(observed_scored, id_column=config.source.id_column, status_column="status"))
+    counts = observed.counts() if plan.rows_in else {}
+    try:
+        _check_before_commit(scored_check, scored, config)
+    except JobError:
+        remove_staging(prep, plan.identity.run_key)  # rows judged bad: a rerun scores them again, never replays them
+        raise
+    prep.clock.lap("inference and check")
+    return scored_check.errors, counts
+
+
+def _commit_both(prep: Prepared, plan: RunPlan, scored: "DataFrame", *,
+                 errors: int) -> tuple[Any, tuple[int | None, str]]:
+    """The quarantine commit, then the output's (with the quarantine pair checked around it for an
+    ``overwrite_partition`` run), then the run's staging removed: ``(output result or AlreadyCommitted,
+    (quarantine version, run id of its rows))``."""
+    from pipeline import faults as fault_hooks
+
+    ident = plan.identity
+    metadata = {"sbi.job": prep.config.job, "sbi.run_id": ident.run_id, "sbi.model_revision": prep.model.revision}
+    fault_hooks.before_commits(prep.faults)
+    quarantine_version, quarantine_run = commit_quarantine(prep, plan, scored, errors=errors, metadata=metadata)
+    if pairs := (plan.sink.mode == "overwrite_partition" and quarantine_version is not None):
+        check_quarantine_pair(prep, plan, version=quarantine_version,
+                              when="this run committed no output, so the pair agrees once that run's output "
+                                   "commit lands")
+    result = _commit_output(prep, plan, scored, metadata=metadata)
+    if pairs and not isinstance(result, AlreadyCommitted):
+        check_quarantine_pair(prep, plan, version=quarantine_version,
+                              when=f"this run's output (version {result.version}) and that quarantine now hold "
+                                   f"different runs' rows: rerun ds {ident.ds}")
+    remove_staging(prep, ident.run_key)  # the commit landed: no try of this run reads the staged output again
+    return result, (quarantine_version, quarantine_run)
+
+
+def _commit_output(prep: Prepared, plan: RunPlan, scored: "DataFrame", *, metadata: dict[str, str]) -> Any:
+    """The output commit: the write result, or :class:`AlreadyCommitted` when a concurrent try of this run
+    committed first. Appends are keyed on their rows (``plan.key_columns``) from ``plan.read_version`` on;
+    a small job's commit is written from this process."""
+    from pipeline import faults as fault_hooks
+    from pyspark.sql import functions as F
+
+    from pipeline.io.sinks import write_sink
+    from pipeline.spark.udf import METRICS_COLUMN
+
+    config, ident = prep.config, plan.identity
+    to_write = scored.drop(METRICS_COLUMN).where(~F.col("status").isin(*QUARANTINED_STATUSES))
+    if (lost := fault_hooks.lost_at_output_commit(prep.faults)) is not None:  # a drill: the commit loses a row
+        to_write = to_write.where(~F.col(config.source.id_column).eqNullSafe(F.lit(lost)))
+    result = write_sink(
+        prep.kind.job.shape_output(to_write, config), plan.sink,
+        partition_values={"ds": ident.ds}, commit_metadata=metadata, faults=prep.faults, txn_app_id=ident.app_id,
+        key_columns=plan.key_columns, read_version=plan.read_version, in_driver=prep.small,
+    )
+    prep.clock.lap("commit")
+    if result.already_committed:  # a concurrent try of this very run committed first
+        return AlreadyCommitted(version=result.version, by=None, writer=result.writer,
+                                output=str(plan.sink.path or plan.sink.table))
+    say_swept(prep, result)
+    return result

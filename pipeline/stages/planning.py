@@ -1,0 +1,119 @@
+"""Plan: the rows a run scores and everything decided before inference, made once as a frozen
+:class:`~pipeline.stages.plan.RunPlan`.
+
+Before any row is scored the plan refuses what would fail or lose data later: a source that shrank far
+below what the output holds (``run.min_rows_fraction``), an output table whose columns this job cannot
+write, a served model without a request journal.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import TYPE_CHECKING, Any
+
+from pipeline.config import SinkConfig
+from pipeline.errors import JobError
+from pipeline.identity import RunIdentity
+from pipeline.stages.identify import Identified
+from pipeline.stages.inputs import append_key_filter, read_new_inputs
+from pipeline.stages.plan import Prepared, RunPlan, commit_keys, effective_sink
+from pipeline.stages.resume import no_staging_reason, open_staging
+from pipeline.stages.scoring import plan_inference_tasks, score_inputs
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["plan_run"]
+
+
+def plan_run(prep: Prepared, identified: Identified) -> RunPlan:
+    """The rows to score (new ones only for incremental runs and appends), their inference tasks, the
+    lazily scored rows and the sink they go to: the run's :class:`RunPlan`, made once."""
+    config, spark, ident = prep.config, prep.spark, identified.identity
+    sink = effective_sink(config.sink, incremental=config.run.incremental)
+    new = read_new_inputs(spark, config, fingerprint=ident.task_fingerprint, task=prep.task)
+    known_bad = new.known_bad.count() if new.known_bad is not None else 0
+    if config.sink.mode == "append" and not config.run.incremental:
+        new = append_key_filter(spark, new, config, ident.ds)
+    rows_in = new.rows.count()
+    if new.rows_before is not None and new.rows_before > rows_in:
+        prep.say(f"{new.rows_before - rows_in:,} of {new.rows_before:,} row(s) already in {config.sink.path} for "
+                 f"ds {ident.ds} (key: id, ds): not scored again", ident)
+    _check_shrink(prep, ident.ds, rows_in + known_bad)
+    tasks = plan_inference_tasks(spark, config, rows_in, prep.task)
+    from pipeline.spark.progress import rows_folder
+
+    rows_dir = rows_folder(spark) if config.run.progress and rows_in else None  # workers' rows done, same host
+    staging = open_staging(prep, ident, rows=rows_in, tasks=tasks)
+    requests = _request_settings(prep, ident, staging_dir=staging.folder, tasks=tasks, rows=rows_in)
+    scored = score_inputs(new.rows, config, tasks=tasks, run_id=ident.run_id, ds=ident.ds, scored_at=prep.scored_at,
+                          model=prep.model, faults=prep.faults, task=prep.task, progress_dir=rows_dir,
+                          staging_dir=staging.folder, fingerprint=ident.task_fingerprint, **requests)
+    _check_output_schema(prep, scored, sink)
+    mode_note = " incremental" if config.run.incremental else ""
+    prep.say(f"scoring {rows_in:,}{mode_note} rows in {tasks} tasks with {prep.model.name} @ {prep.model.revision} "
+             f"-> {sink.path or sink.table} (ds {ident.ds}, mode {sink.mode})", ident)
+    if staging.staged_before:
+        prep.say(f"resuming: {staging.staged_before} of {tasks} task(s) finished by an earlier try are staged in "
+                 f"{staging.folder}; those whose input rows are the same are reused", ident)
+    return RunPlan(identity=ident, sink=sink,
+                   key_columns=commit_keys(sink, id_column=config.source.id_column, incremental=config.run.incremental),
+                   read_version=new.read_version, source_note=identified.source_note, inputs=new.rows, scored=scored,
+                   rows_in=rows_in, tasks=tasks, known_bad=known_bad, rows_dir=rows_dir, staging_dir=staging.folder,
+                   staged_before=staging.staged_before, resume_note=staging.resume_note)
+
+
+def _check_shrink(prep: Prepared, ds: dt.date, rows: int) -> None:
+    """Refuse, before any work, to replace a day (or a table) with far fewer rows than it holds now: an empty or
+    shrunk source is almost always an upstream failure (``run.min_rows_fraction``; ``--allow-empty`` to go on)."""
+    from pipeline.io.delta_tables import rows_held
+
+    config = prep.config
+    sink = config.sink
+    if config.run.allow_empty or config.run.incremental or sink.mode == "append" or not config.run.min_rows_fraction:
+        return
+    where = {"ds": ds} if sink.mode == "overwrite_partition" else None
+    held = rows_held(prep.spark, path=sink.path, table=sink.table, partition=where)
+    per_input = prep.kind.job.output_rows_per_input(config)  # e.g. a user's top k recommendations
+    need = config.run.min_rows_fraction * held / per_input
+    if held and rows < need:
+        what = f"ds {ds}" if where else "the table"
+        holds = f"{held:,}" if per_input == 1 else f"{held:,} ({held / per_input:,.0f} input rows' worth)"
+        raise JobError(
+            f"refusing to replace {what} of {sink.path or sink.table}: the source gives {rows:,} row(s) where it holds "
+            f"{holds} now (run.min_rows_fraction {config.run.min_rows_fraction:g} needs at least {need:,.0f}); an empty "
+            "or shrunk source is usually an upstream failure, so nothing was scored or written. Check the source, "
+            "or rerun with --allow-empty (run.allow_empty: true) to replace it anyway")
+
+
+def _check_output_schema(prep: Prepared, scored: "DataFrame", sink: SinkConfig) -> None:
+    """Before any row is scored: the output table can take this job's columns (a column someone else added
+    stays and gets nulls; one of ours that the table holds with another type is refused, named)."""
+    from pipeline.io.delta_schema import check_output_schema, delta_schema_of, existing_schema
+    from pipeline.spark.udf import METRICS_COLUMN
+
+    existing = existing_schema(prep.spark, path=sink.path, table=sink.table)
+    if existing is None:
+        return
+    ours = delta_schema_of(prep.kind.job.shape_output(scored.drop(METRICS_COLUMN), prep.config).schema)
+    check_output_schema(existing, ours, target=sink.path or sink.table)
+
+
+def _request_settings(prep: Prepared, ident: RunIdentity, *, staging_dir: str | None, tasks: int,
+                      rows: int) -> dict[str, Any]:
+    """For a task that sends rows to a server: this try's id, the token budget and each task's share of the
+    rates; refused without a staging folder (its request journal lives there). Empty for other tasks."""
+    config = prep.config
+    if not getattr(prep.task, "journals_requests", False):
+        if config.run.max_tokens is not None:
+            raise JobError(f"run.max_tokens is set but task.kind {config.task.kind} does not send rows to a server; "
+                           "it applies to task.backend: endpoint")
+        return {}
+    if staging_dir is None and rows:
+        raise JobError(
+            "the endpoint backend journals every answer in the run's staging folder, so that no row is paid for "
+            f"twice by a retry or a rerun, and there is none: {no_staging_reason(config)}")
+    from pipeline.spark.planning import count_cores
+
+    at_once = max(1, min(tasks, count_cores(prep.spark)))
+    return {"try_id": ident.try_id, "max_tokens": config.run.max_tokens, "rate_share": 1.0 / at_once}

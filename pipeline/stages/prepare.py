@@ -1,0 +1,82 @@
+"""Prepare: the checks that fail in seconds, before any Spark work, and the session the run uses.
+
+Partitioning, the model (resolved, checked and its revision hashed by the task kind), the addresses the job
+names, the session (light for a small job, :mod:`pipeline.small_jobs`, with the model warming up in a
+worker meanwhile), the locations the session must reach, and the staging root.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import TYPE_CHECKING, Any, TextIO
+
+from pipeline.config import JobConfig
+from pipeline.errors import JobError
+from pipeline.metrics import StageClock
+from pipeline.stages.plan import Prepared, kind_and_task
+from pipeline.stages.resume import check_staging_root
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["check_partitioning", "prepare", "uses_object_store"]
+
+
+def check_partitioning(config: JobConfig) -> None:
+    """Refuse a partitioning the sink cannot keep: columns that are neither ``ds`` nor kept, or an
+    ``overwrite_partition`` of anything but the run date."""
+    other_parts = [c for c in config.sink.partition_by if c != "ds" and c not in config.source.keep_columns]
+    if other_parts:
+        raise JobError(
+            f"sink.partition_by {other_parts} are neither 'ds' nor in source.keep_columns; "
+            "partition by ds (the run date) or keep those source columns"
+        )
+    if config.sink.mode == "overwrite_partition" and config.sink.partition_by != ["ds"]:
+        raise JobError("sink.mode overwrite_partition replaces one run date: use sink.partition_by: [ds]")
+
+
+def uses_object_store(config: JobConfig) -> bool:
+    """Whether the job names an ``s3a://``/``s3://`` location (a session built for it needs the S3A jars)."""
+    locations = [config.source.path, config.sink.path, config.sink.quarantine_path, config.run.runs_path]
+    return any(str(loc).startswith(("s3a://", "s3://")) for loc in locations if loc)
+
+
+def prepare(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, recorder: Any,
+            clock: StageClock) -> Prepared:
+    """Checks that fail in seconds before any Spark work: partitioning, the model, addresses, locations."""
+    from pipeline import faults as fault_hooks
+    from pipeline.io.preflight import check_locations
+    from pipeline.small_jobs import small_job
+    from pipeline.spark.reach import check_job_addresses
+    from pipeline.spark.session import get_session
+
+    check_partitioning(config)
+    kind, task = kind_and_task(config)
+    if config.model.path.startswith("models:/"):  # an alias is pinned to one version for every worker
+        from pipeline.models.mlflow_registry import pin_registry_model
+
+        config = pin_registry_model(config)
+    model = kind.job.model_info(config, task)  # before any Spark work: a bad model fails in seconds
+    recorder.note(model_name=model.name, model_revision=model.revision)
+    clock.lap("model check")
+    if spark is None:  # a metastore or object store endpoint nobody answers fails in seconds, not minutes
+        check_job_addresses(config, timeout_s=config.spark.connect_timeout_s)
+    small = small_job(config, spark=spark)
+    if small:
+        print(f"[{config.job}] small job ({small.why}): a light local session, committed from the driver "
+              "(spark.small_job_rows: 0 turns this off)", file=out, flush=True)
+    spark = spark or get_session(config.spark, object_stores=uses_object_store(config),
+                                 storage=config.storage.options(), small=small.small)
+    if small:  # the model loads in a worker while the driver plans (pipeline.spark.warmup)
+        from pipeline.spark.warmup import start_warm_up, warm_up_plan
+
+        if (warm := warm_up_plan(config, model_path=model.path, task_class=kind.task)) is not None:
+            start_warm_up(spark, warm)
+    recorder.note(spark=spark)
+    clock.lap("session")
+    check_locations(spark, source=config.source, sink=config.sink)  # a remote path the session cannot reach fails here, before any work
+    check_staging_root(config)
+    clock.lap("pre-flight")
+    return Prepared(config=config, kind=kind, task=task, model=model, spark=spark, small=small.small,
+                    scored_at=dt.datetime.now(dt.timezone.utc).replace(microsecond=0),
+                    faults=fault_hooks.from_env(config.run.faults), out=out, clock=clock)

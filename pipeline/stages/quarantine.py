@@ -1,0 +1,128 @@
+"""The quarantine: a run's failed rows with their error, lineage and original inputs, committed before
+the output (a crash between the two leaves a day a rerun replaces), and the check that an
+``overwrite_partition`` run's output and quarantine hold the same run's rows.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pipeline.config import JobConfig
+from pipeline.errors import JobError
+from pipeline.rows import QUARANTINED_STATUSES
+from pipeline.stages.inputs import malformed_originals
+from pipeline.stages.plan import LINEAGE_COLUMNS, Prepared, RunPlan
+from pipeline.stages.verify import day_rows
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["check_quarantine_pair", "commit_quarantine", "say_swept"]
+
+
+def _quarantine_rows(scored: "DataFrame", inputs: "DataFrame", config: JobConfig,
+                     input_columns: tuple[str, ...]) -> "DataFrame":
+    """Failed rows with their error, lineage and original inputs, one row per failed row.
+
+    The inputs are joined back by id (null-safe) and content hash. Rows sharing
+    both (``source.unique_ids: false``) have the same inputs, the content hash
+    being theirs, so the inputs are deduplicated first: a key read twice and
+    failed twice gives two quarantine rows, not four.
+    """
+    from pyspark.sql import functions as F
+
+    id_col = config.source.id_column
+    failed = scored.where(F.col("status").isin(*QUARANTINED_STATUSES)).select(
+        id_col, "content_hash", "status", "error", *LINEAGE_COLUMNS,
+        *(["ds"] if "ds" in scored.columns else []),
+    )
+    keys = failed.select(F.col(id_col).alias("_k_id"), F.col("content_hash").alias("_k_hash")).distinct()
+    source = malformed_originals(inputs, input_columns)
+    originals = (source
+                 .select(F.col("id").alias("_q_id"), F.col("content_hash").alias("_q_hash"),
+                         *_valid_text_and_bytes(source, input_columns))
+                 .join(keys, on=(F.col("_q_id").eqNullSafe(F.col("_k_id"))) & (F.col("_q_hash") == F.col("_k_hash")),
+                       how="left_semi")
+                 .dropDuplicates(["_q_id", "_q_hash"]))
+    joined = failed.join(originals, on=(failed[id_col].eqNullSafe(originals["_q_id"]))
+                         & (failed["content_hash"] == originals["_q_hash"]), how="left")
+    return joined.drop("_q_id", "_q_hash")
+
+
+def _valid_text_and_bytes(inputs: "DataFrame", input_columns: tuple[str, ...]) -> list[Any]:
+    """The quarantine's ``input_<c>`` columns: string inputs as valid UTF-8 (invalid bytes become U+FFFD, so any
+    Delta reader opens the table), with the original bytes beside them in ``input_<c>_bytes`` (binary) for the
+    rows whose bytes were not valid UTF-8 (null otherwise)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType
+
+    out = []
+    for c in input_columns:
+        if isinstance(inputs.schema[c].dataType, StringType):
+            out += [F.make_valid_utf8(F.col(c)).alias(f"input_{c}"),
+                    F.when(~F.is_valid_utf8(F.col(c)), F.col(c).cast("binary")).alias(f"input_{c}_bytes")]
+        else:
+            out.append(F.col(c).alias(f"input_{c}"))
+    return out
+
+
+def commit_quarantine(prep: Prepared, plan: RunPlan, scored: "DataFrame", *, errors: int,
+                      metadata: dict[str, str]) -> tuple[int | None, str]:
+    """The quarantine commit, before the output's: ``(version, run id of its rows)``; version None
+    when there is nothing to commit and no quarantine table yet."""
+    from pipeline import faults as fault_hooks
+    from pipeline.io.sinks import committed_run_via, write_sink
+    from pipeline.io.sources import is_delta_table
+
+    config, spark, sink, ident = prep.config, prep.spark, plan.sink, plan.identity
+    quarantine_path = plan.quarantine_path
+    quarantine_version = None
+    quarantine_run = ident.run_id
+    # quarantine first: a crash before the output commit leaves a partition a rerun replaces
+    if errors or is_delta_table(spark, quarantine_path):
+        # written even when empty once it exists, so a rerun replaces that day's failures too
+        q = write_sink(_quarantine_rows(scored, plan.inputs, config, tuple(prep.task.input_columns)), sink,
+                       partition_values={"ds": ident.ds}, commit_metadata=metadata, path=quarantine_path,
+                       txn_app_id=ident.app_id, in_driver=prep.small)
+        say_swept(prep, q)
+        quarantine_version = q.version
+        if q.already_committed:  # an earlier try of this run committed them: read back its rows
+            earlier = committed_run_via(spark, quarantine_path, ident.app_id)
+            quarantine_run = (earlier and earlier[1]) or ident.run_id
+        fault_hooks.after_quarantine_commit(prep.faults, version=q.version, run_id=ident.run_id)
+        prep.clock.lap("quarantine commit")
+    return quarantine_version, quarantine_run
+
+
+def check_quarantine_pair(prep: Prepared, plan: RunPlan, *, version: int, when: str) -> None:
+    """An ``overwrite_partition`` run's output and quarantine replace the day in two commits: raise when
+    another run replaced the day's quarantine after this run's (at ``version``), so the two tables never
+    silently hold two runs' rows. A quarantine with no later commit passes without a scan."""
+    from pyspark.sql import functions as F
+
+    from pipeline.io.sources import table_version
+
+    spark, run_id, ds, path = prep.spark, plan.identity.run_id, plan.identity.ds, plan.quarantine_path
+    latest = table_version(spark, path)
+    if latest == version:
+        return
+    now = day_rows(spark, path, ds, version=latest)  # the version just compared, not resolved again
+    others = sorted(r[0] for r in now.where(F.col("run_id") != F.lit(run_id)).select("run_id").distinct()
+                    .limit(3).collect())
+    if not others and now.count() == day_rows(spark, path, ds, version=version).count():
+        return
+    by = f"run {', '.join(others)}" if others else "another job"
+    raise JobError(f"conflict: {by} replaced the quarantine of ds {ds} in {path} after this run's quarantine "
+                   f"commit; {when}")
+
+
+def say_swept(prep: Prepared, result: Any) -> None:
+    """One line for the leftovers a write's sweep removed, one for the files it kept because nothing
+    proves them ours."""
+    if result.swept.get("files"):
+        prep.say(f"swept {result.swept['files']} leftover file(s) ({result.swept['bytes'] / 1e6:.1f} MB) of crashed "
+                 f"writes from {result.output}")
+    if left := result.swept.get("left_alone"):
+        prep.say(f"warning: left alone in {result.output}: {result.swept.get('left_alone_count')} file(s) named "
+                 f"like this project's but no marker of ours names their write ({', '.join(left[:5])}); nothing "
+                 "proves them ours, so the sweep keeps them")

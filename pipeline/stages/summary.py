@@ -1,0 +1,107 @@
+"""The summary: what a run did, counted from the workers' counts and the tables read back, printed,
+written (``run.summary_path``) and returned; a run whose rows do not add up fails here, counts recorded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import JobError
+from pipeline.identity import RunIdentity
+from pipeline.metrics import RunSummary, batch_metrics
+from pipeline.rows import Status
+from pipeline.stages.plan import AlreadyCommitted, Committed, Prepared, ReadBack, RunPlan
+
+__all__ = ["already_committed", "finish", "summarize"]
+
+
+def already_committed(prep: Prepared, identity: RunIdentity, done: AlreadyCommitted) -> RunSummary:
+    """The summary of a retry of a run whose commit already landed: nothing scored, nothing written."""
+    config = prep.config
+    prep.say(done.note, identity)
+    return RunSummary(
+        job=config.job, run_id=identity.run_id, ds=identity.ds.isoformat(), rows_in=0, rows_out=0, status={},
+        seconds=0.0, tokens=0, padded_tokens=0, batches=0, model_loads={}, model_name=prep.model.name,
+        model_revision=prep.model.revision, output=done.output, delta_version=done.version, writer=done.writer,
+        details={"already committed": done.note},
+    )
+
+
+def _summary_details(prep: Prepared, plan: RunPlan, counts: dict[str, Any]) -> dict[str, str]:
+    """The summary's extra lines: the kind's own, known-bad rows skipped, malformed input, torch threads."""
+    details: dict[str, str] = {}
+    if plan.known_bad:
+        details["known-bad rows skipped"] = (f"{plan.known_bad:,} (quarantined earlier with the same content and "
+                                             "task fingerprint; --retry-quarantined scores them again)")
+    malformed = int(counts.get("status", {}).get(Status.MALFORMED, 0))
+    if malformed:
+        details["malformed input"] = (f"{malformed:,} source line(s) could not be parsed; quarantined with their "
+                                      f"raw text in input_{prep.task.input_columns[0]}")
+    if counts.get("torch_threads"):  # {threads: tasks}: spark.task.cpus, or model.torch_threads
+        details["torch threads"] = ", ".join(f"{t} ({n} tasks)" for t, n in sorted(counts["torch_threads"].items()))
+    return details
+
+
+def summarize(prep: Prepared, plan: RunPlan, *, committed: Committed, read: ReadBack) -> RunSummary:
+    """The run's summary: counts, samples, whether every row is accounted for, and what replaced the output."""
+    from pipeline.io.delta_tables import replaced_by
+
+    config, spark, kind, ds, run_id = prep.config, prep.spark, prep.kind, plan.identity.ds, plan.identity.run_id
+    result, counts = committed.result, committed.counts
+    sample_cols = [c for c in (config.source.id_column, "label", "score", "completion", "finish_reason",
+                               "n_tokens", "status")
+                   if c in read.written.columns]
+    prep.clock.lap("read-back")
+    samples = [r.asDict() for r in read.written.select(*sample_cols).limit(config.run.sample_rows).collect()]
+    incomplete = read.incomplete or kind.job.check_complete(
+        rows_in=plan.rows_in, rows_out=read.rows_out, rows_quarantined=read.rows_quarantined, counts=counts)
+    replaced = None
+    if not incomplete and result.version is not None and read.rows_out:
+        replaced = replaced_by(spark, result.output, run_id=run_id, version=result.version,
+                               partition={"ds": ds} if plan.partition_ds is not None else {})
+    details = kind.job.after_commit(spark, config, output=result.output, run_id=run_id, ds=ds) if not incomplete else {}
+    details = {**kind.job.summary_lines(spark, config, counts, prep.model), **details,
+               **_summary_details(prep, plan, counts)}
+    quarantine_path = plan.quarantine_path
+    return RunSummary(
+        job=config.job, run_id=run_id, ds=ds.isoformat(), rows_in=plan.rows_in, rows_out=read.rows_out,
+        rows_quarantined=read.rows_quarantined,
+        quarantine=quarantine_path if committed.quarantine_version is not None else None,
+        status={k: int(v) for k, v in counts.get("status", {}).items()}, seconds=committed.seconds,
+        tokens=int(counts.get("tokens", 0)), padded_tokens=int(counts.get("padded_tokens", 0)),
+        batches=int(counts.get("batches", 0)),
+        model_loads={w: int(counts.get("model_loads", {}).get(w, 0)) for w in counts.get("tasks_per_worker", {})},
+        model_name=prep.model.name, model_revision=prep.model.revision, output=result.output,
+        delta_version=result.version, writer=result.writer,
+        batch_sizes={k: int(v) for k, v in counts.get("batch_sizes", {}).items()}, samples=samples,
+        incremental=config.run.incremental,
+        retries={k: int(counts.get(k, 0)) for k in ("oom_splits", "adaptive_splits", "poison_bisections",
+                                                     "task_retries") if counts.get(k)},
+        precision_used=counts.get("precision_used", {}), precision_fallbacks=counts.get("precision_fallbacks", {}),
+        precision_checks=counts.get("precision_checks", {}), precision_auto=counts.get("precision_auto", {}),
+        generation_backend=counts.get("generation_backend", {}),
+        load_seconds=float(counts.get("load_seconds", 0.0)), infer_seconds=float(counts.get("infer_seconds", 0.0)),
+        tasks=plan.tasks, rows_per_worker={w: int(n) for w, n in counts.get("rows_per_worker", {}).items()},
+        incomplete=incomplete, details=details, replaced=replaced,
+        batch_metrics=batch_metrics(counts), resumed_tasks=int(counts.get("resumed_tasks", 0)),
+        rows_reused=int(counts.get("rows_reused", 0)), rows_scored=plan.rows_in - int(counts.get("rows_reused", 0)),
+        resume_note=plan.resume_note, source_snapshot=plan.identity.source_snapshot, source_note=plan.source_note,
+        prompt_tokens=int(counts.get("prompt_tokens", 0)), completion_tokens=int(counts.get("completion_tokens", 0)),
+        endpoint={k: (round(v, 3) if isinstance(v, float) else v) for k, v in counts.get("endpoint", {}).items()},
+    )
+
+
+def finish(prep: Prepared, summary: RunSummary, *, recorder: Any) -> RunSummary:
+    """Print (and write) the summary; a run whose rows do not add up fails here, with its counts recorded."""
+    config = prep.config
+    prep.clock.lap("summary")
+    summary.stage_seconds = dict(prep.clock.seconds)
+    recorder.summary = summary  # a run failing its row check below is recorded with its counts
+    print(summary.render(), file=prep.out, flush=True)
+    if config.run.summary_path:
+        Path(config.run.summary_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(config.run.summary_path).write_text(summary.to_json())
+    if not summary.complete:
+        raise JobError(f"{summary.incomplete}; see the summary above")
+    return summary

@@ -1,0 +1,98 @@
+"""Verify: what a run committed, read back at the versions it committed and checked by key against its input.
+
+The output and the quarantine are read as of the commits this run made (never the latest version: another
+job may have committed on top), and every input key must be there once: in the output, in the quarantine,
+or (after an overlapping run wrote some keys first) in that run's rows.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import TYPE_CHECKING, Any
+
+from pipeline.config import JobConfig
+from pipeline.stages.plan import Committed, Prepared, ReadBack, RunPlan
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["check_written", "day_rows", "read_back", "rows_written"]
+
+
+def rows_written(spark: "SparkSession", path: str, run_id: str, ds: dt.date | None,
+                  version: int | None = None) -> "DataFrame":
+    """This run's rows in the table at ``path``, as of ``version`` (the commit this run made; None: latest)."""
+    from pyspark.sql import functions as F
+
+    return day_rows(spark, path, ds, version=version).where(F.col("run_id") == F.lit(run_id))
+
+
+def day_rows(spark: "SparkSession", path: str, ds: dt.date | None, *, version: int | None) -> "DataFrame":
+    """The rows of run date ``ds`` (all rows when None) in the table at ``path``, as of ``version``."""
+    from pyspark.sql import functions as F
+
+    from pipeline.io.sources import read_delta
+
+    table = read_delta(spark, path, version=version)
+    return table if ds is None else table.where(F.col("ds") == F.lit(ds).cast("date"))
+
+
+def _rows_of_keys(spark: "SparkSession", path: str, in_keys: "DataFrame", config: JobConfig,
+                  ds: dt.date | None, *, version: int | None, fingerprint: str) -> "DataFrame":
+    """The rows the table at ``path`` holds (at ``version``) for this run's input ids, whichever run wrote
+    them: after an overlapping run committed some keys first, they stand for this run's."""
+    from pyspark.sql import functions as F
+
+    table = day_rows(spark, path, ds, version=version)
+    if config.run.incremental:
+        table = table.where(F.col("task_fingerprint") == F.lit(fingerprint))
+    ids = in_keys.select(F.col("_key_id").alias("_in_id")).distinct()  # key_counts' ids, as strings
+    return table.join(ids, on=table[config.source.id_column].cast("string").eqNullSafe(ids["_in_id"]),
+                      how="left_semi")
+
+
+def check_written(in_keys: "DataFrame", written: "DataFrame", quarantined: "DataFrame | None",
+                   id_column: str) -> Any:
+    """The input keys against what the output and quarantine tables hold for this run (None: not keyed by row).
+
+    Output tables of one row per input row carry the id and ``content_hash``;
+    quarantine rows all have status ``error``, so ``errors`` of the result
+    counts them. One Spark action over both tables.
+    """
+    from pyspark.sql import functions as F
+
+    from pipeline.spark.checks import identity_check, key_counts
+
+    columns = [id_column, "content_hash", "status"]
+    if not set(columns) <= set(written.columns):
+        return None
+    held = written.select(*columns)
+    if quarantined is not None:
+        held = held.unionByName(quarantined.select(id_column, "content_hash", F.lit("error").alias("status")))
+    return identity_check(in_keys, key_counts(held, id_column=id_column, status_column="status"))
+
+
+def read_back(prep: Prepared, plan: RunPlan, committed: Committed, in_keys: "DataFrame") -> ReadBack:
+    """Both commits read back at their versions and checked by key against the input."""
+    config, spark, result, ident = prep.config, prep.spark, committed.result, plan.identity
+    partition_ds = plan.partition_ds
+    written = rows_written(spark, result.output, ident.run_id, partition_ds, version=result.version)
+    if result.overlapped:  # keys an overlapping run wrote first: their rows stand for this run's
+        prep.say(f"{result.overlapped:,} row(s) were committed meanwhile by an overlapping run (key: "
+                 f"{', '.join(plan.key_columns)}); written once, by that run", ident)
+        written = _rows_of_keys(spark, result.output, in_keys, config, partition_ds, version=result.version,
+                                fingerprint=ident.task_fingerprint)
+    quarantined = None
+    if committed.quarantine_version is not None:
+        quarantined = rows_written(spark, plan.quarantine_path, committed.quarantine_run, partition_ds,
+                                   version=committed.quarantine_version)
+    written_check = check_written(in_keys, written, quarantined, config.source.id_column)
+    if written_check is not None:
+        rows_out, rows_quarantined = written_check.rows_out - written_check.errors, written_check.errors
+    else:  # output rows are not one per input row (e.g. recommendations): counted, and checked by the kind
+        rows_out = written.count()
+        rows_quarantined = quarantined.count() if quarantined is not None else 0
+    incomplete = None
+    if written_check is not None and not written_check.ok:
+        incomplete = "read back after the commit: " + written_check.describe(what="written")
+    return ReadBack(written=written, rows_out=rows_out, rows_quarantined=rows_quarantined, incomplete=incomplete)
