@@ -69,7 +69,7 @@ def load_rows(table: str, n: int) -> "Any":
 
 
 def token_lengths(tokenizer: Any, texts: list[str]) -> tuple[list[list[int]], np.ndarray]:
-    from pipeline.tasks.base import tokenize
+    from pipeline.tasks._tokenize import tokenize
 
     ids, _ = tokenize(tokenizer, texts, max_length=MAX_LENGTH)
     return ids, np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(ids))

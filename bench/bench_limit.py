@@ -445,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         df = load_rows(args.table, args.rows)
     texts = df["text"].tolist()
     from pipeline.models.loading import resolve_model_path
-    from pipeline.tasks.base import token_lengths, tokenize
+    from pipeline.tasks._tokenize import token_lengths, tokenize
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_path(MODEL)))

@@ -55,8 +55,8 @@ from pydantic import Field
 
 from pipeline.config import TaskConfig
 from pipeline.registry import ModelInfo, register_task
+from pipeline.rows import STATUS_FIELDS
 from pipeline.tasks.job import TaskJob
-from pipeline.tasks.base import STATUS_FIELDS
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CORPUS = "warehouse/demo/documents"

@@ -3,7 +3,7 @@
     PYTHONPATH=. .venv/bin/python bench/bench_tokenize.py [--docs 3000] [--repeats 3]
 
 Article-length texts (the test corpus's sentences in paragraphs, 2-9 kB) tokenised with MiniLM's tokenizer at
-``max_length`` 256 on one thread, the way a task does (``pipeline.tasks.base.tokenize``): without the clip at a
+``max_length`` 256 on one thread, the way a task does (``pipeline.tasks._tokenize.tokenize``): without the clip at a
 word end (only the old hard cap of 16 characters per token), and with it at 8 and at 6 characters per token
 (the default). Interleaved repeats; median and range of each. The ids are checked equal in every layout.
 """
@@ -27,7 +27,7 @@ def main() -> None:
 
     from bench.bench_limit import cpu_info
     from pipeline.models.loading import resolve_model_path
-    from pipeline.tasks import _clip, base
+    from pipeline.tasks import _clip, _tokenize
     from tests.conftest import SENTENCES
 
     parser = argparse.ArgumentParser()
@@ -48,7 +48,7 @@ def main() -> None:
         for name, per in layouts.items():
             _clip.CLIP_CHARS_PER_TOKEN = per
             start = time.perf_counter()
-            ids, _ = base.tokenize(tok, texts, max_length=256)
+            ids, _ = _tokenize.tokenize(tok, texts, max_length=256)
             seconds[name].append(time.perf_counter() - start)
             assert reference is None or ids == reference, f"{name}: other ids"
             reference = ids

@@ -205,7 +205,7 @@ class BatchSizeMemory:
     """The largest batch (in rows) known to fit in memory, per length bucket, for one worker's life.
 
     When a batch runs out of memory the task splits it in half and retries
-    (see ``TextTask._run_guarded``); :meth:`record_out_of_memory` remembers that
+    (see ``pipeline.tasks._text_chunk._run_guarded``); :meth:`record_out_of_memory` remembers that
     its length bucket cannot take that many rows, so later batches of similar
     length are cut to the remembered size up front instead of failing again.
     Buckets are padded lengths rounded up to a power of two (16, 32, 64, ...):

@@ -38,7 +38,7 @@ class Status(enum.StrEnum):
     SKIPPED_NULL = "skipped_null"
     # The input was empty or blank.
     SKIPPED_EMPTY = "skipped_empty"
-    # A row with text but nothing in it for the model (see pipeline.tasks.base).
+    # A row with text but nothing in it for the model (see pipeline.tasks._content).
     NO_CONTENT = "skipped_no_content"
     # An image that cannot be decoded (pipeline.images.decode): flagged, written to the output.
     INVALID_IMAGE = "invalid_image"

@@ -17,7 +17,7 @@ from pipeline.metrics import WorkerCounts
 from pipeline.models.loading import resolve_model_path
 from pipeline.tasks import build_task
 from pipeline.tasks._feed import overlapped
-from pipeline.tasks.base import tokenize
+from pipeline.tasks._tokenize import tokenize
 from pipeline.tasks.embed import EmbedTaskConfig
 
 from .conftest import SENTENCES, make_documents, write_delta

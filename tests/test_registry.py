@@ -16,8 +16,8 @@ from pipeline import run_job
 from pipeline.config import ConfigError, TaskConfig, build_config
 from pipeline.errors import PipelineError
 from pipeline.registry import ModelInfo, get_task_kind, register_task, task_kinds, unregister_task
+from pipeline.rows import STATUS_FIELDS
 from pipeline.tasks.job import TaskJob
-from pipeline.tasks.base import STATUS_FIELDS
 from tests.conftest import make_documents, read_delta, write_delta
 
 REPO = Path(__file__).resolve().parents[1]

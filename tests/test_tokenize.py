@@ -1,4 +1,4 @@
-"""``pipeline.tasks.base.tokenize``: the Rust tokenizer called directly gives what transformers' call gives."""
+"""``pipeline.tasks._tokenize.tokenize``: the Rust tokenizer called directly gives what transformers' call gives."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from pipeline.models.loading import resolve_model_path
-from pipeline.tasks.base import _CHARS_PER_TOKEN_CAP, tokenize
+from pipeline.tasks._tokenize import _CHARS_PER_TOKEN_CAP, tokenize
 
 from .conftest import make_documents
 

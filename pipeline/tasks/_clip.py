@@ -7,7 +7,7 @@ tenth of a long-document job). The cut goes at a whitespace boundary a few chara
 Metaspace) a text cut where a word ends tokenises into exactly the first tokens of the whole text, so the
 first ``max_length`` ids and the truncation flag are those of the whole text. That is checked once per
 tokenizer (:func:`clips_exactly`, on a probe text cut at every word end) and on one clipped row of every
-call (:func:`pipeline.tasks.base.tokenize`); a tokenizer that fails either is never clipped this way again.
+call (:func:`pipeline.tasks._tokenize.tokenize`); a tokenizer that fails either is never clipped this way again.
 A clipped row whose tokens did not fill ``max_length`` is tokenised again whole.
 """
 

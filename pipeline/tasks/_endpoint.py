@@ -28,7 +28,7 @@ from pipeline.errors import EngineError, ModelError, TokenBudgetReached
 from pipeline.metrics import WorkerCounts
 from pipeline.registry import ModelInfo
 from pipeline.rows import MALFORMED, MALFORMED_ERROR, NO_CONTENT, Status
-from pipeline.tasks.base import carries_content, malformed_rows
+from pipeline.tasks._content import carries_content
 from pipeline.tasks.job import TaskJob
 
 if TYPE_CHECKING:
@@ -172,6 +172,7 @@ def generate_rows(task: Any, cols: Mapping[str, list[Any]], malformed: np.ndarra
     """``(results, status, error)`` for a generate/extract chunk on the endpoint backend (results in row order)."""
     from pipeline.generation.engine import GenerationResult
     from pipeline.generation.sampling import row_seed
+    from pipeline.tasks._generate_chunk import row_budget
 
     cfg, endpoint = task.config, task.config.endpoint
     n = len(malformed)
@@ -192,7 +193,7 @@ def generate_rows(task: Any, cols: Mapping[str, list[Any]], malformed: np.ndarra
             continue
         try:
             prompt = cfg.template.format(**values)
-            budget = task._budget(cols, i)
+            budget = row_budget(cfg, cols, i)
         except (ValueError, KeyError, IndexError) as exc:
             status[i], error[i] = Status.ERROR, str(exc)
             continue

@@ -25,8 +25,8 @@ import pyarrow as pa
 from pipeline.config import BatchingConfig, ModelConfig
 from pipeline.images.decode import DecodedImage, ImageRejected, decode_image, read_image_bytes
 from pipeline.metrics import WorkerCounts
-from pipeline.rows import TRUNCATED, Status
-from pipeline.tasks.base import STATUS_FIELDS, _describe
+from pipeline.rows import STATUS_FIELDS, TRUNCATED, Status
+from pipeline.tasks._failures import describe_error
 
 __all__ = ["IMAGE_FIELDS", "ImageTask"]
 
@@ -150,7 +150,7 @@ class ImageTask:
                 status[i], error[i] = exc.status, str(exc)
                 continue
             except Exception as exc:  # noqa: BLE001 - an unforeseen decoder failure: a poison row
-                status[i], error[i] = Status.ERROR, "decode: " + _describe(exc)
+                status[i], error[i] = Status.ERROR, "decode: " + describe_error(exc)
                 continue
             meta[i] = (image.width, image.height, image.format, "; ".join(image.notes) or None)
             group.append(_Row(i, raw, image))
@@ -173,7 +173,7 @@ class ImageTask:
             if len(group) == 1:
                 counts.add("row_errors")
                 row = group[0].index
-                status[row], error[row] = Status.ERROR, _describe(exc)
+                status[row], error[row] = Status.ERROR, describe_error(exc)
                 return []
             counts.add("poison_bisections")
             half = len(group) // 2

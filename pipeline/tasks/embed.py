@@ -14,9 +14,10 @@ from pipeline.endpoint.config import EndpointConfig
 from pipeline.metrics import WorkerCounts
 from pipeline.registry import register_task
 from pipeline.rows import Status
+from pipeline.tasks._content import malformed_rows
 from pipeline.tasks._endpoint import EndpointJob
 from pipeline.tasks._torch import check_encoder_precision, forward, label_columns, list_array
-from pipeline.tasks.base import LoadedText, TextTask, malformed_rows
+from pipeline.tasks.base import LoadedText, TextTask
 
 __all__ = ["EmbedTask", "EmbedTaskConfig"]
 

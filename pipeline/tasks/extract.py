@@ -33,9 +33,10 @@ from pydantic import Field, field_validator
 from pipeline.generation.engine import GenerationResult
 from pipeline.generation.schema import arrow_type, check_schema, load_schema, parse_completion
 from pipeline.registry import register_task
-from pipeline.tasks._endpoint import EndpointJob
 from pipeline.rows import INVALID_OUTPUT, STATUS_FIELDS, Status
-from pipeline.tasks.generate import RESULT_FIELDS, GenerateTask, GenerateTaskConfig
+from pipeline.tasks._endpoint import EndpointJob
+from pipeline.tasks._generate_columns import RESULT_FIELDS
+from pipeline.tasks.generate import GenerateTask, GenerateTaskConfig
 
 __all__ = ["INVALID_OUTPUT", "ExtractTask", "ExtractTaskConfig"]
 

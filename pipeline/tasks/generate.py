@@ -14,33 +14,28 @@ Binary columns are decoded as UTF-8, invalid bytes becoming U+FFFD.
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Hashable, Literal, Sequence, Union
+from typing import Any, ClassVar, Hashable, Literal, Union
 
 import numpy as np
 import pyarrow as pa
 from pydantic import Field, model_validator
 
-from pipeline import faults
 from pipeline.config import BatchingConfig, ModelConfig, TaskConfig
 from pipeline.endpoint.config import EndpointConfig
 from pipeline.generation.config import VllmConfig
-from pipeline.generation.engine import BatchGenerator, GenerationRequest, GenerationResult
-from pipeline.generation.prompts import PromptBuilder, template_fields
-from pipeline.generation.sampling import SamplingParams, row_seed
-from pipeline.generation.vllm_backend import EngineError
+from pipeline.generation.engine import GenerationResult
+from pipeline.generation.prompts import template_fields
 from pipeline.metrics import WorkerCounts
 from pipeline.registry import register_task
-from pipeline.rows import Status
+from pipeline.rows import STATUS_FIELDS
+from pipeline.tasks._content import malformed_rows
 from pipeline.tasks._endpoint import EndpointJob
-from pipeline.tasks.base import (
-    MALFORMED, MALFORMED_ERROR, NO_CONTENT, STATUS_FIELDS, carries_content, content_free, malformed_rows,
-    special_token_ids,
-)
+from pipeline.tasks._generate_chunk import generate_chunk
+from pipeline.tasks._generate_columns import RESULT_FIELDS, count_finish_reasons, generation_batch
+from pipeline.tasks._generate_load import load_generator
 
-__all__ = ["GenerateTask", "GenerateTaskConfig", "LoadedGenerator"]
+__all__ = ["GenerateTask", "GenerateTaskConfig"]
 
 
 class GenerateTaskConfig(TaskConfig):
@@ -131,44 +126,6 @@ class GenerateTaskConfig(TaskConfig):
             raise ValueError(f"model.precision int4 runs on task.backend llama_cpp (or auto), not {self.backend}")
 
 
-RESULT_FIELDS = [
-    pa.field("completion", pa.string()),
-    pa.field("prompt_tokens", pa.int32()),
-    pa.field("completion_tokens", pa.int32()),
-    pa.field("finish_reason", pa.string()),
-    pa.field("latency_ms", pa.float64()),
-]
-
-
-@dataclass
-class LoadedGenerator:
-    """What ``load`` builds once per worker: tokenizer, prompt builder and the generator of one backend.
-
-    ``generator`` is a :class:`BatchGenerator` (transformers) or a
-    :class:`~pipeline.generation.vllm_backend.VllmGenerator`: both take
-    ``GenerationRequest``s and return ``GenerationResult``s in input order.
-    """
-
-    tokenizer: Any
-    prompts: PromptBuilder
-    generator: Any
-    backend: str = "transformers"
-    precision: str = "fp32"
-    # the model's vocabulary (config.json): a prompt token past it means a tokenizer that does not match
-    vocab_size: int | None = None
-
-    @property
-    def load_counts(self) -> dict[str, Any]:
-        """Merged into the run's counts once per load: the summary shows which backend and precision ran."""
-        if self.backend == "vllm":
-            mode = f"continuous, {self.generator.placement}"
-        elif self.backend == "llama_cpp":
-            mode = f"{self.generator.mode}, int4 weights ({self.generator.model.gguf.name})"
-        else:  # the dtype the weights were loaded in, read from the model itself
-            mode = f"{self.generator.mode}, {self.precision} weights"
-        return {"precision_used": {self.precision: 1}, "generation_backend": {f"{self.backend} ({mode})": 1}}
-
-
 class GenerateTask:
     """The ``generate`` task (see the module docstring); ``input_columns`` come from the template."""
 
@@ -221,108 +178,13 @@ class GenerateTask:
         return resolve_model_path(path, registry_uri=self.model.registry_uri)
 
     def load(self, model_dir: Path | None, device: str) -> Any:
-        from pipeline.models.loading import read_model_config
-
-        cfg = self.config
-        if cfg.backend == "endpoint":
+        """The endpoint's settings (no local model), or the model loaded on its backend (``_generate_load``)."""
+        if self.config.backend == "endpoint":
             from pipeline.tasks._endpoint import LoadedEndpoint
 
-            return LoadedEndpoint(cfg.endpoint)
+            return LoadedEndpoint(self.config.endpoint)
         assert model_dir is not None
-        backend = self._backend(model_dir)
-        sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, stop=tuple(cfg.stop))
-        precision = self.model.precision
-        if backend == "vllm":
-            tokenizer, generator = self._load_vllm(model_dir, device, sampling)
-        elif backend == "llama_cpp":
-            tokenizer, generator = self._load_llama_cpp(model_dir, sampling)
-            precision = "int4"
-        else:
-            from pipeline.generation.loading import weights_precision
-
-            tokenizer, generator = self._load_transformers(model_dir, device, sampling)
-            precision = weights_precision(generator.model)
-        prompts = PromptBuilder(
-            tokenizer, template=cfg.template, use_chat_template=cfg.use_chat_template,
-            system_prompt=self.system_prompt(), max_input_tokens=cfg.max_input_tokens, truncation=cfg.truncation,
-        )
-        vocab = read_model_config(model_dir).get("vocab_size")
-        return LoadedGenerator(tokenizer, prompts, generator, backend=backend, precision=precision,
-                               vocab_size=int(vocab) if vocab else None)
-
-    @property
-    def _dense_precision(self) -> str:
-        """The weights' dtype on the transformers and vllm backends (``auto`` without llama.cpp: fp32)."""
-        return "fp32" if self.model.precision == "auto" else self.model.precision
-
-    def _backend(self, model_dir: Path) -> str:
-        """The backend that runs: llama_cpp for int4 (and for auto where it and a GGUF are here), else as configured.
-
-        ``auto`` precision picks int4 on llama.cpp where this worker can (it is several times faster than fp32
-        on a CPU, docs/benchmarks_generation.md); its accuracy is measured by ``make bench-precision``, not gated
-        at load. Anything else runs the transformers backend at fp32.
-        """
-        from pipeline.generation.vllm_backend import resolve_backend
-
-        precision, backend = self.model.precision, self.config.backend
-        if precision == "int4" or backend == "llama_cpp":
-            return "llama_cpp"
-        if precision == "auto" and backend == "auto" and not str(self.model.device).startswith("cuda"):
-            from pipeline.generation.llama_cpp_backend import find_gguf, llama_cpp_available
-            from pipeline.models.loading import ModelError
-
-            try:
-                if llama_cpp_available() and find_gguf(model_dir, self.config.gguf):
-                    return "llama_cpp"
-            except ModelError:
-                pass
-        return resolve_backend(backend)
-
-    def _load_llama_cpp(self, model_dir: Path, sampling: SamplingParams) -> tuple[Any, BatchGenerator]:
-        import torch
-        from transformers import AutoTokenizer
-
-        from pipeline.generation.llama_cpp_backend import LlamaSlotBatch, load_llama_cpp
-
-        cfg = self.config
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-        model = load_llama_cpp(model_dir, gguf=cfg.gguf, slots=cfg.slots, max_seq_len=self.max_seq_len,
-                               threads=torch.get_num_threads())
-        generator = BatchGenerator(model, tokenizer, mode=cfg.mode, slots=cfg.slots, max_seq_len=self.max_seq_len,
-                                   sampling=sampling, constraint=self.constraint(tokenizer, model),
-                                   batch_class=LlamaSlotBatch)
-        return tokenizer, generator
-
-    def _load_transformers(self, model_dir: Path, device: str, sampling: SamplingParams) -> tuple[Any, BatchGenerator]:
-        from pipeline.generation.kv import check_kv_budget, kv_cache_bytes
-        from pipeline.generation.loading import load_causal_lm
-
-        cfg = self.config
-        tokenizer, model = load_causal_lm(model_dir, device=device, precision=self._dense_precision,
-                                          allow_pickle=self.model.allow_pickle)
-        if cfg.max_kv_cache_mb is not None:
-            width = next(model.parameters()).element_size()
-            need = kv_cache_bytes(model.config, rows=cfg.slots, max_seq_len=self.max_seq_len, bytes_per_value=width)
-            check_kv_budget(need, cfg.max_kv_cache_mb, what=f"{cfg.slots} slots x {self.max_seq_len} tokens",
-                            knob="task.slots")
-        generator = BatchGenerator(model, tokenizer, mode=cfg.mode, slots=cfg.slots, max_seq_len=self.max_seq_len,
-                                   sampling=sampling, constraint=self.constraint(tokenizer, model))
-        return tokenizer, generator
-
-    def _load_vllm(self, model_dir: Path, device: str, sampling: SamplingParams) -> tuple[Any, Any]:
-        from pipeline.generation.loading import check_causal_lm
-        from pipeline.generation.vllm_backend import load_vllm
-        from pipeline.models import cache
-        from pipeline.models.device import task_gpu_addresses
-
-        cfg = self.config
-        check_causal_lm(model_dir)
-        # one engine per worker: a cached one (another config) is dropped here and shut down by load_vllm
-        cache.discard(lambda obj: isinstance(obj, LoadedGenerator) and obj.backend == "vllm")
-        gpus = task_gpu_addresses() if device.startswith("cuda") else ()
-        return load_vllm(model_dir, config=cfg.vllm, precision=self._dense_precision, max_seq_len=self.max_seq_len,
-                         sampling=sampling, gpu_addresses=gpus, max_kv_cache_mb=cfg.max_kv_cache_mb,
-                         json_schema=self.vllm_json_schema())
+        return load_generator(self, model_dir, device)
 
     def process(self, loaded: Any, chunk: pa.RecordBatch, counts: WorkerCounts) -> pa.RecordBatch:
         missing = [c for c in self.input_columns if c not in chunk.schema.names]
@@ -340,67 +202,14 @@ class GenerateTask:
             client = attempt_client(self.config.endpoint, getattr(self, "attempt", None))
             results, status, error = generate_rows(self, cols, malformed_rows(chunk), counts, client)
         else:
-            results, status, error, truncated = self._generate_rows(loaded, chunk, cols, counts)
+            results, status, error, truncated = generate_chunk(self, loaded, chunk, cols, counts)
         leading = self.check_outputs(results, status, error)
 
         counts.add("rows", n)
         counts.add("chunks")
         counts.add_status({str(s): int(c) for s, c in zip(*np.unique(status.astype(str), return_counts=True))})
-        reasons: dict[str, int] = {}
-        for result in results:
-            if result is not None:
-                reasons[result.finish_reason] = reasons.get(result.finish_reason, 0) + 1
-        counts.merge({"finish_reasons": reasons})
-        return self._to_batch(results, truncated, status, error, leading=leading)
-
-    def _generate_rows(self, loaded: LoadedGenerator, chunk: pa.RecordBatch, cols: dict[str, list[Any]],
-                       counts: WorkerCounts) -> tuple[list[GenerationResult | None], np.ndarray, np.ndarray,
-                                                      np.ndarray]:
-        """``(results, status, error, truncated)`` of a chunk on a local backend (transformers, vLLM)."""
-        n = chunk.num_rows
-        status = np.full(n, Status.OK, dtype=object)
-        error = np.full(n, None, dtype=object)
-        truncated = np.zeros(n, dtype=bool)
-        results: list[GenerationResult | None] = [None] * n
-
-        rows, texts, requests = [], [], []
-        special = special_token_ids(loaded.tokenizer)
-        malformed = malformed_rows(chunk)
-        for i in range(n):
-            if malformed[i]:
-                status[i], error[i] = MALFORMED, MALFORMED_ERROR
-                continue
-            values = {c: _as_text(cols[c][i]) for c in self.template_columns}
-            if any(v is None for v in values.values()):
-                status[i] = Status.SKIPPED_NULL
-                continue
-            # Like a null, a blank value in any column the template needs leaves nothing to generate from.
-            if any(not str(v).strip() for v in values.values()):
-                status[i] = Status.SKIPPED_EMPTY
-                continue
-            if not any(self._has_content(loaded.tokenizer, str(v), special) for v in values.values()):
-                status[i] = NO_CONTENT
-                continue
-            try:
-                prompt = loaded.prompts.build(values)
-                self._check_vocab(prompt.token_ids, loaded.vocab_size)
-                budget = self._budget(cols, i)
-            except ValueError as exc:
-                status[i], error[i] = Status.ERROR, str(exc)
-                continue
-            key = cols[self.config.seed_column][i] if self.config.seed_column else "\x1f".join(map(str, values.values()))
-            rows.append(i)
-            texts.append(" ".join(map(str, values.values())))
-            requests.append(GenerationRequest(prompt.token_ids, budget, row_seed(self.config.seed, key)))
-            truncated[i] = prompt.truncated
-            if prompt.truncated:
-                status[i] = Status.TRUNCATED
-
-        for i, result in zip(rows, self._generate(loaded, requests, texts, counts)):
-            results[i] = result
-            if result.finish_reason == "error":
-                status[i], error[i] = Status.ERROR, result.error
-        return results, status, error, truncated
+        count_finish_reasons(counts, results)
+        return generation_batch(results, truncated, status, error, schema=self.output_schema(), leading=leading)
 
     # -- what a subclass (the extract kind) changes ----------------------------------------------
     def system_prompt(self) -> str | None:
@@ -419,134 +228,6 @@ class GenerateTask:
                       error: np.ndarray) -> list[pa.Array]:
         """Check the completions (may flag rows in ``status``/``error``); returns columns put before the results."""
         return []
-
-    # -- helpers ------------------------------------------------------------------------------
-    def _has_content(self, tokenizer: Any, value: str, special: frozenset[int]) -> bool:
-        """Whether one template value (the row's own text, not the template) gives the model anything.
-
-        A row is generated when any of its values does. Cut like the prompt
-        (``max_input_tokens`` x 16 characters) before tokenising.
-        """
-        if not carries_content(value):
-            return False
-        cap = self.config.max_input_tokens * 16  # the prompt builder's clip (pipeline.generation.prompts)
-        clipped = value[:cap] if self.config.truncation == "keep_start" else value[-cap:]
-        return not content_free(tokenizer(clipped, add_special_tokens=False)["input_ids"], special)
-
-    def _budget(self, cols: dict[str, list[Any]], i: int) -> int:
-        """This row's max_new_tokens: its column value (capped at the limit) or the config default."""
-        cfg = self.config
-        value = cols[cfg.max_new_tokens_column][i] if cfg.max_new_tokens_column else None
-        if value is None:
-            return cfg.max_new_tokens
-        if int(value) <= 0:
-            raise ValueError(f"{cfg.max_new_tokens_column} is {value}; it must be a positive number of tokens")
-        return min(int(value), cfg.max_new_tokens_limit)
-
-    @staticmethod
-    def _check_vocab(token_ids: Sequence[int], vocab_size: int | None) -> None:
-        top = max(token_ids, default=0)
-        if vocab_size is not None and top >= vocab_size:
-            raise ValueError(
-                f"the prompt has token id {top}, past the model's vocabulary of {vocab_size}: the tokenizer "
-                "does not match the model (use the tokenizer saved with these weights)"
-            )
-
-    def _generate(self, loaded: LoadedGenerator, requests: list[GenerationRequest], texts: list[str],
-                  counts: WorkerCounts) -> list[GenerationResult]:
-        """Generate all rows together; if the batch fails (e.g. out of memory), retry rows one at a time."""
-        if not requests:
-            return []
-        gen = loaded.generator
-
-        def finished(_: int, result: GenerationResult) -> None:
-            # progress only (a chunk of generation can take minutes); the run's totals are added below
-            counts.add("progress_rows")
-            counts.add("progress_tokens", result.prompt_tokens + result.completion_tokens)
-            if counts.on_batch is not None:
-                counts.on_batch(counts)
-
-        started = time.perf_counter()
-        try:
-            if faults.enabled:  # drills: run.faults poison_marker / oom_above_rows
-                faults.check_batch(texts)
-            results = gen.generate(requests, on_finish=finished)
-            stats = gen.stats
-        except EngineError:
-            self._drop_engine(loaded)
-            raise
-        except Exception:  # noqa: BLE001 - out of memory, or a row the engine rejects: find it row by row
-            counts.add("generate_batch_failures")
-            results, stats = [], {}
-            for request, text in zip(requests, texts):
-                result, row_stats = self._generate_alone(gen, request, text)
-                results.append(result)
-                for name, value in row_stats.items():
-                    stats[name] = stats.get(name, 0) + value
-        prompt_tokens = sum(len(r.prompt_ids) for r in requests)
-        completion_tokens = sum(r.completion_tokens for r in results)
-        counts.add("prompt_tokens", prompt_tokens)
-        counts.add("completion_tokens", completion_tokens)
-        counts.add("tokens", prompt_tokens + completion_tokens)
-        # vLLM pads nothing: its prefill tokens are the prompt tokens
-        prefill_padded = stats.get("prefill_padded_tokens", prompt_tokens)
-        counts.add("padded_tokens", int(prefill_padded + stats.get("decode_row_steps", 0)))
-        counts.add("batches", int(stats.get("prefills", stats.get("steps", 0))))
-        counts.add("generate_seconds", stats.get("prefill_s", 0.0) + stats.get("decode_s", 0.0) + stats.get("step_s", 0.0))
-        # per-batch metrics: one generate call (a chunk's rows) is the batch here
-        counts.record_batch(rows=len(requests), tokens=prompt_tokens + completion_tokens,
-                            padded_tokens=int(prefill_padded + stats.get("decode_row_steps", 0)),
-                            padded_length=max(len(r.prompt_ids) for r in requests),
-                            seconds=time.perf_counter() - started)
-        return results
-
-    def _generate_alone(self, gen: Any, request: GenerationRequest, text: str) -> tuple[GenerationResult, dict]:
-        """One row on its own: its result (an error result if it fails alone too) and the generator's counters."""
-        single = gen.one_at_a_time()
-        try:
-            if faults.enabled:
-                faults.check_batch([text])
-            return single.generate([request])[0], dict(single.stats)
-        except EngineError:
-            raise  # the engine, not the row: _generate drops it and the task is retried
-        except Exception as exc:  # noqa: BLE001 - the row is flagged with the error, never dropped
-            return GenerationResult("", [], len(request.prompt_ids), "error", 0.0,
-                                    error=f"generation failed for this row alone: {type(exc).__name__}: {exc}"), {}
-
-    @staticmethod
-    def _drop_engine(loaded: LoadedGenerator) -> None:
-        """Forget a failed engine in this worker, so Spark's retry of the task builds a fresh one."""
-        from pipeline.generation.vllm_backend import shutdown_engine
-        from pipeline.models import cache
-
-        cache.discard(lambda obj: obj is loaded)
-        shutdown_engine()
-
-    def _to_batch(self, results: list[GenerationResult | None], truncated: np.ndarray, status: np.ndarray,
-                  error: np.ndarray, *, leading: Sequence[pa.Array] = ()) -> pa.RecordBatch:
-        def col(get: Any) -> list[Any]:
-            return [None if r is None else get(r) for r in results]
-
-        prompt_tokens = col(lambda r: r.prompt_tokens)
-        columns = [
-            *leading,
-            pa.array(col(lambda r: None if r.finish_reason == "error" else r.completion), pa.string()),
-            pa.array(prompt_tokens, pa.int32()),
-            pa.array(col(lambda r: r.completion_tokens), pa.int32()),
-            pa.array([r.finish_reason if r is not None else ("error" if s == "error" else None)
-                      for r, s in zip(results, status)], pa.string()),
-            pa.array(col(lambda r: r.latency_ms), pa.float64()),
-            pa.array([p or 0 for p in prompt_tokens], pa.int32()),
-            pa.array(truncated, pa.bool_()),
-            pa.array(status.tolist(), pa.string()),
-            pa.array(error.tolist(), pa.string()),
-        ]
-        return pa.RecordBatch.from_arrays(columns, schema=self.output_schema())
-
-
-def _as_text(value: Any) -> Any:
-    """A binary value decoded as UTF-8 (invalid bytes -> U+FFFD), as the encoder tasks do; others unchanged."""
-    return value.decode("utf-8", errors="replace") if isinstance(value, (bytes, bytearray)) else value
 
 
 register_task(GenerateTaskConfig, GenerateTask, job=EndpointJob())

@@ -40,9 +40,8 @@ from pipeline.config import BatchingConfig, JobConfig, ModelConfig, TaskConfig
 from pipeline.errors import ModelError, SourceError
 from pipeline.metrics import WorkerCounts
 from pipeline.registry import register_task
-from pipeline.rows import Status
+from pipeline.rows import STATUS_FIELDS, Status
 from pipeline.tasks.job import ModelInfo, TaskJob
-from pipeline.tasks.base import STATUS_FIELDS
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
