@@ -21,6 +21,7 @@ from pipeline.generation.prompts import PromptBuilder
 from pipeline.metrics import WorkerCounts
 from pipeline.models.loading import ModelError
 from pipeline.tasks import build_task
+from pipeline.tasks._generate_load import choose_backend
 from pipeline.tasks.extract import ExtractTaskConfig
 
 REVIEWS = [
@@ -126,10 +127,10 @@ def test_extract_at_int4_follows_the_schema_in_every_row(llm_dir):
 def test_auto_runs_int4_where_llama_cpp_and_the_gguf_are_here(llm_dir):
     task = build_task(ExtractTaskConfig(output_schema=SCHEMA, slots=2, max_new_tokens=8),
                       model=ModelConfig(path=str(llm_dir), precision="auto"), batching=BatchingConfig())
-    assert task._backend(llm_dir) == "llama_cpp"
+    assert choose_backend(task.model, task.config, llm_dir) == "llama_cpp"
     fp32 = build_task(ExtractTaskConfig(output_schema=SCHEMA), model=ModelConfig(path=str(llm_dir)),
                       batching=BatchingConfig())
-    assert fp32._backend(llm_dir) in ("transformers", "vllm")
+    assert choose_backend(fp32.model, fp32.config, llm_dir) in ("transformers", "vllm")
 
 
 def test_find_gguf_uses_the_conversion_record_then_the_package(llm_dir, tmp_path):

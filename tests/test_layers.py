@@ -24,8 +24,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("engines and platform", ("pipeline.models", "pipeline.generation", "pipeline.endpoint", "pipeline.images",
                               "pipeline.recs", "pipeline.spark", "pipeline.io")),
     ("tasks", ("pipeline.tasks",)),
-    ("run", ("pipeline.runner", "pipeline.runs", "pipeline.recorder", "pipeline.tracking", "pipeline.report",
-             "pipeline.small_jobs")),
+    ("run stages", ("pipeline.stages", "pipeline.runs", "pipeline.recorder", "pipeline.tracking", "pipeline.report",
+                    "pipeline.small_jobs")),
+    ("run", ("pipeline.runner",)),
     ("faces", ("pipeline", "pipeline.cli", "pipeline.notebook", "pipeline.docs", "pipeline.demo")),
 ]
 
@@ -171,3 +172,4 @@ def test_the_length_check_counts_a_long_function():
     too_long = f"def f():\n{body(MAX_FUNCTION_LINES)}\ndef g():\n    pass\n"
     assert long_functions(too_long, "m") == [f"m.f ({MAX_FUNCTION_LINES + 1} lines)"]
     assert long_functions(f"def f():\n{body(MAX_FUNCTION_LINES - 1)}", "m") == []
+
