@@ -1,9 +1,11 @@
 """What the library asks of a session object, whichever kind it is, without importing pyspark.
 
 Both the Spark glue (``pipeline.spark``) and the table code (``pipeline.io``) need to know whether a
-session is a Spark Connect one, which underlying session a Python wrapper stands for, and to register a
-Python data source on it once. These answers read only the object's attributes, so they live on the
-ground floor, where neither platform package has to import the other.
+session is a Spark Connect one, which underlying session a Python wrapper stands for, to register a
+Python data source on it once, and which Delta connector matches the installed pyspark (the jars a
+session gets, the hint an error about a missing connector gives). These answers read only the object's
+attributes or the installed packages' versions, so they live on the ground floor, where neither
+platform package has to import the other.
 """
 
 from __future__ import annotations
@@ -11,7 +13,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-__all__ = ["activate_for_this_thread", "is_connect", "register_data_source", "session_key"]
+__all__ = ["activate_for_this_thread", "delta_package", "is_connect", "register_data_source", "session_key"]
+
+# What delta-spark's configure_spark_with_delta_pip builds for the pinned pyspark / delta-spark.
+_DEFAULT_PACKAGE = "io.delta:delta-spark_4.2_2.13:4.4.0"
 
 
 def is_connect(spark: Any) -> bool:
@@ -55,3 +60,14 @@ def activate_for_this_thread(spark: Any) -> None:
         spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(jsession)  # type: ignore[attr-defined]
     except Exception:  # noqa: BLE001 - best effort: the default session is used instead
         pass
+
+
+def delta_package() -> str:
+    """The Maven coordinate of the Delta connector matching the installed pyspark and delta-spark."""
+    try:
+        from importlib.metadata import version
+
+        spark_mm = ".".join(version("pyspark").split(".")[:2])
+        return f"io.delta:delta-spark_{spark_mm}_2.13:{version('delta-spark')}"
+    except Exception:  # noqa: BLE001 - not installed: the versions the lock pins
+        return _DEFAULT_PACKAGE

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pipeline.io.sinks import check_sink
+from pipeline.io.delta.target import check_sink
 from pipeline.io.sources import check_source, has_delta_connector
 
 if TYPE_CHECKING:

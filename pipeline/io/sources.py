@@ -6,7 +6,8 @@ the Delta Spark connector when the session has it (Databricks,
 ``--packages io.delta:delta-spark_4.2_2.13:4.4.0``); otherwise its current
 snapshot's files are resolved with ``deltalake`` and read as Parquet by Spark.
 That fallback refuses tables whose features it cannot honour (deletion
-vectors, column mapping) instead of returning wrong rows.
+vectors, column mapping) instead of returning wrong rows. JSON lines, binary files and text
+files have readers of their own (:mod:`pipeline.io.file_readers`).
 """
 
 from __future__ import annotations
@@ -20,20 +21,18 @@ from typing import TYPE_CHECKING, Any
 from pipeline.config import DELTA_CONNECTOR_CONF, SourceConfig
 from pipeline.errors import SourceError
 from pipeline.rows import MALFORMED_COLUMN
-from pipeline.io.paths import connector_hint, local_path, remote_refusal, resolve_location
+from pipeline.io.file_readers import CORRUPT_RECORD_COLUMN, read_binary_files, read_json, read_text
+from pipeline.io.paths import connector_hint, remote_refusal
 from pipeline.io.stores import is_object_store, is_table, open_table, reachable, table_store
+from pipeline.locations import local_path, resolve_location
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = [
-    "SourceError", "check_source", "has_delta_connector", "is_delta_table", "read_binary_files",
-    "read_delta", "read_json", "read_source", "select_input",
+    "SourceError", "check_source", "has_delta_connector", "is_delta_table", "read_delta", "read_source",
+    "select_input",
 ]
-
-# Spark's corrupt-record column: the raw text of a JSON line it could not parse (null on good lines).
-CORRUPT_RECORD_COLUMN = "_corrupt_record"
-# The same raw text, as select_input carries it to the task (which flags the row `malformed`).
 
 # Reader features whose semantics a plain Parquet read would get wrong.
 _UNSUPPORTED_READER_FEATURES = {
@@ -194,7 +193,7 @@ def _read_delta_with_deltalake(spark: "SparkSession", path: str, *, version: int
     if store.remote:  # Spark has no s3a:// file system without the connector's jars: pyarrow reads the files
         from urllib.parse import unquote
 
-        from pipeline.io.delta_reader import read_snapshot
+        from pipeline.io.delta.reader import read_snapshot
 
         files = [{"path": unquote(a["path"]),
                   "partition_values": {c: _log_string(a.get(f"partition.{c}")) for c in partition_cols}}
@@ -250,7 +249,7 @@ def read_source(spark: "SparkSession", config: SourceConfig) -> "DataFrame":
         elif fmt == "json":
             df = read_json(spark, location)
         elif fmt == "text":
-            df = _read_text(spark, location)
+            df = read_text(spark, location)
         elif fmt == "binary_file":
             df = read_binary_files(spark, location)
         else:  # pragma: no cover - config validation forbids it
@@ -269,111 +268,12 @@ def read_source(spark: "SparkSession", config: SourceConfig) -> "DataFrame":
     return df
 
 
-def read_json(spark: "SparkSession", path: str) -> "DataFrame":
-    """JSON lines, with every line Spark cannot parse kept in ``_corrupt_record`` (its raw text).
-
-    Read in ``PERMISSIVE`` mode with the corrupt-record column always in the
-    schema (inference adds it only when it meets a bad line): a truncated or
-    non-JSON line becomes a row whose fields are all null and whose
-    ``_corrupt_record`` holds the line, never a silent null-id row.
-    :func:`select_input` carries it on as ``_malformed``. Blank lines are no
-    rows at all (Spark skips them). Spark refuses a query that references only
-    this column over raw JSON: always select it with other columns.
-    """
-    from pyspark.sql.types import StringType, StructField, StructType
-
-    def reader():
-        return spark.read.option("mode", "PERMISSIVE").option("columnNameOfCorruptRecord", CORRUPT_RECORD_COLUMN)
-
-    schema = reader().json(path).schema
-    if CORRUPT_RECORD_COLUMN not in schema.fieldNames():
-        schema = StructType([*schema.fields, StructField(CORRUPT_RECORD_COLUMN, StringType(), True)])
-    return reader().schema(schema).json(path)
-
-
-def read_binary_files(spark: "SparkSession", path: str) -> "DataFrame":
-    """Files as rows ``path``, ``modificationTime``, ``length``, ``content`` (Spark's ``binaryFile`` format).
-
-    ``path`` is a folder (read recursively) or a glob such as ``/data/scans/*.png``.
-    The executors read the bytes; nothing about the files is collected to the driver.
-
-    Spark's file sources silently skip 0-byte files, which would lose them; the
-    file listing Spark already holds on the driver (``inputFiles``: names only)
-    is anti-joined with the rows read, and each missing file comes back as a row
-    with empty ``content`` (``length`` 0, ``modificationTime`` null), so the task
-    can flag it instead of it vanishing.
-    """
-    from pyspark.sql import functions as F
-
-    reader = spark.read.format("binaryFile")
-    if not any(c in path for c in "*?[{"):
-        reader = reader.option("recursiveFileLookup", "true")
-    df = reader.load(path)
-    # inputFiles() gives URIs (file:///a%20b); the path column has Hadoop's decoded form (file:/a b)
-    listed = [(_hadoop_path(f),) for f in df.inputFiles()]
-    if not listed:
-        return df
-    empty = (
-        spark.createDataFrame(listed, "path string")
-        .join(df.select("path"), on="path", how="left_anti")
-        .select("path", F.lit(None).cast("timestamp").alias("modificationTime"),
-                F.lit(0).cast("long").alias("length"), F.lit("").cast("binary").alias("content"))
-    )
-    return df.unionByName(empty)
-
-
-def _hadoop_path(uri: str) -> str:
-    """A file URI as Hadoop's ``Path.toString`` writes it (what binaryFile's ``path`` column holds).
-
-    >>> _hadoop_path("file:///data/a%20b.png"), _hadoop_path("s3a://bucket/x%23y.jpg")
-    ('file:/data/a b.png', 's3a://bucket/x#y.jpg')
-    """
-    from urllib.parse import unquote
-
-    text = unquote(uri)
-    return "file:/" + text[len("file:///"):] if text.startswith("file:///") else text
-
-
-def _read_text(spark: "SparkSession", path: str) -> "DataFrame":
-    """Plain text files: one row per line; ``id`` = ``<file URI>:<line number in that file>``, from 1.
-
-    For example ``file:/data/logs/BGL_2k.log:17``. An id depends only on its
-    own file, so adding or removing other files renumbers nothing. DataFrame API
-    only (no RDD: it runs on Spark Connect too) and Spark's own line reader, so
-    a multi-GB file is split into blocks and read in parallel, never held in one
-    row. Each line's number is its position in its block (the scan keeps file
-    order within a block; ``monotonically_increasing_id`` counts it) plus the
-    lines of the file's earlier blocks, from a small per-block count that is
-    broadcast back: the text is scanned twice, which is cheap next to inference.
-    Invalid UTF-8 becomes U+FFFD.
-    """
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    lines = spark.read.text(path).select(
-        F.col("_metadata.file_path").alias("_file"),
-        F.col("_metadata.file_block_start").alias("_block"),
-        F.monotonically_increasing_id().alias("_pos"),
-        F.make_valid_utf8("value").alias("text"),
-    )
-    earlier = Window.partitionBy("_file").orderBy("_block").rowsBetween(Window.unboundedPreceding, -1)
-    blocks = (
-        lines.groupBy("_file", "_block")
-        .agg(F.min("_pos").alias("_first"), F.count(F.lit(1)).alias("_n"))
-        .select("_file", "_block", "_first", F.coalesce(F.sum("_n").over(earlier), F.lit(0)).alias("_before"))
-    )
-    line_no = F.col("_pos") - F.col("_first") + F.col("_before") + 1
-    return lines.join(F.broadcast(blocks), on=["_file", "_block"]).select(
-        F.concat(F.col("_file"), F.lit(":"), line_no.cast("string")).alias("id"), "text"
-    )
-
-
 def select_input(df: "DataFrame", config: SourceConfig, input_columns: tuple[str, ...]) -> "DataFrame":
     """Check the configured columns exist and project to ``id``, the task inputs and kept columns.
 
     The task sees its inputs under canonical names (``text`` for text tasks);
     the id column is carried as ``id``. A source read with a corrupt-record
-    column (JSON lines, :func:`read_json`) also carries it as ``_malformed``:
+    column (JSON lines, :func:`~pipeline.io.file_readers.read_json`) also carries it as ``_malformed``:
     the raw text of a line that did not parse, null on every good row.
     """
     from pyspark.sql import functions as F

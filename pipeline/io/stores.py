@@ -44,7 +44,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
-from pipeline.io.paths import local_path, uri_scheme
+from pipeline.locations import local_path, uri_scheme
 
 __all__ = ["OBJECT_STORE_SCHEMES", "StoreError", "TableStore", "configured", "delta_uri", "is_object_store",
            "is_table", "open_table", "reachable", "storage_options", "table_store", "unreachable_reason",

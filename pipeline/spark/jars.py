@@ -70,7 +70,7 @@ def coordinates(group: str) -> list[str]:
     ['io.delta:delta-spark_4.2_2.13:4.4.0']
     """
     if group == "delta":
-        from pipeline.io.paths import delta_package
+        from pipeline.sessions import delta_package
 
         return [delta_package()]
     if group == "s3":

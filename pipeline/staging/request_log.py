@@ -1,7 +1,7 @@
 """Answers a run paid for, kept as they arrive: no row is requested twice, and a token budget spans the tasks.
 
 A row sent to a served model costs money the moment the server answers. The
-task's staged output (:mod:`pipeline.io.staging`) is written when the task
+task's staged output (:mod:`pipeline.staging.tasks`) is written when the task
 ends, so a task attempt that dies half-way (a killed worker, a run stopped by
 its token budget) would otherwise pay again, on its retry or on the rerun, for
 every row it had been answered. So each answer is appended to the task's

@@ -1,0 +1,73 @@
+"""Where a write goes, resolved once: which writer (the Delta Spark connector or the deltalake-backed
+data source) and which catalog table or location, refused before any work when this session cannot write it.
+
+Paths are URIs: a path with a scheme reaches the connector untouched; the deltalake writer handles
+local or mounted paths and ``s3://``/``s3a://`` (delta-rs's own object store, settings from the
+environment: :mod:`pipeline.io.stores`) and refuses any other scheme.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pipeline.config import SinkConfig
+from pipeline.errors import SinkError
+from pipeline.io.paths import connector_hint, remote_refusal
+from pipeline.io.sources import has_delta_connector
+from pipeline.io.stores import StoreError, is_object_store, storage_options
+from pipeline.locations import is_local, local_path, resolve_location
+
+__all__ = ["Writer", "check_sink", "choose_writer", "resolve_writer", "target_location"]
+
+Writer = Literal["delta", "deltalake"]
+
+
+def choose_writer(config: SinkConfig, *, connector: bool) -> Writer:
+    """The writer ``sink.writer`` asks for on a session with (``connector``) or without the Delta connector."""
+    if config.writer == "delta" and not connector:
+        raise SinkError(
+            "sink.writer is 'delta' but the Delta Spark connector is not on this session; add it "
+            f"({connector_hint()}), or set sink.writer: auto"
+        )
+    if config.writer != "auto":
+        return config.writer
+    return "delta" if connector else "deltalake"
+
+
+def target_location(config: SinkConfig, path: str | None, writer: Writer) -> tuple[str | None, str | None]:
+    """``(table, path)`` the writer gets; refuses what the deltalake writer cannot reach."""
+    table = None if path else config.table
+    key = "sink.quarantine_path" if path else "sink.path"
+    location = path or config.path
+    if writer == "delta":
+        return table, None if table else resolve_location(str(location))
+    if table:
+        raise SinkError(
+            f"sink.table {config.table!r} needs the Delta Spark connector (catalog tables; "
+            f"{connector_hint()}); without it set sink.path to a folder instead"
+        )
+    if is_object_store(str(location)):
+        try:
+            storage_options(str(location))  # an unsafe commit setting is refused before any work
+        except StoreError as exc:
+            raise SinkError(f"{key}: {exc}") from None
+        return None, str(location)
+    if not is_local(str(location)):
+        raise SinkError(remote_refusal(str(location), what="Delta writer", key=key))
+    return None, local_path(str(location))
+
+
+def check_sink(config: SinkConfig, *, connector: bool) -> None:
+    """Refuse, before any work, an output or quarantine table this session cannot write."""
+    writer = choose_writer(config, connector=connector)
+    target_location(config, None, writer)
+    if config.table and not config.quarantine_path:
+        raise SinkError(
+            f"sink.table {config.table!r} needs sink.quarantine_path (where rows whose scoring failed go)"
+        )
+    target_location(config, config.resolved_quarantine_path(), writer)
+
+
+def resolve_writer(spark: Any, config: SinkConfig) -> str:
+    """``delta`` (the connector) or ``deltalake`` (the Python data source), per ``sink.writer``."""
+    return choose_writer(config, connector=has_delta_connector(spark))

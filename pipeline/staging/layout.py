@@ -1,0 +1,71 @@
+"""Where a run's staging lives and the names of what it writes there, whole or not at all.
+
+A root holds the owner file ``_sbi_staging.json`` (written when a run creates it,
+or adopts it empty) and one folder per plan, named by its plan key
+(:mod:`pipeline.staging.plans`). A plan folder holds its ``plan.json``, per
+finished task a rows file ``task-<n>.<12 hex>.arrow`` and a marker
+``task-<n>.done.json`` that names it (:mod:`pipeline.staging.tasks`), and the
+endpoint backend's journal and token ledger (:mod:`pipeline.staging.request_log`).
+
+Every file a later try trusts is written by :func:`write_atomic` (a temp file,
+fsync, ``os.replace``), so a writer killed half-way leaves the old file or none,
+never a torn one; :func:`read_json` reads such a file back, None when it is
+missing or unreadable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MARKER_SUFFIX", "OWNER_FILE", "PLAN_FILE", "STAGING_SUFFIX", "read_json", "staging_root", "write_atomic"]
+
+# the staging folder beside a local sink's table folder: <sink path>_staging
+STAGING_SUFFIX = "_staging"
+PLAN_FILE = "plan.json"
+# written into a staging root this package created or adopted empty: the root's proof of ownership
+OWNER_FILE = "_sbi_staging.json"
+# a finished task's marker: task-<n>.done.json
+MARKER_SUFFIX = ".done.json"
+
+
+def staging_root(sink_path: str | None, override: str | None = None) -> str | None:
+    """The local folder staged output goes to: ``override``, else ``<sink_path>_staging``.
+
+    None when there is no local place for it (a catalog table, an ``s3a://`` sink without a
+    ``run.staging_path``): the run then commits all or nothing, as without staging.
+
+    >>> staging_root("/lake/scores"), staging_root("s3a://b/scores"), staging_root(None, "/mnt/stage")
+    ('/lake/scores_staging', None, '/mnt/stage')
+    """
+    from pipeline.locations import is_local, local_path
+
+    location = override or (f"{sink_path.rstrip('/')}{STAGING_SUFFIX}" if sink_path else None)
+    if not location or not is_local(location):
+        return None
+    return local_path(location)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """``data`` at ``path``, whole or not at all: a temp file, fsync, then a rename over it."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk: no half-written temp file stays behind
+        raise
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON in ``path``; None when it is missing or does not parse."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
