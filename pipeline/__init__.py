@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pipeline import tasks  # noqa: F401 - the built-in task kinds register themselves before any config is validated
 from pipeline.config import ConfigError, JobConfig, load_config
-from pipeline.metrics import RunSummary
+from pipeline.summary import RunSummary
 from pipeline.runner import JobError, run_job
 
 __all__ = ["ConfigError", "JobConfig", "JobError", "RunSummary", "load_config", "run_job"]

@@ -65,10 +65,10 @@ def report_command(args: argparse.Namespace) -> int:
 
 
 def vacuum_command(args: argparse.Namespace) -> int:
-    """``pipeline vacuum``: sweep leftovers (see ``pipeline.io.leftovers``) and say what went."""
+    """``pipeline vacuum``: sweep leftovers (see ``pipeline.io.delta.sweep``) and say what went."""
     from pipeline.errors import SinkError
-    from pipeline.io.leftovers import sweep_leftovers
-    from pipeline.io.paths import is_local, local_path
+    from pipeline.io.delta.sweep import sweep_leftovers
+    from pipeline.locations import is_local, local_path
 
     if not is_local(args.table):
         raise SinkError(f"vacuum works on local or mounted table folders, not {args.table!r}")
@@ -85,7 +85,8 @@ def vacuum_command(args: argparse.Namespace) -> int:
     print(f"{root}: {verb} {report.line()}")
     for rel in report.unproven[:5]:
         print(f"left alone (named like ours, but no marker of ours names its write): {rel}")
-    from pipeline.io.staging import staging_root, sweep_staging
+    from pipeline.staging.layout import staging_root
+    from pipeline.staging.sweep import sweep_staging
 
     staging = staging_root(root)
     staged = sweep_staging(staging, max_age_s=args.staging_max_age_hours * 3600, dry_run=args.dry_run)

@@ -24,9 +24,9 @@ input's content is the ``content_hash``), ``sink.*`` and ``run.*``.
 
 A kind leaves a key out only when it provably does not change results:
 ``generate``'s ``mode`` and ``slots`` give the same tokens as unbatched
-generation (tests/test_generation.py); an encoder's batch size and padding
+generation (tests/generation/test_generation.py); an encoder's batch size and padding
 only regroup rows whose padding is masked. OCR leaves nothing out: padding a
-line wider moves its confidence (tests/test_ocr.py). Values are hashed with
+line wider moves its confidence (tests/images/test_ocr.py). Values are hashed with
 their defaults filled in, so a new result-changing setting in a later version
 changes every fingerprint once.
 

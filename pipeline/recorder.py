@@ -23,7 +23,7 @@ from pipeline.tracking import log_run
 
 if TYPE_CHECKING:
     from pipeline.config import JobConfig
-    from pipeline.metrics import RunSummary
+    from pipeline.summary import RunSummary
 
 __all__ = ["RunRecorder"]
 

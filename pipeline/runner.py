@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 from pipeline.config import JobConfig
 from pipeline.errors import JobError
 from pipeline.io.stores import using_settings
-from pipeline.metrics import RunSummary, StageClock
+from pipeline.metrics import StageClock
 from pipeline.stages.plan import AlreadyCommitted, Checkpoint
+from pipeline.summary import RunSummary
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -98,7 +99,7 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
 
 def _stopped_message(checkpoint: Checkpoint) -> str:
     """What a run stopped by SIGTERM says: whether anything may have committed, what is staged, how to resume."""
-    from pipeline.io.staging import staged_tasks
+    from pipeline.staging.plans import staged_tasks
 
     if checkpoint.committing:
         return ("stopped by SIGTERM during its commit: the commit may have landed. Rerun the same command: a commit "

@@ -36,7 +36,7 @@ from pipeline.io.stores import delta_uri, is_table, open_table, storage_options
 
 if TYPE_CHECKING:
     from pipeline.config import JobConfig
-    from pipeline.metrics import RunSummary
+    from pipeline.summary import RunSummary
 
 __all__ = [
     "RUNS_SCHEMA", "read_runs", "redact_config", "run_row", "spark_identity",

@@ -10,7 +10,7 @@ light.
 :func:`small_job` decides before the session exists. When it says yes the runner builds the session
 light (:func:`pipeline.spark.session.get_session` ``small=True``: no cached jars, so reads and commits
 take the deltalake path; a quick-start JVM) and commits from the driver
-(:func:`pipeline.io.delta_writer.write_from_driver`). The inference tasks, the key checks, the
+(:func:`pipeline.io.delta.datasource.write_from_driver`). The inference tasks, the key checks, the
 staging, the markers and the Delta transaction are the same as for any job; only where the commit's
 one task runs differs. A job is small only when all of these hold, so nothing it needs goes missing:
 
@@ -85,7 +85,7 @@ def small_job(config: JobConfig, *, spark: Any = None, environ: Mapping[str, str
 def _refusal(config: JobConfig, *, spark: Any, env: Mapping[str, str], active_session: bool | None) -> str | None:
     """Why ``config`` cannot run light whatever its size, else None."""
     from pipeline.faults import ENV as FAULTS_ENV
-    from pipeline.io.paths import is_local
+    from pipeline.locations import is_local
 
     if config.spark.small_job_rows == 0:
         return "spark.small_job_rows is 0"
@@ -137,7 +137,7 @@ def _source_rows(config: JobConfig) -> tuple[int | None, str]:
 
 def _delta_log_rows(path: str) -> int | None:
     """The rows of the Delta table at ``path`` by its log's per-file counts; None when any is missing or no table."""
-    from pipeline.io.delta_tables import log_rows
+    from pipeline.io.delta.tables import log_rows
     from pipeline.io.stores import open_table
 
     try:

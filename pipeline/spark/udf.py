@@ -2,6 +2,9 @@
 
 Everything here is importable (never defined in ``__main__``), so the
 per-worker model cache survives from task to task in a reused Python worker.
+The steps each chunk goes through (rows without an id, results joined to the
+kept columns, the metrics column, staging) are plain functions in
+:mod:`pipeline.spark.chunks`; this module wires them to the task and its model.
 
 Run metrics travel with the data, so they work on Spark Connect too (no
 accumulators there): with ``InferencePlan.metrics_column`` set, each task
@@ -26,7 +29,8 @@ import pyarrow as pa
 
 from pipeline.config import BatchingConfig, ModelConfig
 from pipeline.metrics import WorkerCounts, WorkerProgress
-from pipeline.rows import INVALID_ID, MALFORMED_COLUMN
+from pipeline.spark.chunks import (digesting, each_hook, finish_stage, join_results, replay_staged, split_null_ids,
+                                   task_results, with_metrics)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -59,7 +63,7 @@ class InferencePlan:
     metrics_column: str | None = None
     # the source's id column, named in the error of a row without an id (status invalid_id)
     id_column: str = "id"
-    # the plan folder of staged task output (pipeline.io.staging): a finished task's rows are kept there and
+    # the plan folder of staged task output (pipeline.staging): a finished task's rows are kept there and
     # a rerun's task with the same input reuses them instead of scoring; None: no staging
     staging_dir: str | None = None
     # texts of the job's own rows the accuracy gate calibrates on (pipeline.runner draws them); empty: none
@@ -122,7 +126,8 @@ def score_partition(
     batches = iter(batches)
     stage, digest, reused, batches = _staged_or_inputs(plan, ctx, batches)
     if reused is not None:
-        yield from _replay(plan, *reused, input_rows=digest.rows, rows_file=rows_file)
+        yield from replay_staged(*reused, metrics_column=plan.metrics_column, input_rows=digest.rows,
+                                 rows_file=rows_file)
         return
     task = plan.build_task()
     keep = ("id", *plan.keep_columns)
@@ -140,16 +145,16 @@ def score_partition(
 
     def task_inputs() -> Iterator[pa.RecordBatch]:
         for batch in itertools.chain([first], batches):
-            valid, invalid = _split_null_ids(batch, task_schema, plan, counts)
+            valid, invalid = split_null_ids(batch, task_schema, keep=keep, id_column=plan.id_column, counts=counts)
             taken.append((valid, invalid))  # its id and kept columns join its results, in order
             if valid.num_rows or invalid is None:  # a chunk of rows without ids only never reaches the model
                 yield pa.RecordBatch.from_arrays([valid.column(c) for c in plan.input_columns],
                                                  names=list(plan.input_columns))
 
-    results = _results(task, loaded, task_inputs(), counts, ctx.cpus() if ctx else 1)
+    results = task_results(task, loaded, task_inputs(), counts, ctx.cpus() if ctx else 1)
     held: pa.RecordBatch | None = None
     try:
-        for n, out in enumerate(_outputs(results, taken, keep, counts)):
+        for n, out in enumerate(join_results(results, taken, keep, counts)):
             counts.merge({"rows_per_worker": {counts.worker: out.num_rows}})
             if plan.faults and ctx is not None:
                 out = faults.on_output(out, ctx.partitionId(), n)
@@ -158,15 +163,15 @@ def score_partition(
             if plan.metrics_column is None:
                 yield out
             elif out.num_rows == 0:
-                yield _with_metrics(out, plan.metrics_column, None)
+                yield with_metrics(out, plan.metrics_column, None)
             else:
                 # hold the last chunk back: its last row carries this task's final counts
                 if held is not None:
-                    yield _with_metrics(held, plan.metrics_column, None)
+                    yield with_metrics(held, plan.metrics_column, None)
                 held = out
             if n == 0 and plan.faults and ctx is not None:
                 faults.on_task_start(ctx.partitionId(), ctx.attemptNumber())
-        _finish_stage(stage, digest, counts)
+        finish_stage(stage, digest, counts)
     except BaseException:
         if stage is not None:
             stage.abandon()
@@ -174,16 +179,16 @@ def score_partition(
     if rows_file is not None:
         rows_file(counts, force=True)
     if held is not None:
-        yield _with_metrics(held, plan.metrics_column, json.dumps(counts.counts))
+        yield with_metrics(held, plan.metrics_column, json.dumps(counts.counts))
 
 
 def _bind_attempt(task: Any, plan: InferencePlan, ctx: Any) -> None:
     """Give a task that sends rows to a server its request journal in the plan's staging folder, the run's
-    token budget and its share of the rates (:class:`pipeline.io.request_log.RequestLog`)."""
+    token budget and its share of the rates (:class:`pipeline.staging.request_log.RequestLog`)."""
     import os
 
     from pipeline.errors import EngineError
-    from pipeline.io.request_log import RequestLog
+    from pipeline.staging.request_log import RequestLog
 
     if not plan.staging_dir or ctx is None or not os.path.isdir(plan.staging_dir):
         raise EngineError(
@@ -208,7 +213,7 @@ def _task_counts(plan: InferencePlan, ctx: Any) -> tuple[WorkerCounts, Any, Any]
         from pipeline.spark.progress import TaskRowsFile
 
         rows_file = TaskRowsFile(plan.progress_dir, ctx.partitionId())
-    counts = WorkerCounts(on_batch=_each(progress, rows_file), worker=worker,
+    counts = WorkerCounts(on_batch=each_hook(progress, rows_file), worker=worker,
                           task=ctx.partitionId() if ctx else None)
     counts.merge({"tasks_per_worker": {worker: 1}})
     if ctx is not None and ctx.attemptNumber() > 0:
@@ -223,133 +228,16 @@ def _staged_or_inputs(plan: InferencePlan, ctx: Any, batches: Iterator[pa.Record
     (the inputs then read whole), else None and the inputs to score."""
     if not plan.staging_dir or ctx is None:
         return None, None, None, batches
-    from pipeline.io.staging import InputDigest, TaskStage
+    from pipeline.staging.tasks import InputDigest, TaskStage
 
     stage, digest = TaskStage(plan.staging_dir, ctx.partitionId()), InputDigest()
     if not stage.has_marker():
-        return stage, digest, None, _digesting(batches, digest)
+        return stage, digest, None, digesting(batches, digest)
     read = list(batches)  # a finished try's marker: its input must digest the same to be reused
     for batch in read:
         digest.update(batch)
     reused = stage.reusable(digest.value())
     return stage, digest, reused, iter(read)
-
-
-def _digesting(batches: Iterator[pa.RecordBatch], digest: Any) -> Iterator[pa.RecordBatch]:
-    for batch in batches:
-        digest.update(batch)
-        yield batch
-
-
-def _finish_stage(stage: Any, digest: Any, counts: WorkerCounts) -> None:
-    """Stage the task's rows (durable, then its marker); a failure to stage never fails the task."""
-    if stage is None:
-        return
-    try:
-        stage.finish(digest=digest.value(), counts=counts.counts)
-    except (OSError, pa.ArrowException):
-        stage.abandon()
-        counts.add("staging_errors")
-
-
-def _replay(plan: InferencePlan, table: pa.Table, stored: dict[str, Any], *, input_rows: int,
-            rows_file: Any) -> Iterator[pa.RecordBatch]:
-    """A reused task's staged rows, its counts (:func:`~pipeline.metrics.reused_counts` of its
-    ``input_rows``) on the last row."""
-    from pipeline.metrics import reused_counts
-
-    counts = reused_counts(stored, rows=input_rows)
-    if rows_file is not None:
-        done = WorkerCounts()
-        done.merge({"progress_rows": input_rows})
-        rows_file(done, force=True)
-    chunks = [b for b in table.to_batches() if b.num_rows]
-    for n, batch in enumerate(chunks):
-        if plan.metrics_column is None:
-            yield batch
-        else:
-            last = n == len(chunks) - 1
-            yield _with_metrics(batch, plan.metrics_column, json.dumps(counts) if last else None)
-
-
-def _each(*hooks: Any) -> Any:
-    """One ``on_batch`` hook calling each of ``hooks`` that is set (None when none is)."""
-    live = [h for h in hooks if h is not None]
-    if len(live) <= 1:
-        return live[0] if live else None
-    return lambda counts: [h(counts) for h in live]
-
-
-def _outputs(results: Iterator[pa.RecordBatch], taken: "deque[tuple[pa.RecordBatch, pa.RecordBatch | None]]",
-             keep: tuple[str, ...], counts: WorkerCounts) -> Iterator[pa.RecordBatch]:
-    """Each chunk's kept columns beside its results (its rows without an id after them), in input order.
-
-    ``taken`` holds each chunk read so far as (rows with an id, rows without one flagged or None);
-    ``results`` has one result per chunk that had rows with an id.
-    """
-    while True:
-        t0 = time.perf_counter()
-        result = next(results, None)
-        # the time this thread spends in the task for the chunk (chunks ahead read and tokenised included)
-        counts.add("infer_seconds", time.perf_counter() - t0)
-        while taken and taken[0][0].num_rows == 0 and taken[0][1] is not None:
-            yield taken.popleft()[1]  # rows without ids only: no result of the task's
-        if result is None:
-            break
-        valid, invalid = taken.popleft()
-        out = pa.RecordBatch.from_arrays([valid.column(c) for c in keep] + list(result.columns),
-                                         names=list(keep) + result.schema.names)
-        if invalid is not None:
-            rows = pa.Table.from_batches([out])
-            flagged = pa.Table.from_batches([invalid.select(out.schema.names)]).cast(out.schema)
-            out = pa.concat_tables([rows, flagged]).combine_chunks().to_batches()[0]
-        yield out
-    for _, invalid in taken:  # the task's stream ended: what is left holds rows without ids only
-        if invalid is not None:
-            yield invalid
-
-
-def _split_null_ids(batch: pa.RecordBatch, schema: pa.Schema, plan: InferencePlan,
-                    counts: WorkerCounts) -> tuple[pa.RecordBatch, pa.RecordBatch | None]:
-    """``(rows with an id, the rows without one already flagged)``; ``None`` when every row has an id.
-
-    A row without an id cannot be keyed: an append or incremental run could not tell it from another, so
-    it would be written again every night. It gets status ``invalid_id`` (quarantined with its content)
-    and never reaches the model. A malformed source line (no id either) stays with the task, which flags
-    it ``malformed``. Tasks without the status columns keep every row.
-    """
-    import pyarrow.compute as pc
-
-    ids = batch.column("id")
-    if ids.null_count == 0 or "status" not in schema.names or "error" not in schema.names:
-        return batch, None
-    missing = pc.is_null(ids)
-    if MALFORMED_COLUMN in batch.schema.names:
-        missing = pc.and_(missing, pc.is_null(batch.column(MALFORMED_COLUMN)))
-    if not pc.any(missing).as_py():
-        return batch, None
-    flagged = batch.filter(missing)
-    n = flagged.num_rows
-    message = (f"no id: source column {plan.id_column!r} is null, so the row cannot be keyed (an append or "
-               "incremental run could not tell it from another); give it an id or leave it out with source.where")
-    results = [pa.array([INVALID_ID] * n, pa.string()) if f.name == "status" else
-               pa.array([message] * n, pa.string()) if f.name == "error" else pa.nulls(n, f.type) for f in schema]
-    keep = ("id", *plan.keep_columns)
-    invalid = pa.RecordBatch.from_arrays([flagged.column(c) for c in keep] + results,
-                                         names=[*keep, *schema.names])
-    counts.add_status({INVALID_ID: n})
-    return batch.filter(pc.invert(missing)), invalid
-
-
-def _results(task: Any, loaded: Any, inputs: Iterator[pa.RecordBatch], counts: WorkerCounts,
-             cpus: int) -> Iterator[pa.RecordBatch]:
-    """The task's result chunks, in input order: its own stream (text tasks overlap the model), else chunk by chunk."""
-    stream = getattr(task, "process_stream", None)
-    if stream is not None:
-        yield from stream(loaded, inputs, counts, cpus=max(1, int(cpus or 1)))
-    else:
-        for chunk in inputs:
-            yield task.process(loaded, chunk, counts)
 
 
 def _load_for_task(task: Any, plan: InferencePlan, ctx: Any, worker: str, counts: WorkerCounts) -> Any:
@@ -390,15 +278,6 @@ def load_model(task: Any, plan: InferencePlan, ctx: Any, *, defer: bool = False)
         cache.note_unreported(key, cost)
         return loaded, None
     return loaded, cost
-
-
-def _with_metrics(batch: pa.RecordBatch, column: str | None, counts_json: str | None) -> pa.RecordBatch:
-    """``batch`` plus the metrics column: null everywhere, ``counts_json`` on the last row."""
-    values = [None] * batch.num_rows
-    if counts_json is not None and values:
-        values[-1] = counts_json
-    return pa.RecordBatch.from_arrays([*batch.columns, pa.array(values, pa.string())],
-                                      names=[*batch.schema.names, str(column)])
 
 
 def apply_inference(df: "DataFrame", plan: InferencePlan) -> "DataFrame":

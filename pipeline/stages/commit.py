@@ -61,8 +61,8 @@ def _budget_stop(prep: Prepared, plan: RunPlan) -> Iterator[None]:
         line = python_error_line(str(exc)) or ""
         if not line.startswith("TokenBudgetReached"):
             raise
-        from pipeline.io.request_log import try_usage
-        from pipeline.io.staging import staged_tasks
+        from pipeline.staging.plans import staged_tasks
+        from pipeline.staging.request_log import try_usage
 
         spent = try_usage(plan.staging_dir, plan.identity.try_id)
         staged = len(staged_tasks(plan.staging_dir))
@@ -165,7 +165,7 @@ def _commit_output(prep: Prepared, plan: RunPlan, scored: "DataFrame", *, metada
     from pipeline import faults as fault_hooks
     from pyspark.sql import functions as F
 
-    from pipeline.io.sinks import write_sink
+    from pipeline.io.delta.sink import write_sink
     from pipeline.spark.udf import METRICS_COLUMN
 
     config, ident = prep.config, plan.identity

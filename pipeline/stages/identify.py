@@ -1,7 +1,7 @@
 """Identify: which logical run this try belongs to, and whether that run's commit already landed.
 
 The run's identity (:func:`pipeline.identity.run_identity`) hashes the config, the model revision and the
-source snapshot (:func:`pipeline.io.sinks.source_snapshot`). Its run key is the Delta transaction id of the
+source snapshot (:func:`pipeline.io.snapshots.source_snapshot`). Its run key is the Delta transaction id of the
 run's commits: a retry of an append or incremental run whose commit landed, and whose rows are still in
 the output, ends here as :class:`~pipeline.stages.plan.AlreadyCommitted`. A transaction id is a fast path
 only while the rows it stood for are there; appends are keyed on the rows themselves later.
@@ -38,7 +38,9 @@ class Identified:
 
 def identify(prep: Prepared) -> Identified:
     """This try's identity, with :class:`AlreadyCommitted` for a retry whose commit landed (its rows still there)."""
-    from pipeline.io.sinks import committed_run_via, resolve_writer, source_snapshot
+    from pipeline.io.delta.history import committed_run_via
+    from pipeline.io.delta.target import resolve_writer
+    from pipeline.io.snapshots import source_snapshot
 
     config, spark = prep.config, prep.spark
     snapshot = source_snapshot(config.source)
@@ -79,7 +81,7 @@ def _run_rows_remain(spark: "SparkSession", config: JobConfig, *, by: str | None
 def _rebuilt_source_note(config: JobConfig, snapshot: str | None) -> str | None:
     """A line when the source table was dropped and rebuilt since this job's last finished run (its Delta
     table id changed, whatever its version says): its rows are a new input."""
-    from pipeline.io.sinks import source_rebuilt
+    from pipeline.io.snapshots import source_rebuilt
     from pipeline.runs import read_runs
 
     runs_path = config.resolved_runs_path()

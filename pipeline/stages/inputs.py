@@ -164,7 +164,7 @@ def append_key_filter(spark: "SparkSession", inputs: NewInputs, config: JobConfi
 def read_new_inputs(spark: "SparkSession", config: JobConfig, *, fingerprint: str, task: Any = None) -> NewInputs:
     """The validated rows to score: ``id``, the task's input columns, ``content_hash`` and the kept columns.
 
-    The task kind reads them (:meth:`pipeline.registry.TaskJob.read_inputs`). With ``run.incremental``
+    The task kind reads them (:meth:`pipeline.tasks.job.TaskJob.read_inputs`). With ``run.incremental``
     only rows that are new, changed, or were scored with another task ``fingerprint`` remain.
     """
     kind, task = kind_and_task(config, task)

@@ -66,7 +66,7 @@ def plan_run(prep: Prepared, identified: Identified) -> RunPlan:
 def _check_shrink(prep: Prepared, ds: dt.date, rows: int) -> None:
     """Refuse, before any work, to replace a day (or a table) with far fewer rows than it holds now: an empty or
     shrunk source is almost always an upstream failure (``run.min_rows_fraction``; ``--allow-empty`` to go on)."""
-    from pipeline.io.delta_tables import rows_held
+    from pipeline.io.delta.tables import rows_held
 
     config = prep.config
     sink = config.sink
@@ -89,7 +89,7 @@ def _check_shrink(prep: Prepared, ds: dt.date, rows: int) -> None:
 def _check_output_schema(prep: Prepared, scored: "DataFrame", sink: SinkConfig) -> None:
     """Before any row is scored: the output table can take this job's columns (a column someone else added
     stays and gets nulls; one of ours that the table holds with another type is refused, named)."""
-    from pipeline.io.delta_schema import check_output_schema, delta_schema_of, existing_schema
+    from pipeline.io.delta.schema import check_output_schema, delta_schema_of, existing_schema
     from pipeline.spark.udf import METRICS_COLUMN
 
     existing = existing_schema(prep.spark, path=sink.path, table=sink.table)

@@ -71,7 +71,8 @@ def commit_quarantine(prep: Prepared, plan: RunPlan, scored: "DataFrame", *, err
     """The quarantine commit, before the output's: ``(version, run id of its rows)``; version None
     when there is nothing to commit and no quarantine table yet."""
     from pipeline import faults as fault_hooks
-    from pipeline.io.sinks import committed_run_via, write_sink
+    from pipeline.io.delta.history import committed_run_via
+    from pipeline.io.delta.sink import write_sink
     from pipeline.io.sources import is_delta_table
 
     config, spark, sink, ident = prep.config, prep.spark, plan.sink, plan.identity

@@ -9,9 +9,11 @@ from typing import Any
 
 from pipeline.errors import JobError
 from pipeline.identity import RunIdentity
-from pipeline.metrics import RunSummary, batch_metrics
+from pipeline.metrics import batch_metrics
 from pipeline.rows import Status
+from pipeline.run_counts import RunCounts
 from pipeline.stages.plan import AlreadyCommitted, Committed, Prepared, ReadBack, RunPlan
+from pipeline.summary import RunSummary
 
 __all__ = ["already_committed", "finish", "summarize"]
 
@@ -28,27 +30,29 @@ def already_committed(prep: Prepared, identity: RunIdentity, done: AlreadyCommit
     )
 
 
-def _summary_details(prep: Prepared, plan: RunPlan, counts: dict[str, Any]) -> dict[str, str]:
+def _summary_details(prep: Prepared, plan: RunPlan, counts: RunCounts) -> dict[str, str]:
     """The summary's extra lines: the kind's own, known-bad rows skipped, malformed input, torch threads."""
     details: dict[str, str] = {}
     if plan.known_bad:
         details["known-bad rows skipped"] = (f"{plan.known_bad:,} (quarantined earlier with the same content and "
                                              "task fingerprint; --retry-quarantined scores them again)")
-    malformed = int(counts.get("status", {}).get(Status.MALFORMED, 0))
+    malformed = int(counts.status.get(Status.MALFORMED, 0))
     if malformed:
         details["malformed input"] = (f"{malformed:,} source line(s) could not be parsed; quarantined with their "
                                       f"raw text in input_{prep.task.input_columns[0]}")
-    if counts.get("torch_threads"):  # {threads: tasks}: spark.task.cpus, or model.torch_threads
-        details["torch threads"] = ", ".join(f"{t} ({n} tasks)" for t, n in sorted(counts["torch_threads"].items()))
+    if counts.torch_threads:  # {threads: tasks}: spark.task.cpus, or model.torch_threads
+        details["torch threads"] = ", ".join(f"{t} ({n} tasks)" for t, n in sorted(counts.torch_threads.items()))
     return details
 
 
 def summarize(prep: Prepared, plan: RunPlan, *, committed: Committed, read: ReadBack) -> RunSummary:
     """The run's summary: counts, samples, whether every row is accounted for, and what replaced the output."""
-    from pipeline.io.delta_tables import replaced_by
+    from pipeline.io.delta.tables import replaced_by
 
     config, spark, kind, ds, run_id = prep.config, prep.spark, prep.kind, plan.identity.ds, plan.identity.run_id
-    result, counts = committed.result, committed.counts
+    result, merged = committed.result, committed.counts
+    # the counters the kind's workers emit besides every kind's (its job's TaskCounts subclass)
+    counts = RunCounts.from_merged(merged, task=kind.job.counters)
     sample_cols = [c for c in (config.source.id_column, "label", "score", "completion", "finish_reason",
                                "n_tokens", "status")
                    if c in read.written.columns]
@@ -68,28 +72,32 @@ def summarize(prep: Prepared, plan: RunPlan, *, committed: Committed, read: Read
         job=config.job, run_id=run_id, ds=ds.isoformat(), rows_in=plan.rows_in, rows_out=read.rows_out,
         rows_quarantined=read.rows_quarantined,
         quarantine=quarantine_path if committed.quarantine_version is not None else None,
-        status={k: int(v) for k, v in counts.get("status", {}).items()}, seconds=committed.seconds,
-        tokens=int(counts.get("tokens", 0)), padded_tokens=int(counts.get("padded_tokens", 0)),
-        batches=int(counts.get("batches", 0)),
-        model_loads={w: int(counts.get("model_loads", {}).get(w, 0)) for w in counts.get("tasks_per_worker", {})},
+        status={k: int(v) for k, v in counts.status.items()}, seconds=committed.seconds,
+        tokens=int(counts.tokens), padded_tokens=int(counts.padded_tokens), batches=int(counts.batches),
+        model_loads={w: int(counts.model_loads.get(w, 0)) for w in counts.tasks_per_worker},
         model_name=prep.model.name, model_revision=prep.model.revision, output=result.output,
         delta_version=result.version, writer=result.writer,
-        batch_sizes={k: int(v) for k, v in counts.get("batch_sizes", {}).items()}, samples=samples,
-        incremental=config.run.incremental,
-        retries={k: int(counts.get(k, 0)) for k in ("oom_splits", "adaptive_splits", "poison_bisections",
-                                                     "task_retries") if counts.get(k)},
-        precision_used=counts.get("precision_used", {}), precision_fallbacks=counts.get("precision_fallbacks", {}),
-        precision_checks=counts.get("precision_checks", {}), precision_auto=counts.get("precision_auto", {}),
-        generation_backend=counts.get("generation_backend", {}),
-        load_seconds=float(counts.get("load_seconds", 0.0)), infer_seconds=float(counts.get("infer_seconds", 0.0)),
-        tasks=plan.tasks, rows_per_worker={w: int(n) for w, n in counts.get("rows_per_worker", {}).items()},
+        batch_sizes={k: int(v) for k, v in counts.batch_sizes.items()}, samples=samples,
+        incremental=config.run.incremental, retries=_retries(counts),
+        precision_used=counts.precision_used, precision_fallbacks=counts.precision_fallbacks,
+        precision_checks=counts.precision_checks, precision_auto=counts.precision_auto,
+        generation_backend=counts.generation_backend,
+        load_seconds=float(counts.load_seconds), infer_seconds=float(counts.infer_seconds),
+        tasks=plan.tasks, rows_per_worker={w: int(n) for w, n in counts.rows_per_worker.items()},
         incomplete=incomplete, details=details, replaced=replaced,
-        batch_metrics=batch_metrics(counts), resumed_tasks=int(counts.get("resumed_tasks", 0)),
-        rows_reused=int(counts.get("rows_reused", 0)), rows_scored=plan.rows_in - int(counts.get("rows_reused", 0)),
+        batch_metrics=batch_metrics(merged), resumed_tasks=int(counts.resumed_tasks),
+        rows_reused=int(counts.rows_reused), rows_scored=plan.rows_in - int(counts.rows_reused),
         resume_note=plan.resume_note, source_snapshot=plan.identity.source_snapshot, source_note=plan.source_note,
-        prompt_tokens=int(counts.get("prompt_tokens", 0)), completion_tokens=int(counts.get("completion_tokens", 0)),
-        endpoint={k: (round(v, 3) if isinstance(v, float) else v) for k, v in counts.get("endpoint", {}).items()},
+        prompt_tokens=int(counts.prompt_tokens), completion_tokens=int(counts.completion_tokens),
+        endpoint={k: (round(v, 3) if isinstance(v, float) else v) for k, v in counts.endpoint.items()},
     )
+
+
+def _retries(counts: RunCounts) -> dict[str, int]:
+    """What was retried or split, in this order, leaving out what did not happen."""
+    retried = {"oom_splits": counts.oom_splits, "adaptive_splits": counts.adaptive_splits,
+               "poison_bisections": counts.poison_bisections, "task_retries": counts.task_retries}
+    return {k: int(v) for k, v in retried.items() if v}
 
 
 def finish(prep: Prepared, summary: RunSummary, *, recorder: Any) -> RunSummary:

@@ -11,6 +11,7 @@ import datetime as dt
 from typing import TYPE_CHECKING, Any
 
 from pipeline.config import JobConfig
+from pipeline.rows import Status
 from pipeline.stages.plan import Committed, Prepared, ReadBack, RunPlan
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ def check_written(in_keys: "DataFrame", written: "DataFrame", quarantined: "Data
         return None
     held = written.select(*columns)
     if quarantined is not None:
-        held = held.unionByName(quarantined.select(id_column, "content_hash", F.lit("error").alias("status")))
+        held = held.unionByName(quarantined.select(id_column, "content_hash", F.lit(Status.ERROR.value).alias("status")))
     return identity_check(in_keys, key_counts(held, id_column=id_column, status_column="status"))
 
 

@@ -15,7 +15,7 @@ Memory is bounded: at most ``ahead`` chunks are prepared beyond the one the
 device runs, and one finished chunk is held while Spark takes it, so a task
 holds ``ahead + 2`` chunks at most whatever its length. The batches are the
 inline worker's, run in the same order on one thread, so every result and
-every count is the inline worker's too (``tests/test_feed.py``).
+every count is the inline worker's too (``tests/run/test_feed.py``).
 """
 
 from __future__ import annotations

@@ -108,7 +108,7 @@ def _encode(tokenizer: Any, texts: list[str], *, max_length: int, threads: int =
     which leaves the Rust tokenizer set up exactly as for the whole list, and the
     rest goes straight to it; ``encode_batch_fast`` also skips character offsets.
     On 20,000 documents with MiniLM's tokenizer: 1.80 s -> 1.31 s (one thread).
-    Same ids and overflow (``tests/test_tokenize.py``).
+    Same ids and overflow (``tests/tasks/test_tokenize.py``).
 
     With ``threads`` > 1 the rest is cut into that many slices encoded by a thread
     each: the Rust call releases the GIL, so a task given several cores

@@ -34,12 +34,13 @@ from pydantic import Field
 from pipeline.config import JobConfig, TaskConfig
 from pipeline.images.decode import DEFAULT_MAX_PIXELS, DecodedImage, resize_center_crop
 from pipeline.metrics import WorkerCounts
-from pipeline.registry import register_task
-from pipeline.tasks.job import ModelInfo, TaskJob
 from pipeline.models.files import PACKAGE_PREFIX, files_revision, package_folder
+from pipeline.registry import register_task
+from pipeline.run_counts import RunCounts, TaskCounts
 from pipeline.tasks._images import ImageTask
+from pipeline.tasks.job import ModelInfo, TaskJob
 
-__all__ = ["ImageClassifyConfig", "ImageClassifyJob", "ImageClassifyTask", "LoadedImageClassifier"]
+__all__ = ["ImageClassifyConfig", "ImageClassifyCounts", "ImageClassifyJob", "ImageClassifyTask", "LoadedImageClassifier"]
 
 _WEIGHT_SUFFIXES = (".pth", ".pt")
 _MEAN, _STD = 127.0, 128.0
@@ -203,8 +204,17 @@ class ImageClassifyTask(ImageTask):
         return out
 
 
+@dataclass(frozen=True)
+class ImageClassifyCounts(TaskCounts):
+    """What a ``classify_image`` run's workers count besides every kind's counters: the images scored."""
+
+    images_inferred: int = 0
+
+
 class ImageClassifyJob(TaskJob):
     """Driver-side checks: a state-dict folder (not a Hugging Face folder), fingerprinted for lineage."""
+
+    counters = ImageClassifyCounts
 
     def model_info(self, config: JobConfig, task: Any) -> ModelInfo:
         from pipeline.models.loading import ModelError
@@ -218,10 +228,10 @@ class ImageClassifyJob(TaskJob):
         name = config.model.name or str(folder_config.get("name") or weights.stem)
         return ModelInfo(config.model.path, name, files_revision(files))
 
-    def summary_lines(self, spark: Any, config: JobConfig, counts: dict[str, Any],
+    def summary_lines(self, spark: Any, config: JobConfig, counts: RunCounts,
                       model: ModelInfo) -> dict[str, str]:
-        seconds = float(counts.get("infer_seconds", 0.0))
-        images = int(counts.get("images_inferred", 0))
+        seconds = float(counts.infer_seconds)
+        images = int(counts.task.images_inferred)  # type: ignore[attr-defined]
         rate = f"{images / seconds:,.1f} images per worker-second of inference" if seconds else "-"
         return {"images classified": f"{images:,} ({rate})"}
 

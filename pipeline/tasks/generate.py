@@ -47,7 +47,7 @@ class GenerateTaskConfig(TaskConfig):
     """
 
     kind: Literal["generate"] = "generate"
-    # Same tokens whatever the batching (tests/test_generation.py: static and continuous batching equal
+    # Same tokens whatever the batching (tests/generation/test_generation.py: static and continuous batching equal
     # unbatched generate at any slot count); the others only size or place the KV cache and engine.
     # No batching key is read by this kind.
     fingerprint_ignore: ClassVar[frozenset[str]] = frozenset({

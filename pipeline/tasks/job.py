@@ -8,10 +8,11 @@ defaults (:func:`pipeline.registry.set_default_job` below).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pipeline.config import JobConfig
 from pipeline.registry import ModelInfo, set_default_job
+from pipeline.run_counts import RunCounts, TaskCounts
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -26,7 +27,12 @@ class TaskJob:
     per input row (embed, classify, generate); a kind overrides only what
     differs (the ``recommend`` kind reads users and interactions, explodes
     top-K lists and refreshes a latest table).
+
+    ``counters`` names the counters this kind's workers emit besides every kind's
+    (a :class:`~pipeline.run_counts.TaskCounts` subclass): the run refuses any other.
     """
+
+    counters: ClassVar[type[TaskCounts]] = TaskCounts
 
     def model_info(self, config: JobConfig, task: Any) -> ModelInfo:
         """Check the model before any work and fingerprint it for lineage.
@@ -65,7 +71,7 @@ class TaskJob:
         return 1
 
     def check_complete(self, *, rows_in: int, rows_out: int, rows_quarantined: int,
-                       counts: dict[str, Any]) -> str | None:
+                       counts: RunCounts) -> str | None:
         """None when every input row is accounted for; else what does not add up."""
         if rows_in == rows_out + rows_quarantined:
             return None
@@ -76,7 +82,7 @@ class TaskJob:
         """Work after the output committed (e.g. a latest table); returns summary lines ``{label: value}``."""
         return {}
 
-    def summary_lines(self, spark: "SparkSession", config: JobConfig, counts: dict[str, Any],
+    def summary_lines(self, spark: "SparkSession", config: JobConfig, counts: RunCounts,
                       model: ModelInfo) -> dict[str, str]:
         """Extra lines for the end-of-run summary, ``{label: value}``."""
         return {}

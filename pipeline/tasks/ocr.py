@@ -34,26 +34,22 @@ import numpy as np
 import pyarrow as pa
 from pydantic import Field
 
-from pipeline.config import JobConfig, TaskConfig
+from pipeline.config import TaskConfig
 from pipeline.images.decode import DEFAULT_MAX_PIXELS, DecodedImage
 from pipeline.metrics import WorkerCounts
+from pipeline.models.files import PACKAGE_PREFIX, package_folder
 from pipeline.registry import register_task
-from pipeline.tasks.job import ModelInfo, TaskJob
-from pipeline.models.files import PACKAGE_PREFIX, files_revision, package_folder
 from pipeline.tasks._images import ImageTask
+from pipeline.tasks._ocr_job import STAGES, OcrJob, find_direction_model, find_ocr_models
 
 __all__ = ["LoadedOcr", "OcrConfig", "OcrJob", "OcrTask", "STAGES", "StageTimer", "find_direction_model", "find_ocr_models"]
-
-# the stages whose seconds each worker counts (``ocr_<stage>_seconds``)
-STAGES = ("detect", "boxes", "crops", "direction", "recognize")
-
 
 class OcrConfig(TaskConfig):
     """OCR (PP-OCRv4 detection + recognition, onnxruntime): page text and per-line text, box and confidence."""
 
     kind: Literal["ocr"] = "ocr"
     # Nothing is left out of the task fingerprint, every batching key included (the default): padding a line
-    # wider moves its confidence (tests/test_ocr.py), and min_confidence may then drop it.
+    # wider moves its confidence (tests/images/test_ocr.py), and min_confidence may then drop it.
     image_column: str = Field("content", description="the source column holding the image bytes, or its path/URI")
     image_input: Literal["bytes", "path"] = Field("bytes", description="`bytes` or `path` (read on the workers)")
     max_pixels: int = Field(DEFAULT_MAX_PIXELS, gt=0, description="larger images are refused before decoding")
@@ -101,28 +97,6 @@ class LoadedOcr:
         return {"ocr_provider": {self.provider: 1}}
 
 
-def find_ocr_models(folder: Path) -> tuple[Path, Path]:
-    """The ``(detector, recogniser)`` ONNX files of an OCR model folder."""
-    from pipeline.models.loading import ModelError
-
-    if not folder.is_dir():
-        raise ModelError(f"OCR model folder {folder} does not exist; set model.path to a folder with "
-                         "*det*.onnx and *rec*.onnx, or to package:rapidocr_onnxruntime")
-    onnx = sorted(folder.glob("*.onnx"))
-    det = [p for p in onnx if "det" in p.name]
-    rec = [p for p in onnx if "rec" in p.name]
-    if len(det) != 1 or len(rec) != 1:
-        raise ModelError(f"OCR model folder {folder} needs exactly one *det*.onnx and one *rec*.onnx; "
-                         f"found {[p.name for p in onnx] or 'no .onnx files'}")
-    return det[0], rec[0]
-
-
-def find_direction_model(folder: Path) -> Path | None:
-    """The folder's ``*cls*.onnx`` text-direction classifier, if it has exactly one."""
-    found = sorted(folder.glob("*cls*.onnx")) if folder.is_dir() else []
-    return found[0] if len(found) == 1 else None
-
-
 class OcrTask(ImageTask):
     """Detect lines per page, recognise all lines of a group of pages in width-sorted fixed-size batches."""
 
@@ -143,7 +117,7 @@ class OcrTask(ImageTask):
 
     def process(self, loaded: Any, chunk: pa.RecordBatch, counts: WorkerCounts) -> pa.RecordBatch:
         """As every image task, plus the character error rate against ``reference_column`` when set."""
-        from pipeline.images.ocr_steps import char_error_rate, normalize_text
+        from pipeline.images.ocr_text import char_error_rate, normalize_text
 
         out = super().process(loaded, chunk, counts)
         if not self.config.reference_column:
@@ -217,7 +191,7 @@ class OcrTask(ImageTask):
     def directions(self, loaded: LoadedOcr, crops: list[np.ndarray]) -> np.ndarray:
         """For each crop, the direction classifier's probability that it is upside down (mean over its windows);
         all 0 without a classifier."""
-        from pipeline.images.ocr_steps import direction_input
+        from pipeline.images.ocr_lines import direction_input
 
         upside_down = np.zeros(len(crops), np.float64)
         if loaded.cls is None or not crops:
@@ -236,7 +210,8 @@ class OcrTask(ImageTask):
                   ) -> list[tuple[str, float]]:
         """``(text, confidence)`` per crop (in input order), batched by width."""
         from pipeline.batching import pad_multiple
-        from pipeline.images.ocr_steps import collate_lines, ctc_decode, plan_line_batches
+        from pipeline.images.ocr_lines import collate_lines, plan_line_batches
+        from pipeline.images.ocr_text import ctc_decode
 
         widths = np.fromiter((c.shape[1] for c in crops), dtype=np.int64, count=len(crops))
         multiple = pad_multiple(self.batching.pad_to_multiple_of, "cuda" if loaded.provider.startswith("CUDA")
@@ -257,7 +232,8 @@ class OcrTask(ImageTask):
     def read_pages(self, loaded: LoadedOcr, images: list[np.ndarray], counts: WorkerCounts | None = None,
                    timer: "StageTimer | None" = None) -> list[list[dict[str, Any]]]:
         """The recognised lines of each page, in reading order: ``{"text", "box", "quad", "confidence"}``."""
-        from pipeline.images.ocr_steps import crop_line, noise_level, reading_order, smooth_line
+        from pipeline.images.ocr_layout import reading_order
+        from pipeline.images.ocr_lines import crop_line, noise_level, smooth_line
 
         timer = timer or StageTimer()
         boxes_per_page = [self.detect(loaded, image, timer) for image in images]
@@ -361,38 +337,6 @@ def _task_threads() -> int:
         return max(1, torch.get_num_threads())
     except ImportError:  # pragma: no cover
         return 1
-
-
-class OcrJob(TaskJob):
-    """Driver-side checks: the two ONNX files, fingerprinted for lineage; recogniser padding in the summary."""
-
-    def model_info(self, config: JobConfig, task: Any) -> ModelInfo:
-        folder = task.resolve_model_dir(config.model.path)
-        det, rec = find_ocr_models(folder)
-        cls = find_direction_model(folder) if config.task.use_direction else None
-        name = config.model.name or f"{det.stem.replace('_det_infer', '')}+rec" + ("+cls" if cls else "")
-        return ModelInfo(config.model.path, name, files_revision([det, rec] + ([cls] if cls else [])))
-
-    def summary_lines(self, spark: Any, config: JobConfig, counts: dict[str, Any],
-                      model: ModelInfo) -> dict[str, str]:
-        real, padded = int(counts.get("tokens", 0)), int(counts.get("padded_tokens", 0))
-        eff = real / padded if padded else 1.0
-        sort = "width-sorted" if config.task.width_bucketing else "arrival order"
-        lines = {
-            "pages read": f"{int(counts.get('images_inferred', 0)):,}, "
-                          f"{int(counts.get('ocr_lines', 0)):,} lines detected",
-            "recogniser padding": f"{eff:.3f} ({real:,} real / {padded:,} padded columns, {sort})",
-        }
-        stage_seconds = {s: float(counts.get(f"ocr_{s}_seconds", 0.0)) for s in STAGES}
-        if any(stage_seconds.values()):
-            pages = max(int(counts.get("images_inferred", 0)), 1)
-            lines["seconds per page"] = ", ".join(f"{s} {v / pages:.2f}" for s, v in stage_seconds.items()) + (
-                f" (worker seconds; {int(counts.get('ocr_lines_turned', 0)):,} lines turned upside up)")
-        ref_chars = float(counts.get("cer_reference_chars", 0))
-        if ref_chars:
-            lines["character error rate"] = (f"{counts.get('cer_errors', 0) / ref_chars:.4f} against "
-                                             f"{config.task.reference_column} ({int(ref_chars):,} reference chars)")
-        return lines
 
 
 register_task(OcrConfig, OcrTask, job=OcrJob())

@@ -41,12 +41,14 @@ from pipeline.errors import ModelError, SourceError
 from pipeline.metrics import WorkerCounts
 from pipeline.registry import register_task
 from pipeline.rows import STATUS_FIELDS, Status
+from pipeline.run_counts import RunCounts, TaskCounts
 from pipeline.tasks.job import ModelInfo, TaskJob
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["OUTPUT_COLUMNS", "LoadedRecommender", "RecommendJob", "RecommendTask", "RecommendTaskConfig", "user_rows"]
+__all__ = ["OUTPUT_COLUMNS", "LoadedRecommender", "RecommendCounts", "RecommendJob", "RecommendTask", "RecommendTaskConfig",
+           "user_rows"]
 
 # The rows the refresh writes (dated table and latest table alike).
 OUTPUT_COLUMNS = ("user_id", "item_id", "score", "rank", "model_name", "model_revision", "run_id", "scored_at", "ds")
@@ -224,8 +226,19 @@ def _ragged(values: np.ndarray, keep: np.ndarray, rows: np.ndarray, n: int, valu
     return pa.ListArray.from_arrays(pa.array(offsets), flat, mask=pa.array(mask))
 
 
+@dataclass(frozen=True)
+class RecommendCounts(TaskCounts):
+    """What a ``recommend`` run's workers count besides every kind's counters."""
+
+    recommendations: int = 0  # the top-k rows produced, every one of which must be written
+    unknown_users: int = 0  # users not in the model's id map, scored from their features
+    items_scored: int = 0  # (user, item) scores computed
+
+
 class RecommendJob(TaskJob):
     """The refresh's driver side: the model revision, user rows, exploded output, the latest table."""
+
+    counters = RecommendCounts
 
     def model_info(self, config: JobConfig, task: Any) -> ModelInfo:
         """The revision folder (``LATEST`` of a model root, or a folder), checked against the feature columns.
@@ -277,12 +290,12 @@ class RecommendJob(TaskJob):
         return config.task.k  # a user's top k
 
     def check_complete(self, *, rows_in: int, rows_out: int, rows_quarantined: int,
-                       counts: dict[str, Any]) -> str | None:
+                       counts: RunCounts) -> str | None:
         """Every user scored once, and every recommendation the executors produced written once."""
-        users = sum(int(v) for v in counts.get("status", {}).values())
+        users = sum(int(v) for v in counts.status.values())
         if users != rows_in:
             return f"{rows_in} users in but the executors reported {users}; rerun the job"
-        expected = int(counts.get("recommendations", 0))
+        expected = int(counts.task.recommendations)  # type: ignore[attr-defined]
         if rows_out != expected:
             return f"wrote {rows_out} recommendation rows but the executors produced {expected}; rerun this ds"
         return None
@@ -296,7 +309,7 @@ class RecommendJob(TaskJob):
         updated = _update_latest(spark, config, output, run_id, ds)
         return {"latest": f"{latest} ({'updated' if updated else 'kept: it holds a newer ds'})"}
 
-    def summary_lines(self, spark: "SparkSession", config: JobConfig, counts: dict[str, Any],
+    def summary_lines(self, spark: "SparkSession", config: JobConfig, counts: RunCounts,
                       model: ModelInfo) -> dict[str, str]:
         from pyspark.sql import functions as F
 
@@ -304,9 +317,10 @@ class RecommendJob(TaskJob):
         from pipeline.recs.registry import resolve_two_tower_path
 
         folder = resolve_two_tower_path(model.path)
+        recs: RecommendCounts = counts.task  # type: ignore[assignment]
         lines = {
-            "recommendations": f"{int(counts.get('recommendations', 0)):,} rows, top {config.task.k} per user "
-                               f"(unknown users scored from features: {int(counts.get('unknown_users', 0)):,})",
+            "recommendations": f"{int(recs.recommendations):,} rows, top {config.task.k} per user "
+                               f"(unknown users scored from features: {int(recs.unknown_users):,})",
             "model quality (held out)": _quality_line(_training_quality(folder)),
         }
         if config.task.items:
@@ -340,7 +354,7 @@ def user_rows(users: "DataFrame", interactions: "DataFrame", *, id_column: str, 
 def _update_latest(spark: "SparkSession", config: JobConfig, output: str, run_id: str, ds: Any) -> bool:
     from pyspark.sql import functions as F
 
-    from pipeline.io.sinks import write_sink
+    from pipeline.io.delta.sink import write_sink
     from pipeline.io.sources import read_delta
 
     latest = config.task.latest_path

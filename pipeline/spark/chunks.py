@@ -1,0 +1,163 @@
+"""The per-chunk steps of one scoring task on an executor, on plain Arrow values.
+
+``pipeline.spark.udf.score_partition`` is the ``mapInArrow`` function; these are
+the steps it runs on every chunk, each taking plain values (batches, column
+names, the task's :class:`~pipeline.metrics.WorkerCounts`), never the plan:
+
+- :func:`split_null_ids`: rows without an id are flagged ``invalid_id`` and never reach the model;
+- :func:`task_results`, :func:`join_results`: the task's results, beside each chunk's kept columns, in
+  input order;
+- :func:`with_metrics`: the metrics column that carries the task's counts on its last row (so run metrics
+  work on Spark Connect, which has no accumulators);
+- :func:`digesting`, :func:`finish_stage`, :func:`replay_staged`: the worker side of staging
+  (:mod:`pipeline.staging.tasks`): the input digested as it is read, the rows staged at the task's end,
+  or a finished try's staged rows replayed instead of scoring.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from typing import Any, Iterator
+
+import pyarrow as pa
+
+from pipeline.metrics import WorkerCounts
+from pipeline.rows import INVALID_ID, MALFORMED_COLUMN
+
+__all__ = ["digesting", "each_hook", "finish_stage", "join_results", "replay_staged", "split_null_ids",
+           "task_results", "with_metrics"]
+
+
+def digesting(batches: Iterator[pa.RecordBatch], digest: Any) -> Iterator[pa.RecordBatch]:
+    """``batches`` unchanged, each added to ``digest`` (an :class:`~pipeline.staging.tasks.InputDigest`) as read."""
+    for batch in batches:
+        digest.update(batch)
+        yield batch
+
+
+def finish_stage(stage: Any, digest: Any, counts: WorkerCounts) -> None:
+    """Stage the task's rows (durable, then its marker); a failure to stage never fails the task."""
+    if stage is None:
+        return
+    try:
+        stage.finish(digest=digest.value(), counts=counts.counts)
+    except (OSError, pa.ArrowException):
+        stage.abandon()
+        counts.add("staging_errors")
+
+
+def replay_staged(table: pa.Table, stored: dict[str, Any], *, metrics_column: str | None, input_rows: int,
+                  rows_file: Any) -> Iterator[pa.RecordBatch]:
+    """A reused task's staged rows, its counts (:func:`~pipeline.metrics.reused_counts` of its
+    ``input_rows``) on the last row."""
+    from pipeline.metrics import reused_counts
+
+    counts = reused_counts(stored, rows=input_rows)
+    if rows_file is not None:
+        done = WorkerCounts()
+        done.merge({"progress_rows": input_rows})
+        rows_file(done, force=True)
+    chunks = [b for b in table.to_batches() if b.num_rows]
+    for n, batch in enumerate(chunks):
+        if metrics_column is None:
+            yield batch
+        else:
+            last = n == len(chunks) - 1
+            yield with_metrics(batch, metrics_column, json.dumps(counts) if last else None)
+
+
+def each_hook(*hooks: Any) -> Any:
+    """One ``on_batch`` hook calling each of ``hooks`` that is set (None when none is)."""
+    live = [h for h in hooks if h is not None]
+    if len(live) <= 1:
+        return live[0] if live else None
+    return lambda counts: [h(counts) for h in live]
+
+
+def join_results(results: Iterator[pa.RecordBatch], taken: "deque[tuple[pa.RecordBatch, pa.RecordBatch | None]]",
+                 keep: tuple[str, ...], counts: WorkerCounts) -> Iterator[pa.RecordBatch]:
+    """Each chunk's kept columns beside its results (its rows without an id after them), in input order.
+
+    ``taken`` holds each chunk read so far as (rows with an id, rows without one flagged or None);
+    ``results`` has one result per chunk that had rows with an id.
+    """
+    while True:
+        t0 = time.perf_counter()
+        result = next(results, None)
+        # the time this thread spends in the task for the chunk (chunks ahead read and tokenised included)
+        counts.add("infer_seconds", time.perf_counter() - t0)
+        while taken and taken[0][0].num_rows == 0 and taken[0][1] is not None:
+            yield taken.popleft()[1]  # rows without ids only: no result of the task's
+        if result is None:
+            break
+        valid, invalid = taken.popleft()
+        out = pa.RecordBatch.from_arrays([valid.column(c) for c in keep] + list(result.columns),
+                                         names=list(keep) + result.schema.names)
+        if invalid is not None:
+            rows = pa.Table.from_batches([out])
+            flagged = pa.Table.from_batches([invalid.select(out.schema.names)]).cast(out.schema)
+            out = pa.concat_tables([rows, flagged]).combine_chunks().to_batches()[0]
+        yield out
+    for _, invalid in taken:  # the task's stream ended: what is left holds rows without ids only
+        if invalid is not None:
+            yield invalid
+
+
+def split_null_ids(batch: pa.RecordBatch, schema: pa.Schema, *, keep: tuple[str, ...], id_column: str,
+                   counts: WorkerCounts) -> tuple[pa.RecordBatch, pa.RecordBatch | None]:
+    """``(rows with an id, the rows without one already flagged)``; ``None`` when every row has an id.
+
+    ``schema`` is the task's output schema, ``keep`` the columns kept beside its results (``id`` first),
+    ``id_column`` the source's id column (named in the error). A row without an id cannot be keyed: an
+    append or incremental run could not tell it from another, so it would be written again every night.
+    It gets status ``invalid_id`` (quarantined with its content) and never reaches the model. A malformed
+    source line (no id either) stays with the task, which flags it ``malformed``. Tasks without the status
+    columns keep every row.
+    """
+    import pyarrow.compute as pc
+
+    ids = batch.column("id")
+    if ids.null_count == 0 or "status" not in schema.names or "error" not in schema.names:
+        return batch, None
+    missing = pc.is_null(ids)
+    if MALFORMED_COLUMN in batch.schema.names:
+        missing = pc.and_(missing, pc.is_null(batch.column(MALFORMED_COLUMN)))
+    if not pc.any(missing).as_py():
+        return batch, None
+    flagged = batch.filter(missing)
+    n = flagged.num_rows
+    message = (f"no id: source column {id_column!r} is null, so the row cannot be keyed (an append or "
+               "incremental run could not tell it from another); give it an id or leave it out with source.where")
+    results = [pa.array([INVALID_ID] * n, pa.string()) if f.name == "status" else
+               pa.array([message] * n, pa.string()) if f.name == "error" else pa.nulls(n, f.type) for f in schema]
+    invalid = pa.RecordBatch.from_arrays([flagged.column(c) for c in keep] + results,
+                                         names=[*keep, *schema.names])
+    counts.add_status({INVALID_ID: n})
+    return batch.filter(pc.invert(missing)), invalid
+
+
+def task_results(task: Any, loaded: Any, inputs: Iterator[pa.RecordBatch], counts: WorkerCounts,
+                 cpus: int) -> Iterator[pa.RecordBatch]:
+    """The task's result chunks, in input order: its own stream (text tasks overlap the model), else chunk by chunk."""
+    stream = getattr(task, "process_stream", None)
+    if stream is not None:
+        yield from stream(loaded, inputs, counts, cpus=max(1, int(cpus or 1)))
+    else:
+        for chunk in inputs:
+            yield task.process(loaded, chunk, counts)
+
+
+def with_metrics(batch: pa.RecordBatch, column: str | None, counts_json: str | None) -> pa.RecordBatch:
+    """``batch`` plus the metrics column: null everywhere, ``counts_json`` on the last row.
+
+    >>> out = with_metrics(pa.record_batch({"id": [1, 2]}), "_m", '{"rows": 2}')
+    >>> out.schema.names, out.column("_m").to_pylist()
+    (['id', '_m'], [None, '{"rows": 2}'])
+    """
+    values = [None] * batch.num_rows
+    if counts_json is not None and values:
+        values[-1] = counts_json
+    return pa.RecordBatch.from_arrays([*batch.columns, pa.array(values, pa.string())],
+                                      names=[*batch.schema.names, str(column)])

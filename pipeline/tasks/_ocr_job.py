@@ -1,0 +1,109 @@
+"""The ``ocr`` kind's driver side: its model files, the counters its workers emit, its summary lines.
+
+:mod:`pipeline.tasks.ocr` holds the config and the worker side and registers
+:class:`OcrJob` with them; the job checks and fingerprints the ONNX files
+before any work, and reads the run's :class:`OcrCounts` (pages, lines, the
+seconds of each stage, the character error rate's sums) for the summary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import JobConfig
+from pipeline.models.files import files_revision
+from pipeline.run_counts import RunCounts, TaskCounts
+from pipeline.tasks.job import ModelInfo, TaskJob
+
+__all__ = ["STAGES", "OcrCounts", "OcrJob", "find_direction_model", "find_ocr_models"]
+
+# the stages whose seconds each worker counts (``ocr_<stage>_seconds``)
+STAGES = ("detect", "boxes", "crops", "direction", "recognize")
+
+
+@dataclass(frozen=True)
+class OcrCounts(TaskCounts):
+    """What an ``ocr`` run's workers count besides every kind's counters (:class:`~pipeline.run_counts.RunCounts`).
+
+    >>> c = RunCounts.from_merged({"images_inferred": 2, "ocr_detect_seconds": 1.5}, task=OcrCounts).task
+    >>> c.images_inferred, c.stage_seconds["detect"], sorted(c.stage_seconds) == sorted(STAGES)
+    (2, 1.5, True)
+    """
+
+    images_inferred: int = 0
+    ocr_lines: int = 0
+    ocr_lines_turned: int = 0
+    ocr_detect_seconds: float = 0.0
+    ocr_boxes_seconds: float = 0.0
+    ocr_crops_seconds: float = 0.0
+    ocr_direction_seconds: float = 0.0
+    ocr_recognize_seconds: float = 0.0
+    # the character error rate against task.reference_column: errors (rate x reference chars) and chars
+    cer_errors: float = 0.0
+    cer_reference_chars: int = 0
+    # model loads per onnxruntime provider
+    ocr_provider: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def stage_seconds(self) -> dict[str, float]:
+        """Worker seconds per stage, in :data:`STAGES` order."""
+        return {"detect": self.ocr_detect_seconds, "boxes": self.ocr_boxes_seconds, "crops": self.ocr_crops_seconds,
+                "direction": self.ocr_direction_seconds, "recognize": self.ocr_recognize_seconds}
+
+
+def find_ocr_models(folder: Path) -> tuple[Path, Path]:
+    """The ``(detector, recogniser)`` ONNX files of an OCR model folder."""
+    from pipeline.models.loading import ModelError
+
+    if not folder.is_dir():
+        raise ModelError(f"OCR model folder {folder} does not exist; set model.path to a folder with "
+                         "*det*.onnx and *rec*.onnx, or to package:rapidocr_onnxruntime")
+    onnx = sorted(folder.glob("*.onnx"))
+    det = [p for p in onnx if "det" in p.name]
+    rec = [p for p in onnx if "rec" in p.name]
+    if len(det) != 1 or len(rec) != 1:
+        raise ModelError(f"OCR model folder {folder} needs exactly one *det*.onnx and one *rec*.onnx; "
+                         f"found {[p.name for p in onnx] or 'no .onnx files'}")
+    return det[0], rec[0]
+
+
+def find_direction_model(folder: Path) -> Path | None:
+    """The folder's ``*cls*.onnx`` text-direction classifier, if it has exactly one."""
+    found = sorted(folder.glob("*cls*.onnx")) if folder.is_dir() else []
+    return found[0] if len(found) == 1 else None
+
+
+class OcrJob(TaskJob):
+    """Driver-side checks: the two ONNX files, fingerprinted for lineage; recogniser padding in the summary."""
+
+    def model_info(self, config: JobConfig, task: Any) -> ModelInfo:
+        folder = task.resolve_model_dir(config.model.path)
+        det, rec = find_ocr_models(folder)
+        cls = find_direction_model(folder) if config.task.use_direction else None
+        name = config.model.name or f"{det.stem.replace('_det_infer', '')}+rec" + ("+cls" if cls else "")
+        return ModelInfo(config.model.path, name, files_revision([det, rec] + ([cls] if cls else [])))
+
+    counters = OcrCounts
+
+    def summary_lines(self, spark: Any, config: JobConfig, counts: RunCounts,
+                      model: ModelInfo) -> dict[str, str]:
+        ocr: OcrCounts = counts.task  # type: ignore[assignment]
+        real, padded = int(counts.tokens), int(counts.padded_tokens)
+        eff = real / padded if padded else 1.0
+        sort = "width-sorted" if config.task.width_bucketing else "arrival order"
+        lines = {
+            "pages read": f"{int(ocr.images_inferred):,}, {int(ocr.ocr_lines):,} lines detected",
+            "recogniser padding": f"{eff:.3f} ({real:,} real / {padded:,} padded columns, {sort})",
+        }
+        stage_seconds = ocr.stage_seconds
+        if any(stage_seconds.values()):
+            pages = max(int(ocr.images_inferred), 1)
+            lines["seconds per page"] = ", ".join(f"{s} {v / pages:.2f}" for s, v in stage_seconds.items()) + (
+                f" (worker seconds; {int(ocr.ocr_lines_turned):,} lines turned upside up)")
+        ref_chars = float(ocr.cer_reference_chars)
+        if ref_chars:
+            lines["character error rate"] = (f"{ocr.cer_errors / ref_chars:.4f} against "
+                                             f"{config.task.reference_column} ({int(ref_chars):,} reference chars)")
+        return lines
