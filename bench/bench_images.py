@@ -97,7 +97,7 @@ def ocr_padding(batch_size: int, time_rec: bool) -> dict[str, Any]:
     from pipeline.batching import padding_efficiency
     from pipeline.config import BatchingConfig, ModelConfig
     from pipeline.images.decode import decode_image
-    from pipeline.images.ocr_steps import crop_line, plan_line_batches
+    from pipeline.images.ocr_lines import crop_line, plan_line_batches
     from pipeline.tasks.ocr import OcrConfig, OcrTask
 
     paths = DeltaTable(str(PAGES)).to_pyarrow_table(columns=["path"])["path"].to_pylist()

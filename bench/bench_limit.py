@@ -287,7 +287,7 @@ def run_pipeline(spark: Any, input_path: str, out_dir: Path, *, precision: str, 
 def time_write_alone(spark: Any, scored_path: Path, out_dir: Path) -> dict:
     """Seconds to write an already scored output (cached in memory first) again through the same Delta sink."""
     from pipeline.config import SinkConfig
-    from pipeline.io.sinks import write_sink
+    from pipeline.io.delta.sink import write_sink
     from pipeline.io.sources import read_delta
 
     df = read_delta(spark, str(scored_path)).cache()

@@ -129,7 +129,7 @@ def main() -> int:
 
     from pipeline.config import BatchingConfig, ModelConfig
     from pipeline.images.decode import decode_image
-    from pipeline.images.ocr_steps import char_error_rate, normalize_text
+    from pipeline.images.ocr_text import char_error_rate, normalize_text
     from pipeline.images.scans import scan_like
     from pipeline.tasks.ocr import OcrConfig, OcrTask
 

@@ -114,8 +114,8 @@ def overlap_check(work: Path, rows: int) -> dict[str, Any]:
     """The deltalake writer's commit-time check when an overlapping run committed ``rows`` keys first."""
     from deltalake import DeltaTable, write_deltalake
 
-    from pipeline.io import delta_keys
-    from pipeline.io.delta_writer import _PartFile
+    from pipeline.io.delta import keys as delta_keys
+    from pipeline.io.delta.files import PartFile
 
     root = work / "overlap"
     shutil.rmtree(root, ignore_errors=True)
@@ -126,13 +126,13 @@ def overlap_check(work: Path, rows: int) -> dict[str, Any]:
                     mode="append", partition_by=["ds"])
     staged, id_list = [], ids.to_pylist()
     for part in range(4):  # this run's files, as four tasks would stage them
-        f = _PartFile(str(root), ["ds"], (DS,), "stagedwrite", f"{part:05d}-a0")
+        f = PartFile(str(root), ["ds"], (DS,), "stagedwrite", f"{part:05d}-a0")
         mine = id_list[part::4]
         f.write(pa.table({"doc_id": pa.array(mine), "score": pa.array([2.0] * len(mine))}))
         staged.append(f.close())
 
     def rewrite(values, table):
-        f = _PartFile(str(root), ["ds"], (values["ds"],), "stagedwrite", "keyed")
+        f = PartFile(str(root), ["ds"], (values["ds"],), "stagedwrite", "keyed")
         f.write(table)
         return f.close()
 

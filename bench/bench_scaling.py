@@ -180,7 +180,7 @@ class _Stamped:
 
 def commit_facts(table: str, version: int) -> dict[str, Any]:
     """What commit ``version`` of ``table`` holds: files, bytes, rows, JSON bytes, pickled messages, latency."""
-    from pipeline.io.delta_writer import DeltaWriteMessage
+    from pipeline.io.delta.writer import DeltaWriteMessage
 
     log = Path(table, "_delta_log", f"{version:020d}.json")
     adds, removes, info = [], 0, {}
@@ -307,7 +307,7 @@ def commit_scale_once(adds: int, template: dict[str, Any], root: str) -> dict[st
     from deltalake import Schema as DeltaSchema
     from deltalake.transaction import AddAction, create_table_with_add_actions
 
-    from pipeline.io.delta_writer import DeltaWriteMessage
+    from pipeline.io.delta.writer import DeltaWriteMessage
 
     schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(template.pop("schema_hex"))))
     path = Path(root, f"commit-{adds}")

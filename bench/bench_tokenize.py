@@ -28,7 +28,7 @@ def main() -> None:
     from bench.bench_limit import cpu_info
     from pipeline.models.loading import resolve_model_path
     from pipeline.tasks import _clip, _tokenize
-    from tests.conftest import SENTENCES
+    from tests.support.data import SENTENCES
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--docs", type=int, default=3000)

@@ -7,7 +7,7 @@ partition, since the jobs write with ``sink.mode: overwrite_partition``. After s
 report --history 14 --fail-on-deviation`` fails its task (an alert) when the night deviates.
 
 Module level only builds the DAG: no connections, no Spark, nothing read. Checked by
-tests/test_scheduling.py without Airflow installed.
+tests/spark/test_scheduling.py without Airflow installed.
 """
 
 from __future__ import annotations

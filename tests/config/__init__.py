@@ -1,0 +1,1 @@
+"""Job configuration: parsing, validation, defaults and the errors a wrong setting gets."""

@@ -1,0 +1,1 @@
+"""The ground floor and the config floor's pure parts: batching, the layers of the package, the registry, fingerprints."""

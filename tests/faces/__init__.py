@@ -1,0 +1,1 @@
+"""What users touch: the demos, notebooks, the install, the benchmarks' own checks."""

@@ -1,0 +1,1 @@
+"""Text generation: the continuous batcher, backends, prompts, the generate task, INT4, vLLM."""

@@ -1,0 +1,1 @@
+"""Images: decoding, Spark image jobs, classification and OCR."""

@@ -1,0 +1,1 @@
+"""Model folders: loading, the checks a broken folder gets, precision and quantized encoders."""

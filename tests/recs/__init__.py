@@ -1,0 +1,1 @@
+"""Recommendations: MovieLens data, the model, scoring, the task and the nightly refresh."""

@@ -1,0 +1,1 @@
+"""Whole runs: the runner end to end, the runs table, commits, overwrites, failures, retries, resume, guarantees."""

@@ -1,0 +1,241 @@
+"""Scheduling examples, checked without Databricks or Airflow: the Asset Bundle and the Airflow DAG."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+import sys
+import tomllib
+import types
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import pytest
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipeline.cli import build_parser
+from pipeline.config import load_config
+
+REPO = Path(__file__).resolve().parents[2]
+BUNDLE = REPO / "jobs" / "databricks" / "databricks.yml"
+DAG_FILE = REPO / "jobs" / "airflow" / "sbi_nightly.py"
+JOBS = {"score_documents", "generate_text", "refresh_recommendations"}
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+# ------------------------------------------------------------------ the bundle's fields (the subset we use)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Schedule(_Strict):
+    quartz_cron_expression: str
+    timezone_id: str
+    pause_status: str
+
+
+class Library(_Strict):
+    whl: str
+
+
+class SparkPythonTask(_Strict):
+    python_file: str
+    parameters: list[str]
+
+
+class PythonWheelTask(_Strict):
+    package_name: str
+    entry_point: str
+    parameters: list[str]
+
+
+class Task(_Strict):
+    task_key: str
+    depends_on: list[dict[Literal["task_key"], str]] = Field(default_factory=list)
+    job_cluster_key: str
+    libraries: list[Library]
+    spark_python_task: Optional[SparkPythonTask] = None
+    python_wheel_task: Optional[PythonWheelTask] = None
+
+
+class NewCluster(_Strict):
+    spark_version: str
+    node_type_id: str
+    num_workers: Any
+    spark_conf: dict[str, str] = Field(default_factory=dict)
+
+
+class JobCluster(_Strict):
+    job_cluster_key: str
+    new_cluster: NewCluster
+
+
+class Job(_Strict):
+    name: str
+    schedule: Schedule
+    max_concurrent_runs: int
+    job_clusters: list[JobCluster]
+    tasks: list[Task]
+
+
+class Variable(_Strict):
+    description: str
+    default: Any
+
+
+class Artifact(_Strict):
+    type: Literal["whl"]
+    path: str
+    build: str
+
+
+class Target(_Strict):
+    mode: Literal["development", "production"]
+    default: bool = False
+    variables: dict[str, Any] = Field(default_factory=dict)
+
+
+class Bundle(_Strict):
+    bundle: dict[Literal["name"], str]
+    sync: dict[Literal["paths"], list[str]]
+    variables: dict[str, Variable]
+    artifacts: dict[str, Artifact]
+    resources: dict[Literal["jobs"], dict[str, Job]]
+    targets: dict[str, Target]
+
+
+def test_bundle_fields_and_references() -> None:
+    raw = BUNDLE.read_text()
+    bundle = Bundle.model_validate(yaml.safe_load(raw))
+    jobs = bundle.resources["jobs"]
+    assert set(jobs) == JOBS
+    used = set(re.findall(r"\$\{var\.([a-z_]+)\}", raw))
+    assert used <= set(bundle.variables), f"undefined variables {used - set(bundle.variables)}"
+    assert [n for n, t in bundle.targets.items() if t.default] == ["dev"]
+    assert (BUNDLE.parent / bundle.sync["paths"][0]).resolve() == REPO
+    assert (BUNDLE.parent / bundle.artifacts["wheel"].path).resolve() == REPO
+
+    for name, job in jobs.items():
+        assert len(job.schedule.quartz_cron_expression.split()) in (6, 7), name
+        clusters = {c.job_cluster_key for c in job.job_clusters}
+        keys = [t.task_key for t in job.tasks]
+        assert len(keys) == len(set(keys)), f"{name}: duplicate task keys"
+        for task in job.tasks:
+            assert task.job_cluster_key in clusters
+            assert all(d["task_key"] in keys for d in task.depends_on)
+            assert all(lib.whl.startswith("../../dist/") for lib in task.libraries)
+            assert (task.spark_python_task is None) != (task.python_wheel_task is None), task.task_key
+        [main] = [t.spark_python_task for t in job.tasks if t.spark_python_task]
+        assert (BUNDLE.parent / main.python_file).resolve() == REPO / "jobs" / f"{name}.py"
+        args = main.parameters
+        # ds from the job run's start date
+        assert args[args.index("--ds") + 1] == "{{job.start_time.iso_date}}"
+        conf = args[args.index("--conf") + 1]
+        assert conf == f"${{workspace.file_path}}/conf/{name}.yaml" and (REPO / f"conf/{name}.yaml").is_file()
+        # the same config, overlay and overrides load here
+        overlays = [args[i + 1].replace("${workspace.file_path}", str(REPO)) for i, a in enumerate(args) if a == "--overlay"]
+        sets = [args[i + 1].replace("${var.warehouse}", "s3://lake/sbi") for i, a in enumerate(args) if a == "--set"]
+        config = load_config(REPO / f"conf/{name}.yaml", overlays=overlays, overrides=sets + ["run.ds=2026-11-30"])
+        assert config.sink.writer == "delta" and config.sink.path.startswith("s3://lake/sbi/")
+
+
+def test_bundle_report_task_runs_the_report_cli() -> None:
+    bundle = Bundle.model_validate(yaml.safe_load(BUNDLE.read_text()))
+    [report] = [t for t in bundle.resources["jobs"]["score_documents"].tasks if t.python_wheel_task]
+    wheel = report.python_wheel_task
+    assert wheel.package_name == PYPROJECT["project"]["name"]
+    assert PYPROJECT["project"]["scripts"][wheel.entry_point] == "pipeline.cli:main"
+    args = build_parser().parse_args(wheel.parameters)
+    assert (args.command, args.history, args.fail_on_deviation) == ("report", 14, True)
+    assert report.depends_on == [{"task_key": "score"}]
+
+
+# ------------------------------------------------------------------ the Airflow DAG, with stand-in airflow modules
+
+
+class _Operator:
+    created: list["_Operator"] = []
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+        self.downstream: list[_Operator] = []
+        _Operator.created.append(self)
+
+    def __rshift__(self, other: "_Operator") -> "_Operator":
+        self.downstream.append(other)
+        return other
+
+
+class _SparkSubmit(_Operator):
+    pass
+
+
+class _Bash(_Operator):
+    pass
+
+
+class _DAG:
+    def __init__(self, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+
+    def __enter__(self) -> "_DAG":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def load_dag(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    stubs = {
+        "airflow": {"DAG": _DAG},
+        "airflow.providers": {}, "airflow.providers.apache": {}, "airflow.providers.apache.spark": {},
+        "airflow.providers.apache.spark.operators": {},
+        "airflow.providers.apache.spark.operators.spark_submit": {"SparkSubmitOperator": _SparkSubmit},
+        "airflow.providers.standard": {}, "airflow.providers.standard.operators": {},
+        "airflow.providers.standard.operators.bash": {"BashOperator": _Bash},
+    }
+    for name, attrs in stubs.items():
+        module = types.ModuleType(name)
+        module.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setenv("SBI_HOME", str(REPO))
+    monkeypatch.delenv("SBI_WAREHOUSE", raising=False)
+    _Operator.created = []
+    spec = importlib.util.spec_from_file_location("sbi_nightly", DAG_FILE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_dag_module_level_only_builds_the_dag() -> None:
+    tree = ast.parse(DAG_FILE.read_text())
+    allowed = (ast.Import, ast.ImportFrom, ast.Assign, ast.FunctionDef, ast.With)
+    body = tree.body[1:] if isinstance(tree.body[0], ast.Expr) else tree.body  # the docstring
+    assert all(isinstance(node, allowed) for node in body), [type(n).__name__ for n in body]
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert "airflow.providers.apache.spark.operators.spark_submit" in imported
+
+
+def test_dag_submits_each_job_with_its_config_and_the_logical_date(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = load_dag(monkeypatch)
+    assert module.dag.kwargs["dag_id"] == "sbi_nightly" and module.dag.kwargs["catchup"] is False
+    submits = {op.kwargs["task_id"]: op.kwargs for op in _Operator.created if isinstance(op, _SparkSubmit)}
+    assert set(submits) == JOBS
+    for job, kwargs in submits.items():
+        assert Path(kwargs["application"]) == REPO / "jobs" / f"{job}.py" and Path(kwargs["application"]).is_file()
+        args = kwargs["application_args"]
+        assert Path(args[args.index("--conf") + 1]) == REPO / "conf" / f"{job}.yaml"
+        assert args[args.index("--ds") + 1] == "{{ ds }}"
+        assert kwargs["env_vars"]["PYSPARK_PYTHON"] == f"{REPO}/.venv/bin/python"
+        sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+        load_config(args[args.index("--conf") + 1], overrides=sets + ["run.ds=2026-11-30"])
+    [report] = [op for op in _Operator.created if isinstance(op, _Bash)]
+    command = re.sub(r"\{\{\s*ds\s*\}\}", "2026-11-30", report.kwargs["bash_command"]).split()  # as Jinja renders it
+    assert command[:3] == [f"{REPO}/.venv/bin/python", "-m", "pipeline"]
+    args = build_parser().parse_args(command[3:])
+    assert args.command == "report" and args.target.endswith("demo/document_scores") and args.out.endswith("_2026-11-30.html")
+    assert report in module.score.downstream

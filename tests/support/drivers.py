@@ -1,0 +1,124 @@
+"""Drivers in processes of their own for the kill drills: start ``tests/support/commit_job.py`` on a config file, and
+SIGKILL it with everything below it once a condition holds (tests/run/test_resume.py, tests/run/test_commits.py);
+and callables run at once in threads, for the overlapping-commit tests (:func:`at_once`, :func:`entered_together`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Mapping
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def start_driver(config_file: Path, log: Path, faults: dict | None = None,
+                 env: Mapping[str, str] | None = None) -> subprocess.Popen:
+    """``python tests/support/commit_job.py <config_file>`` in a session (process group) of its own, its output in ``log``.
+
+    ``faults`` ride in ``SBI_FAULTS``: the command and its config file stay those of a plain run. ``env``
+    adds variables to the driver's environment (S3 keys, ``SBI_NO_JARS``).
+    """
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": str(REPO), **(env or {})}
+    env.pop("SBI_FAULTS", None)
+    if faults:
+        env["SBI_FAULTS"] = json.dumps(faults)
+    with open(log, "wb") as sink:
+        return subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "commit_job.py"), str(config_file)],
+                                env=env, cwd=str(REPO), stdout=sink, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from ``/proc``), whatever process group it put itself in."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = [], [pid]
+    while frontier:
+        children = [p for p, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def kill_when(driver: subprocess.Popen, ready: Callable[[], bool], log: Path, *, timeout_s: float = 300) -> None:
+    """SIGKILL the driver and everything below it once ``ready()`` holds, as a lost node takes them all.
+
+    The driver's process group alone is not all: PySpark's worker daemon puts itself and its Python
+    workers in a group of their own, and a worker left running finishes its task (and stages it) after
+    the kill, which made the count of tasks finished before the kill a race.
+    """
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not ready():
+            assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+    finally:
+        below = descendants(driver.pid)
+        groups = set()
+        for pid in below:
+            try:
+                groups.add(os.getpgid(pid))  # the daemon's group: a worker it forks meanwhile is in it too
+            except ProcessLookupError:
+                pass
+        for group in {driver.pid, *groups} - {os.getpgrp()}:
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in below:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        driver.wait(timeout=60)
+
+
+def at_once(calls: Mapping[str, Callable[[], object]], *, expected: tuple[type[BaseException], ...] = (),
+            timeout_s: float = 300) -> dict[str, object]:
+    """Run each callable in a thread of its own, all started together; each name's return value, or its
+    exception where that is one of ``expected`` (a lost race the test asserts on).
+
+    Any other exception fails the test (chained to it), and so does a thread still running after ``timeout_s``.
+    """
+    outcomes: dict[str, object] = {}
+
+    def run(name: str, call: Callable[[], object]) -> None:
+        try:
+            outcomes[name] = call()
+        except BaseException as exc:  # noqa: BLE001 - the caller asserts on it
+            outcomes[name] = exc
+
+    threads = [threading.Thread(target=run, args=item, daemon=True) for item in calls.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout_s)
+    stuck = [name for name in calls if name not in outcomes]
+    assert not stuck, f"still running after {timeout_s} s: {stuck}"
+    unexpected = {n: o for n, o in outcomes.items() if isinstance(o, BaseException) and not isinstance(o, expected)}
+    if unexpected:
+        raise AssertionError(f"failed at once: {unexpected}") from next(iter(unexpected.values()))
+    return outcomes
+
+
+def entered_together(fn: Callable[..., object], parties: int = 2) -> Callable[..., object]:
+    """``fn``, entered only when ``parties`` threads have called it: the racers reach it at the same instant."""
+    barrier = threading.Barrier(parties, timeout=60)
+
+    def together(*args, **kwargs):
+        barrier.wait()
+        return fn(*args, **kwargs)
+
+    return together

@@ -1,0 +1,1 @@
+"""Tasks: encoders' batches, tokenising, extraction and served endpoints."""
