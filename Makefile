@@ -178,10 +178,13 @@ demo-recs: $(STAMP)
 	$(VENV)/bin/spark-submit --master 'local[*,4]' --driver-memory 2g --conf spark.ui.enabled=false --conf spark.log.level=WARN \
 	  jobs/refresh_recommendations.py --conf conf/refresh_recommendations.yaml --ds $(RECS_DS) $(ARGS)
 
-# The import contracts in pyproject.toml ([tool.importlinter]): imports go down the floors of
-# docs/architecture.md, and core and config import no pyspark, torch or transformers (a few seconds).
+# The package boundaries (a few seconds): the import contracts in pyproject.toml ([tool.importlinter]:
+# imports go down the floors of docs/architecture.md, spark/ and io/ never import each other, core and config
+# import no pyspark, torch or transformers) and tests/core/test_layers.py (the same floors with imports inside
+# functions too, no circle, no module in pipeline/ over 400 lines, no function over 80).
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports
+	$(PY) -m pytest -q -p no:cacheprovider tests/core/test_layers.py
 
 # Two runs side by side (tests/run_phases.py): the jar-free session (the deltalake writer) prints as it goes;
 # the session with the Delta connector jars (the connector-marked tests, each guarantee on the connector)
@@ -195,8 +198,8 @@ bench-precision: $(STAMP) jars demo-data $(LLM_DIR)/model.safetensors
 	PYTHONPATH=. $(PY) bench/bench_precision.py $(ARGS)
 
 # The vllm-marked tests (outside the default suite), in the vLLM environment: the vllm backend in process
-# (tests/test_vllm.py) and the endpoint backend against vLLM's OpenAI server behind the fault proxy
-# (tests/test_vllm_server.py); 4.6 minutes on 2 busy cores after the install (16 passed, 3 skipped).
+# (tests/generation/test_vllm.py) and the endpoint backend against vLLM's OpenAI server behind the fault proxy
+# (tests/generation/test_vllm_server.py); 4.6 minutes on 2 busy cores after the install (16 passed, 3 skipped).
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_SPARK_ENV) \
 	  $(VLLM_PY) -m pytest -m vllm $(PYTEST_ARGS)
