@@ -24,7 +24,8 @@ pytestmark = [
 torch = pytest.importorskip("torch")
 
 from tests.support.generation_models import (  # noqa: E402
-    POISON, build_model, build_tokenizer, generate_job, reference_generate, save_mismatched_folder, save_model_folder,
+    EXTRACT_FULL_SCHEMA, POISON, build_model, build_tokenizer, generate_job, reference_generate,
+    save_mismatched_folder, save_model_folder,
 )
 from pipeline.config import BatchingConfig, ModelConfig  # noqa: E402
 from pipeline.tasks.generate import GenerateTaskConfig  # noqa: E402
@@ -243,21 +244,8 @@ def test_extract_on_vllm_follows_the_schema_like_the_transformers_backend(model_
     assert out["completion"] == outs["transformers"]["completion"]
 
 
-# every schema feature the extract kind supports (tests/tasks/test_extract.py's FULL), under vLLM's structured outputs
-FULL = {
-    "type": "object",
-    "properties": {
-        "sentiment": {"enum": ["positive", "negative", "mixed"]},
-        "rating": {"type": "integer", "minimum": 1, "maximum": 5},
-        "spoiler": {"type": "boolean"},
-        "score": {"type": "number"},
-        "aspects": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 2},
-        "source": {"type": "object", "properties": {"code": {"type": ["string", "null"], "maxLength": 4}},
-                   "required": ["code"]},
-    },
-    "required": ["sentiment", "rating", "spoiler", "aspects", "source"],
-    "additionalProperties": False,
-}
+# every schema feature the extract kind supports, under vLLM's structured outputs
+FULL = EXTRACT_FULL_SCHEMA
 
 
 def _extract_task(model_dir, schema, **overrides):

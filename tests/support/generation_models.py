@@ -28,6 +28,30 @@ CORPUS = [
 ]
 SPECIALS = ["<|pad|>", "<|eos|>", "<|im_start|>", "<|im_end|>"]
 
+# the extract kind's schemas: every supported feature (enum, bounded integer, boolean, number, array with
+# maxItems, nested object, nullable), and a short one the tiny random model finishes in a few dozen tokens
+EXTRACT_FULL_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "sentiment": {"enum": ["positive", "negative", "mixed"]},
+        "rating": {"type": "integer", "minimum": 1, "maximum": 5},
+        "spoiler": {"type": "boolean"},
+        "score": {"type": "number"},
+        "aspects": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 2},
+        "source": {"type": "object", "properties": {"code": {"type": ["string", "null"], "maxLength": 4}},
+                   "required": ["code"]},
+    },
+    "required": ["sentiment", "rating", "spoiler", "aspects", "source"],
+    "additionalProperties": False,
+}
+EXTRACT_SHORT_SCHEMA = {
+    "type": "object",
+    "properties": {"sentiment": {"enum": ["positive", "negative"]}, "spoiler": {"type": "boolean"},
+                   "rating": {"type": "integer", "minimum": 1, "maximum": 5}},
+    "required": ["sentiment", "spoiler", "rating"],
+    "additionalProperties": False,
+}
+
 
 def build_tokenizer(*, chat_template: bool = True):
     """A ``PreTrainedTokenizerFast`` with pad/eos tokens and (optionally) a chat template."""
