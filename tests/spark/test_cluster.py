@@ -2,29 +2,18 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.beside]
+from tests.support.drivers import run_job_script
 
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.beside]
 
 
 def test_local_cluster_with_fake_gpus(tmp_path, tiny_embed_model):
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYSPARK_PYTHON": sys.executable}
     # a scheduling mistake with GPU resources hangs silently: bound it
-    done = subprocess.run([sys.executable, str(REPO / "tests" / "support" / "cluster_job.py"), str(tmp_path), str(tiny_embed_model)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=420)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, done.stdout[-2000:] + done.stderr[-4000:]
-    result = json.loads(lines[-1][len("RESULT "):])
+    result = run_job_script("cluster_job.py", tmp_path, tiny_embed_model, timeout_s=420)
 
     devices = result["devices"]
     assert len(devices) == 4

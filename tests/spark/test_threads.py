@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import io
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 from deltalake import DeltaTable
 
 from pipeline.runner import run_job
 
 from tests.support.data import make_documents, write_delta
+from tests.support.drivers import run_job_script
 from tests.support.jobs import job_config
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_one_torch_thread_per_task_by_default(spark, tmp_path, tiny_embed_model):
@@ -39,12 +33,7 @@ def test_model_torch_threads_overrides_task_cpus(spark, tmp_path, tiny_embed_mod
 
 def test_task_cpus_two_runs_one_task_with_two_torch_threads(tmp_path, tiny_embed_model):
     """spark.task.cpus=2 on local[2]: one task at a time, planned as one task, its worker on two torch threads."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYSPARK_PYTHON": sys.executable}
-    done = subprocess.run([sys.executable, str(REPO / "tests" / "support" / "task_cpus_job.py"), str(tmp_path), str(tiny_embed_model)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, done.stdout[-2000:] + done.stderr[-4000:]
-    result = json.loads(lines[-1][len("RESULT "):])
+    result = run_job_script("task_cpus_job.py", tmp_path, tiny_embed_model, timeout_s=900)
     assert result["complete"] and result["rows_in"] == result["rows_out"] == 120
     assert result["tasks"] == 1  # planned from the task slots: 2 cores / 2 cpus per task
     assert result["details"]["torch threads"] == "2 (1 tasks)"

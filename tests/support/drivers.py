@@ -1,6 +1,7 @@
 """Drivers in processes of their own for the kill drills: start ``tests/support/commit_job.py`` on a config file, and
 SIGKILL it with everything below it once a condition holds (tests/run/test_resume.py, tests/run/test_commits.py);
-and callables run at once in threads, for the overlapping-commit tests (:func:`at_once`, :func:`entered_together`)."""
+and callables run at once in threads, for the overlapping-commit tests (:func:`at_once`, :func:`entered_together`);
+and the job scripts that print one ``RESULT <json>`` line (:func:`run_job_script`)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,19 @@ def start_driver(config_file: Path, log: Path, faults: dict | None = None,
         return subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "commit_job.py"), str(config_file)],
                                 env=env, cwd=str(REPO), stdout=sink, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+
+
+def run_job_script(script: str, *args: object, timeout_s: float) -> dict:
+    """Run ``tests/support/<script>`` with ``args`` on this interpreter; the JSON of its last ``RESULT`` line.
+
+    Fails, with the end of its output, when the script exits non-zero or prints no result.
+    """
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYSPARK_PYTHON": sys.executable}
+    done = subprocess.run([sys.executable, str(REPO / "tests" / "support" / script), *map(str, args)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, done.stdout[-2000:] + done.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
 
 
 def descendants(pid: int) -> list[int]:
