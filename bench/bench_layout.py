@@ -6,7 +6,7 @@ planned from the row count, one worker scored every row. This bench builds such
 a table of ``--rows`` rows from the demo corpus (ids made unique per copy), and
 a one-file table of its first ``--subset`` rows, scores both with ``run_job``
 and the demo config, and reports rows/s (inference + Delta write), rows per
-worker and the ratio. Usage (numbers in docs/benchmarks.md)::
+worker and the ratio. Usage (numbers in docs/benchmarks_encoders.md)::
 
     PYTHONPATH=. .venv/bin/python bench/bench_layout.py --rows 100000 --subset 20000
     PYTHONPATH=. .venv/bin/python bench/bench_layout.py --remote sc://127.0.0.1:15002   # on a Connect server

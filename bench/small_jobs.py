@@ -31,7 +31,7 @@ append; no checks), interleaved with the pipeline's runs so the machine's drift 
 ratio printed per row count and writer is the pipeline's cold wall over the hand-written job's, each
 from the process's start to its committed rows: the median of the per-repeat ratios with their range
 (the bar: at most 0.6 at 100 rows). Results: ``bench/results_small_jobs.json``; the reading in
-``docs/benchmarks.md``.
+``docs/benchmarks_small_jobs.md``.
 """
 
 from __future__ import annotations

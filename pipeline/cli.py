@@ -23,8 +23,9 @@ def build_parser(prog: str = "python -m pipeline") -> argparse.ArgumentParser:
                            "has the Spark and the libraries the job needs, without running")
     add_job_arguments(check)
     sub.add_parser("tasks", help="list the registered task kinds and their config keys")
-    docs = sub.add_parser("config-reference", help="print the config reference table (README's, generated)")
-    docs.add_argument("--write", metavar="README", help="replace the generated table inside this file")
+    docs = sub.add_parser("config-reference", help="print the config reference (the docs' generated pages)")
+    docs.add_argument("--write", metavar="FILE", action="append", default=[],
+                      help="replace the generated blocks inside this file (repeatable), e.g. docs/reference/config.md")
     vacuum = sub.add_parser("vacuum", help="delete crash leftovers (uncommitted files of dead writes) of a Delta "
                             "table written by the deltalake writer; never files any version references")
     vacuum.add_argument("table", help="the table folder, e.g. warehouse/scores")
@@ -217,10 +218,10 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m pipeline")
         if args.command == "config-reference":
             from pipeline.docs import config_reference, write_config_reference
 
-            if args.write:
-                changed = write_config_reference(args.write)
-                print(f"{args.write}: config reference {'updated' if changed else 'already up to date'}")
-            else:
+            for path in args.write:
+                changed = write_config_reference(path, parser=build_parser())
+                print(f"{path}: generated reference {'updated' if changed else 'already up to date'}")
+            if not args.write:
                 print(config_reference())
             return 0
         config = config_from_args(args)

@@ -13,7 +13,7 @@ them once::
 
     register_task(TranslateConfig, TranslateTask)
 
-The CLI, the README's config reference and the runner read this registry;
+The CLI, the docs' config reference and the runner read this registry;
 each kind's config class also goes to :mod:`pipeline.config.kinds`, which the
 job config's ``task`` is validated against. The built-in kinds are the
 modules :mod:`pipeline.tasks` imports by name, and ``import pipeline`` imports

@@ -4,7 +4,7 @@ A 100-row job that builds its own local session spent most of its time on what a
 amortises: the Delta connector's jars (690 MB of classpath with S3A, the connector's first
 snapshot jobs), a JVM tuned for hours of work, and the three Python processes Spark starts for a
 Python data source write (its planning, its task, its commit). Measured on 2 cores
-(``bench/small_jobs.py``, docs/benchmarks.md): 64 s with the jars, 37 s without them, under 20 s
+(``bench/small_jobs.py``, docs/benchmarks_small_jobs.md): 64 s with the jars, 37 s without them, under 20 s
 light.
 
 :func:`small_job` decides before the session exists. When it says yes the runner builds the session

@@ -17,9 +17,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Every JVM the tests start (the fixtures' sessions, the Connect server, the drivers of the kill drills and
 # spark-submit tests) compiles with C1 only and collects with the serial GC: the test jobs are short, and on
 # 2 cores C2's compiler threads and G1's workers compete with the job itself. A cold 100-row job took 0.8x
-# the time (median of 3, docs/benchmarks.md "Small jobs"). C1 alone gets a 48 MB code cache, which a
+# the time (median of 3, docs/benchmarks_small_jobs.md). C1 alone gets a 48 MB code cache, which a
 # session with the connector filled within a minute: the JVM then stops compiling and runs the rest
-# interpreted; 256 MB holds a whole run (docs/benchmarks.md, "The suite's JVM code cache and its two runs
+# interpreted; 256 MB holds a whole run (docs/benchmarks_small_jobs.md, "The suite's JVM code cache and its two runs
 # side by side"). Read by spark-submit's launcher (SPARK_SUBMIT_OPTS).
 FAST_START_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:ReservedCodeCacheSize=256m"
 os.environ.setdefault("SPARK_SUBMIT_OPTS", FAST_START_JVM)

@@ -10,7 +10,7 @@ the other. Either failing fails the command; Ctrl-C stops both. Arguments go to 
     python -m tests.run_phases --serial      # one after the other, as before
 
 On 2 cores neither run keeps both cores busy (its driver's planning and the JVM starts of the drills are
-single-threaded): side by side the suite took 0.75x the time of the two runs in turn (docs/benchmarks.md,
+single-threaded): side by side the suite took 0.75x the time of the two runs in turn (docs/benchmarks_small_jobs.md,
 "The suite's JVM code cache and its two runs side by side").
 """
 

@@ -23,7 +23,7 @@ SBI_HOME = os.environ.get("SBI_HOME", "/opt/sbi")
 PYTHON = f"{SBI_HOME}/.venv/bin/python"
 WAREHOUSE = os.environ.get("SBI_WAREHOUSE", f"{SBI_HOME}/warehouse")
 
-# Spark's Python workers and the driver run the repository's venv (see the README, "Running a job")
+# Spark's Python workers and the driver run the repository's venv (see docs/getting-started/cluster.md)
 ENV = {"PYSPARK_PYTHON": PYTHON, "PYSPARK_DRIVER_PYTHON": PYTHON, "TOKENIZERS_PARALLELISM": "false",
        "HF_HUB_OFFLINE": "1"}
 SPARK_CONF = {"spark.sql.execution.arrow.maxRecordsPerBatch": "10000", "spark.ui.showConsoleProgress": "false"}

@@ -27,7 +27,7 @@ class Int8Config(ConfigSection):
     ``onnxruntime`` (the default) exports the model to ONNX once per revision
     and quantises its weight MatMuls dynamically (``pipeline.models.onnx_int8``);
     ``torch`` is torch's dynamic quantisation of the ``nn.Linear`` layers.
-    Defaults come from docs/benchmarks.md ("Quantized encoders"): per-tensor
+    Defaults come from docs/benchmarks_precision.md ("Quantized encoders"): per-tensor
     int8 on every layer of MiniLM loses too much accuracy (mean cosine to fp32
     about 0.93); per-channel scales with the FFN down-projection kept in fp32
     reach 0.996.

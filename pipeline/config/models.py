@@ -41,7 +41,7 @@ class SparkConfig(ConfigSection):
         4, ge=1, description="attempts per task on a local master built here (`local[N]` runs as `local[N,4]`, "
         "a given `local[N,F]` is kept): local masters ignore `spark.task.maxFailures`; 1: no retries")
     app_name: str = Field("spark-batch-inference", description="Spark application name of a session built here")
-    # Length sorting happens within a chunk, so bigger chunks mean less padding (see docs/benchmarks.md).
+    # Length sorting happens within a chunk, so bigger chunks mean less padding (see docs/benchmarks_precision.md).
     arrow_max_records_per_batch: int = Field(
         10_000, gt=0, description="rows per Arrow chunk handed to a Python worker (the length-sorting scope)")
     shuffle_partitions: int = Field(8, gt=0, description="`spark.sql.shuffle.partitions` of the session")

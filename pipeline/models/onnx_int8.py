@@ -9,7 +9,7 @@ stay fp32: by default the FFN down-projection of each layer
 (``layer.N.output.dense``), whose GELU inputs carry outliers that cost the
 most accuracy.
 
-Chosen by measuring (``make bench-precision``, docs/benchmarks.md,
+Chosen by measuring (``make bench-precision``, docs/benchmarks_precision.md,
 "Quantized encoders"): against static (calibrated QDQ) quantisation in ONNX
 Runtime and OpenVINO, dynamic per-channel quantisation was as fast and as
 accurate (mean cosine 0.9965 to fp32 on news and reviews) and needs no

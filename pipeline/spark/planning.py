@@ -16,7 +16,7 @@ function of the rows, not of timing).
 
 Why the numbers: length sorting happens within an Arrow chunk, and a full
 10,000-row chunk pads best (padding efficiency 0.975 against 0.95 at 5,000
-rows, docs/benchmarks.md), so a task should hold about one full chunk; the
+rows, docs/benchmarks_precision.md), so a task should hold about one full chunk; the
 count is rounded up to a multiple of the cores so that the last wave of tasks
 keeps every core busy too.
 

@@ -15,7 +15,7 @@ from typing import Any
 from pipeline.config import JobConfig
 from pipeline.models.files import files_revision
 from pipeline.run_counts import RunCounts, TaskCounts
-from pipeline.tasks.job import ModelInfo, TaskJob
+from pipeline.tasks.job import ModelInfo, TaskJob, executor_model_path
 
 __all__ = ["STAGES", "OcrCounts", "OcrJob", "find_direction_model", "find_ocr_models"]
 
@@ -83,7 +83,7 @@ class OcrJob(TaskJob):
         det, rec = find_ocr_models(folder)
         cls = find_direction_model(folder) if config.task.use_direction else None
         name = config.model.name or f"{det.stem.replace('_det_infer', '')}+rec" + ("+cls" if cls else "")
-        return ModelInfo(config.model.path, name, files_revision([det, rec] + ([cls] if cls else [])))
+        return ModelInfo(executor_model_path(config.model.path), name, files_revision([det, rec] + ([cls] if cls else [])))
 
     counters = OcrCounts
 

@@ -38,7 +38,7 @@ from pipeline.models.files import PACKAGE_PREFIX, files_revision, package_folder
 from pipeline.registry import register_task
 from pipeline.run_counts import RunCounts, TaskCounts
 from pipeline.tasks._images import ImageTask
-from pipeline.tasks.job import ModelInfo, TaskJob
+from pipeline.tasks.job import ModelInfo, TaskJob, executor_model_path
 
 __all__ = ["ImageClassifyConfig", "ImageClassifyCounts", "ImageClassifyJob", "ImageClassifyTask", "LoadedImageClassifier"]
 
@@ -227,7 +227,7 @@ class ImageClassifyJob(TaskJob):
                              f"{config.model.precision} is for the text tasks")
         files = [weights] + ([folder / "config.json"] if (folder / "config.json").is_file() else [])
         name = config.model.name or str(folder_config.get("name") or weights.stem)
-        return ModelInfo(config.model.path, name, files_revision(files))
+        return ModelInfo(executor_model_path(config.model.path), name, files_revision(files))
 
     def summary_lines(self, spark: Any, config: JobConfig, counts: RunCounts,
                       model: ModelInfo) -> dict[str, str]:

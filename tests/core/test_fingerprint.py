@@ -126,12 +126,13 @@ def test_every_kind_declares_keys_its_config_has():
     assert task_kinds()["embed"].config is kinds["embed"].config
 
 
-def test_readme_lists_what_is_in_the_fingerprint():
-    """Fails when the README's list drifts from the code: `python -m pipeline config-reference --write README.md`."""
+def test_the_config_reference_lists_what_is_in_the_fingerprint():
+    """Fails when the page's list drifts from the code:
+    `python -m pipeline config-reference --write docs/reference/config.md`."""
     from pipeline.docs import FINGERPRINT_BEGIN, FINGERPRINT_END, fingerprint_reference
 
-    readme = (REPO / "README.md").read_text()
-    block = readme.split(FINGERPRINT_BEGIN, 1)[1].split(FINGERPRINT_END, 1)[0].strip()
+    page = (REPO / "docs" / "reference" / "config.md").read_text()
+    block = page.split(FINGERPRINT_BEGIN, 1)[1].split(FINGERPRINT_END, 1)[0].strip()
     assert block == fingerprint_reference()
     assert "`batching.max_length`" in block and "`task.slots`" in block
 

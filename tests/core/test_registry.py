@@ -139,16 +139,16 @@ def test_every_config_key_has_a_description():
     assert not missing, f"config keys without Field(description=...): {missing}"
 
 
-def test_readme_config_reference_is_generated_from_the_models(tmp_path):
+def test_the_config_reference_page_is_generated_from_the_models(tmp_path):
     """Fails when a key, default or description changes without `python -m pipeline config-reference --write`."""
     from pipeline.docs import BEGIN, END, config_reference
 
-    readme = (REPO / "README.md").read_text()
-    block = readme.split(BEGIN, 1)[1].split(END, 1)[0].strip()
+    page = (REPO / "docs" / "reference" / "config.md").read_text()
+    block = page.split(BEGIN, 1)[1].split(END, 1)[0].strip()
     unregister_task("reverse_text")  # the test kind is not part of the product's docs
     try:
-        assert block == config_reference(), (
-            "README.md's config reference is stale: run `python -m pipeline config-reference --write README.md`")
+        assert block == config_reference(), ("docs/reference/config.md is stale: run "
+                                             "`python -m pipeline config-reference --write docs/reference/config.md`")
     finally:
         register_task(ReverseConfig, ReverseTask, job=ReverseJob())
 

@@ -20,7 +20,7 @@ from tests.support.jobs import job_config, read_scores
 def null_kind():
     register()
     yield
-    unregister_task(KIND)  # a bench kind: never part of the README's config reference
+    unregister_task(KIND)  # a bench kind: never part of the docs' config reference
 
 
 def test_null_forward_runs_the_real_path_without_the_model(spark, tmp_path, tiny_embed_model, null_kind):

@@ -24,7 +24,7 @@ from tests.support.data import make_documents
 def hash_kind():
     register()
     yield
-    unregister_task("bench_hash_score")  # a bench kind: never part of the README's config reference
+    unregister_task("bench_hash_score")  # a bench kind: never part of the docs' config reference
 
 
 def test_hash_kind_runs_the_real_path_and_the_commit_facts_match_the_table(spark, tmp_path, hash_kind):

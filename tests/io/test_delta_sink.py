@@ -207,7 +207,7 @@ def test_a_straggler_finishing_after_the_job_takes_its_files_back(tmp_path):
 
 @pytest.mark.parametrize("sink_path", ["gs://lake/scores", "abfss://c@acct.dfs.core.windows.net/scores"])
 def test_remote_sink_without_connector_fails_before_any_work(spark, tmp_path, monkeypatch, tiny_embed_model, sink_path):
-    """The README's own cluster example without the connector: refused before the source is even read."""
+    """The cluster example of docs/getting-started/cluster.md without the connector: refused before the source is read."""
     import io
 
     from pipeline.config import build_config

@@ -183,7 +183,7 @@ def test_auto_picks_int8_on_a_cpu_when_it_passes_and_fp32_when_not(tiny_embed_mo
 
 
 def test_auto_keeps_fp32_where_int8_passes_but_is_not_faster_here(tiny_embed_model, tmp_path, monkeypatch):
-    # a CPU where ONNX Runtime's int8 is slower than torch's fp32 (measured on some: docs/benchmarks.md)
+    # a CPU where ONNX Runtime's int8 is slower than torch's fp32 (measured on some: docs/benchmarks_precision.md)
     from pipeline.models import precision
 
     monkeypatch.setattr(precision, "has_fast_bf16", lambda device_type: False)

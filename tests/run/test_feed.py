@@ -154,7 +154,7 @@ def sim_kind():
 
     register()
     yield KIND
-    unregister_task(KIND)  # a bench kind: never part of the README's config reference
+    unregister_task(KIND)  # a bench kind: never part of the docs' config reference
 
 
 def test_simulated_gpu_through_spark_logs_its_busy_time(spark, tmp_path, tiny_embed_model, sim_kind):

@@ -27,7 +27,7 @@ def test_runtime_settings_apply_on_both_kinds(any_spark, request):
 
 
 def test_a_local_master_replays_the_delta_log_in_as_many_partitions_as_cores():
-    """Delta's default of 50 partitions cost a 100-row job 25 s on 2 local cores (docs/benchmarks.md)."""
+    """Delta's default of 50 partitions cost a 100-row job 25 s on 2 local cores (docs/benchmarks_small_jobs.md)."""
     import os
 
     from pipeline.spark.session import _local_delta_defaults
