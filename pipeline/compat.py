@@ -74,11 +74,13 @@ def installed_pyspark() -> str | None:
     except (ImportError, ValueError):
         return None
     for folder in (spec.submodule_search_locations or []) if spec else []:
-        source = Path(folder) / "version.py"
-        if source.is_file():
-            match = _VERSION_PY.search(source.read_text())
-            if match:
-                return match.group(1)
+        try:  # a folder, or a zip on the path (spark-submit puts $SPARK_HOME/python/lib/pyspark.zip there)
+            text = spec.loader.get_data(str(Path(folder) / "version.py")).decode()  # type: ignore[union-attr]
+        except (OSError, AttributeError):
+            continue
+        match = _VERSION_PY.search(text)
+        if match:
+            return match.group(1)
     return None
 
 

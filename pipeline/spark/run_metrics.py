@@ -83,7 +83,9 @@ def _get(observation: Any, wait_s: float) -> list[str] | None:
 
     def fetch() -> None:
         try:
-            box["values"] = [v for v in (observation.get.get("values") or "").split(_SEPARATOR) if v]
+            observed = observation.get.get("values")
+            if observed is not None:  # nothing at all: not observed (Spark 4.0 Connect through a data source write)
+                box["values"] = [v for v in observed.split(_SEPARATOR) if v]
         except Exception as exc:  # noqa: BLE001 - Connect raises when nothing was observed
             box["error"] = exc
 
