@@ -22,6 +22,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:ReservedCodeCacheSize=256m")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # run from a folder outside the checkout: pyproject.toml's markers are not there
+    config.addinivalue_line("markers", "wheel: the smoke set make test-wheel runs against the installed wheel")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The smoke set runs only against an installed wheel: never from a checkout's ``pipeline/``."""
     import pipeline
