@@ -9,9 +9,11 @@ The public surface is small::
 from __future__ import annotations
 
 from pipeline import tasks  # noqa: F401 - the built-in task kinds register themselves before any config is validated
+from pipeline.compat import library_version
 from pipeline.config import ConfigError, JobConfig, load_config
 from pipeline.summary import RunSummary
 from pipeline.runner import JobError, run_job
 
 __all__ = ["ConfigError", "JobConfig", "JobError", "RunSummary", "load_config", "run_job"]
-__version__ = "0.1.0"
+# one version source: pyproject.toml's, as the installed package's metadata carries it
+__version__ = library_version()

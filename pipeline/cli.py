@@ -7,17 +7,20 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 __all__ = ["build_parser", "main"]
 
 
 def build_parser(prog: str = "python -m pipeline") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description="Spark batch inference jobs")
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="print the library's version and the pyspark and Python it runs with, then exit")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a job from its YAML config")
     add_job_arguments(run)
-    check = sub.add_parser("check", help="validate a config and print it resolved, without running")
+    check = sub.add_parser("check", help="validate a config and print it resolved, then check that this machine "
+                           "has the Spark and the libraries the job needs, without running")
     add_job_arguments(check)
     sub.add_parser("tasks", help="list the registered task kinds and their config keys")
     docs = sub.add_parser("config-reference", help="print the config reference (the docs' generated pages)")
@@ -37,6 +40,41 @@ def build_parser(prog: str = "python -m pipeline") -> argparse.ArgumentParser:
     add_report_arguments(sub.add_parser(
         "report", help="write an HTML report of a run (or the last N runs) from the runs table"))
     return parser
+
+
+class _Version(argparse.Action):
+    """``--version``: one unwrapped line on stdout (argparse's own action wraps it to the terminal's width)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option: Any = None) -> None:
+        print(version_line())
+        parser.exit()
+
+
+def version_line() -> str:
+    """``spark-batch-inference 0.2.0 (pyspark 4.2.0, Python 3.11.7)``."""
+    from pipeline.compat import runtime_versions
+
+    versions = runtime_versions()
+    shown = ", ".join(f"{name} {versions[key]}" for key, name in
+                      (("pyspark", "pyspark"), ("python", "Python"), ("torch", "torch"), ("transformers", "transformers"))
+                      if key in versions)
+    return f"spark-batch-inference {versions['spark_batch_inference']} ({shown or 'no pyspark'})"
+
+
+def check_environment(config) -> list[str]:
+    """What ``check`` says about this machine for ``config``: the Spark found and the extras the job needs.
+
+    Raises the job's own error (the one ``run`` would give before any work) when one is missing.
+    """
+    from pipeline.compat import SUPPORTED_TEXT, check_spark
+    from pipeline.registry import get_task_kind
+
+    found = check_spark()
+    kind = get_task_kind(config.task.kind)
+    kind.job.check_extras(config, kind.task)
+    extras = kind.job.extras(config, kind.task)
+    return [f"pyspark {found}: supported (Spark {SUPPORTED_TEXT})",
+            f"libraries for task.kind {config.task.kind}: installed ({', '.join(extras) or 'core only'})"]
 
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
@@ -193,6 +231,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m pipeline")
 
             # values from ${VAR} show as ${VAR}: check output lands in CI logs and terminals
             print(json.dumps(config.printable(), indent=2))
+            for line in check_environment(config):
+                print(f"check: {line}", file=sys.stderr)
             return 0
         from pipeline.runner import run_job
 

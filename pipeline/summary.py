@@ -85,6 +85,8 @@ class RunSummary:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     endpoint: dict[str, float] = field(default_factory=dict)
+    # what the run ran with: this library, Python, pyspark, torch, transformers (pipeline.compat.runtime_versions)
+    versions: dict[str, str] = field(default_factory=dict)
 
     @property
     def rows_flagged(self) -> int:
@@ -178,6 +180,8 @@ class RunSummary:
                          f"at version {self.delta_version})")
         if self.quarantine:
             lines.append(f"quarantine              : {self.quarantine} ({self.rows_quarantined:,} rows of this run)")
+        if self.versions:
+            lines.append("versions                : " + ", ".join(f"{k} {v}" for k, v in self.versions.items()))
         if self.stage_seconds:
             lines.append("driver stages           : " + ", ".join(
                 f"{name} {seconds:,.1f} s" for name, seconds in self.stage_seconds.items() if seconds >= 0.05))

@@ -147,6 +147,11 @@ class RunConfig(ConfigSection):
     staging_max_age_hours: float = Field(
         72.0, gt=0, description="staged output of other runs older than this is removed at the start of a run "
                                 "and by `pipeline vacuum`")
+    state_path: str | None = Field(
+        None, description="a catalog-table sink (`sink.table`): the folder for what the job keeps beside its output "
+        "(a Unity Catalog Volume such as `/Volumes/main/sbi/state`, mounted on every executor): "
+        "`<state_path>/<job>/quarantine`, `.../runs` and `.../staging`, where `sink.quarantine_path`, "
+        "`run.runs_path` and `run.staging_path` are not set")
 
     @field_validator("run_id")
     @classmethod
@@ -210,6 +215,20 @@ class JobConfig(ConfigSection):
         if self.run.runs_path:
             return self.run.runs_path
         return self.sink.path.rstrip("/") + "_runs" if self.sink.path else None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _state_beside_a_catalog_table(cls, data: Any) -> Any:
+        """``run.state_path`` gives a ``sink.table`` job its quarantine, runs table and staging folder."""
+        if not isinstance(data, dict):
+            return data
+        run, sink = data.get("run"), data.get("sink")
+        if not (isinstance(run, dict) and isinstance(sink, dict) and run.get("state_path") and sink.get("table")):
+            return data
+        root = f"{str(run['state_path']).rstrip('/')}/{data.get('job', 'job')}"
+        run = {"runs_path": f"{root}/runs", "staging_path": f"{root}/staging", **{k: v for k, v in run.items() if v is not None}}
+        sink = {"quarantine_path": f"{root}/quarantine", **{k: v for k, v in sink.items() if v is not None}}
+        return {**data, "run": run, "sink": sink}
 
     @field_validator("task", mode="before")
     @classmethod

@@ -22,3 +22,9 @@ def check_locations(spark: Any, *, source: "SourceConfig", sink: "SinkConfig") -
     connector = has_delta_connector(spark)
     check_source(source, connector=connector)
     check_sink(sink, connector=connector)
+    if not connector:  # the jar-free writer is a Python data source (pyspark.sql.datasource, Spark 4.0)
+        from pipeline.compat import check_spark_feature
+
+        check_spark_feature("the jar-free deltalake writer (sink.writer deltalake, or auto without the Delta "
+                            "connector) is a Python data source, which", (4, 0), spark.version,
+                            fix="run where the Delta connector is (Databricks, or spark-submit --packages)")

@@ -285,7 +285,7 @@ def apply_inference(df: "DataFrame", plan: InferencePlan) -> "DataFrame":
 
     Plus ``plan.metrics_column`` when set (the runner's way: works on classic and Connect sessions).
     """
-    from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+    from pipeline.arrow_types import from_arrow_schema, to_arrow_schema
 
-    schema = output_schema(plan, to_arrow_schema(df.schema, timezone="UTC"))
+    schema = output_schema(plan, to_arrow_schema(df.schema))
     return df.mapInArrow(partial(score_partition, plan), from_arrow_schema(schema))

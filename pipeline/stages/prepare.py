@@ -10,9 +10,12 @@ from __future__ import annotations
 import datetime as dt
 from typing import TYPE_CHECKING, Any, TextIO
 
+from pipeline.compat import check_spark
 from pipeline.config import JobConfig
 from pipeline.errors import JobError
 from pipeline.metrics import StageClock
+from pipeline.registry import get_task_kind
+from pipeline.sessions import is_connect
 from pipeline.stages.plan import Prepared, kind_and_task
 from pipeline.stages.resume import check_staging_root
 
@@ -51,6 +54,9 @@ def prepare(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, rec
     from pipeline.spark.session import get_session
 
     check_partitioning(config)
+    check_spark()  # the installed pyspark against the supported lines, before a session is built or used
+    kind = get_task_kind(config.task.kind)
+    kind.job.check_extras(config, kind.task)  # a missing library fails here with its pip line, not on an executor
     kind, task = kind_and_task(config)
     if config.model.path.startswith("models:/"):  # an alias is pinned to one version for every worker
         from pipeline.models.mlflow_registry import pin_registry_model
@@ -72,6 +78,8 @@ def prepare(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, rec
 
         if (warm := warm_up_plan(config, model_path=model.path, task_class=kind.task)) is not None:
             start_warm_up(spark, warm)
+    if is_connect(spark):  # a Connect client may talk to a server of another Spark line
+        check_spark(spark.version, where="the Spark Connect server")
     recorder.note(spark=spark)
     clock.lap("session")
     check_locations(spark, source=config.source, sink=config.sink)  # a remote path the session cannot reach fails here, before any work

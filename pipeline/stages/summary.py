@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pipeline.compat import runtime_versions
 from pipeline.errors import JobError
 from pipeline.identity import RunIdentity
 from pipeline.metrics import batch_metrics
@@ -23,6 +24,7 @@ def already_committed(prep: Prepared, identity: RunIdentity, done: AlreadyCommit
     config = prep.config
     prep.say(done.note, identity)
     return RunSummary(
+        versions=runtime_versions(),
         job=config.job, run_id=identity.run_id, ds=identity.ds.isoformat(), rows_in=0, rows_out=0, status={},
         seconds=0.0, tokens=0, padded_tokens=0, batches=0, model_loads={}, model_name=prep.model.name,
         model_revision=prep.model.revision, output=done.output, delta_version=done.version, writer=done.writer,
@@ -69,6 +71,7 @@ def summarize(prep: Prepared, plan: RunPlan, *, committed: Committed, read: Read
                **_summary_details(prep, plan, counts)}
     quarantine_path = plan.quarantine_path
     return RunSummary(
+        versions=runtime_versions(),
         job=config.job, run_id=run_id, ds=ds.isoformat(), rows_in=plan.rows_in, rows_out=read.rows_out,
         rows_quarantined=read.rows_quarantined,
         quarantine=quarantine_path if committed.quarantine_version is not None else None,

@@ -54,6 +54,27 @@ class TaskJob:
 
     counters: ClassVar[type[TaskCounts]] = TaskCounts
 
+    def extras(self, config: JobConfig, task_class: type) -> tuple[str, ...]:
+        """The wheel's extras a job of this kind needs (:mod:`pipeline.extras`): its task's (backend and
+        precision decide), plus ``report`` for ``run.report_path`` and ``mlflow`` for ``run.mlflow`` or a
+        ``models:/`` model."""
+        needs = list(task_class.extras(config.task, config.model)) if hasattr(task_class, "extras") else []
+        if config.run.report_path:
+            needs.append("report")
+        if config.run.mlflow is not None or config.model.path.startswith("models:/"):
+            needs.append("mlflow")
+        return tuple(dict.fromkeys(needs))
+
+    def check_extras(self, config: JobConfig, task_class: type) -> None:
+        """Refuse before any Spark work when a library the job needs is missing, with the line that adds it."""
+        from pipeline.extras import require
+
+        backend = getattr(config.task, "backend", None)
+        what = f"task.kind {config.task.kind}" + (f" (backend {backend})" if backend else "")
+        if config.model.precision != "fp32":
+            what += f" at model.precision {config.model.precision}"
+        require(self.extras(config, task_class), for_what=what)
+
     def model_info(self, config: JobConfig, task: Any) -> ModelInfo:
         """Check the model before any work and fingerprint it for lineage.
 

@@ -114,6 +114,11 @@ class RecommendTask:
         self.config = config
         self.model = model
 
+    @classmethod
+    def extras(cls, config: RecommendTaskConfig, model: ModelConfig) -> tuple[str, ...]:
+        """The two-tower model runs on torch (:mod:`pipeline.extras`)."""
+        return ("transformers",)
+
     def resolve_model_dir(self, spec: str) -> Path:
         """A revision folder: ``spec`` itself, or the one ``spec/LATEST`` names (the driver passes a revision)."""
         from pipeline.recs.registry import resolve_two_tower_path

@@ -17,13 +17,15 @@ PACKAGE = Path(__file__).resolve().parents[2] / "pipeline"
 
 # ground floor first; a module's floor is that of its longest matching prefix
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("core", ("pipeline.errors", "pipeline.error_text", "pipeline.sessions", "pipeline.locations", "pipeline.rows",
-              "pipeline.batching", "pipeline.metrics", "pipeline.summary", "pipeline.run_counts", "pipeline.faults")),
+    ("core", ("pipeline.errors", "pipeline.error_text", "pipeline.compat", "pipeline.extras", "pipeline.sessions",
+              "pipeline.locations", "pipeline.rows", "pipeline.batching", "pipeline.metrics", "pipeline.summary",
+              "pipeline.run_counts", "pipeline.faults")),
     ("config", ("pipeline.config", "pipeline.fingerprint", "pipeline.identity")),
     ("registry", ("pipeline.registry",)),
     # engines and platform share a floor: each may use the other, never in a circle (checked below)
     ("engines and platform", ("pipeline.models", "pipeline.generation", "pipeline.endpoint", "pipeline.images",
-                              "pipeline.recs", "pipeline.spark", "pipeline.io", "pipeline.staging")),
+                              "pipeline.recs", "pipeline.spark", "pipeline.io", "pipeline.staging",
+                              "pipeline.arrow_types")),
     ("tasks", ("pipeline.tasks",)),
     ("run stages", ("pipeline.stages", "pipeline.runs", "pipeline.recorder", "pipeline.tracking", "pipeline.report",
                     "pipeline.small_jobs")),

@@ -227,3 +227,28 @@ def test_two_first_runs_create_one_runs_table_and_keep_both_rows(tmp_path: Path,
         creates = [f.name for f in log if any("metaData" in json.loads(line) for line in f.read_text().splitlines())]
         assert creates == [f"{0:020d}.json"], f"trial {trial}: the table's metadata set in {creates}"
         assert DeltaTable(path).version() == 1
+
+
+def test_every_row_records_what_the_run_ran_with_and_an_older_table_gains_the_column(tmp_path: Path) -> None:
+    """The library, pyspark, torch and transformers versions go into every row (a started or failed one too)
+    and into the summary; a runs table written before the column existed gains it on the next write."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from pipeline.compat import runtime_versions
+
+    config = job_config(tmp_path)
+    path = str(tmp_path / "scores_runs")
+    old_schema = pa.schema([f for f in RUNS_SCHEMA if f.name != "versions"])
+    old = run_row(config=config, run_id="old", ds=dt.date(2026, 11, 29), started_at=dt.datetime.now(dt.timezone.utc),
+                  outcome="ok")
+    write_deltalake(path, pa.Table.from_pylist([{k: v for k, v in old.items() if k != "versions"}], schema=old_schema))
+    recorder = RunRecorder.begin(config, run_id="r1", ds=dt.date(2026, 11, 30))
+    [started] = [r for r in read_runs(path) if r["run_id"] == "r1"]
+    assert json.loads(started["versions"]) == runtime_versions()
+    recorder.end(summary=summary("r1"))
+    rows = {r["run_id"]: r for r in read_runs(path)}
+    assert rows["old"]["versions"] is None  # nothing invented for a row written before
+    recorded = json.loads(rows["r1"]["versions"])
+    assert {"spark_batch_inference", "pyspark", "torch", "transformers", "python"} <= set(recorded)
+    assert recorded == runtime_versions()
