@@ -148,6 +148,17 @@ class RunConfig(ConfigSection):
         72.0, gt=0, description="staged output of other runs older than this is removed at the start of a run "
                                 "and by `pipeline vacuum`")
 
+    @field_validator("run_id", mode="before")
+    @classmethod
+    def _run_id_as_text(cls, value: Any) -> Any:
+        """A run id given as a number or a date (a scheduler's ``20261129`` or ``2026-11-29`` from Python) is its
+        text; anything else is validated as given."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        if isinstance(value, dt.date):
+            return value.isoformat()
+        return value
+
     @field_validator("run_id")
     @classmethod
     def _safe_run_id(cls, value: str | None) -> str | None:
