@@ -104,7 +104,8 @@ class RunConfig(ConfigSection):
     progress: bool = Field(True, description="progress lines while the job runs")
     progress_interval_s: float = Field(10.0, gt=0, description="seconds between progress lines")
     sample_rows: int = Field(3, ge=0, description="output rows shown in the summary")
-    summary_path: str | None = Field(None, description="also write the summary as JSON")
+    summary_path: str | None = Field(
+        None, description="also write the summary as JSON: a local path or an `s3://`/`s3a://` object")
     incremental: bool = Field(
         False, description="score only rows whose (id, content hash) the output lacks for this task fingerprint "
         "(model revision and the settings that change results: see \"Incremental runs\")")
@@ -131,7 +132,8 @@ class RunConfig(ConfigSection):
     runs_path: str | None = Field(
         None, description="Delta table with one row per run (see `pipeline/runs.py`); none: `<sink.path>_runs`")
     report_path: str | None = Field(
-        None, description="write this run's HTML report there at the end (see `pipeline/report/`)")
+        None, description="write this run's HTML report there at the end: a local path or an `s3://`/`s3a://` "
+                          "object (see `pipeline/report/`)")
     mlflow: MlflowConfig | None = Field(
         None, description="log params, metrics and the report to MLflow (needs `mlflow-skinny`); none: no logging")
     staging: bool = Field(

@@ -74,7 +74,9 @@ def prepare(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, rec
             start_warm_up(spark, warm)
     recorder.note(spark=spark)
     clock.lap("session")
-    check_locations(spark, source=config.source, sink=config.sink)  # a remote path the session cannot reach fails here, before any work
+    # a remote path the session cannot reach fails here, before any work
+    check_locations(spark, source=config.source, sink=config.sink,
+                    files={"run.summary_path": config.run.summary_path, "run.report_path": config.run.report_path})
     check_staging_root(config)
     clock.lap("pre-flight")
     return Prepared(config=config, kind=kind, task=task, model=model, spark=spark, small=small.small,

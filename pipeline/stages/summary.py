@@ -4,11 +4,11 @@ written (``run.summary_path``) and returned; a run whose rows do not add up fail
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from pipeline.errors import JobError
 from pipeline.identity import RunIdentity
+from pipeline.io.outputs import write_output
 from pipeline.metrics import batch_metrics
 from pipeline.rows import Status
 from pipeline.run_counts import RunCounts
@@ -107,9 +107,8 @@ def finish(prep: Prepared, summary: RunSummary, *, recorder: Any) -> RunSummary:
     summary.stage_seconds = dict(prep.clock.seconds)
     recorder.summary = summary  # a run failing its row check below is recorded with its counts
     print(summary.render(), file=prep.out, flush=True)
-    if config.run.summary_path:
-        Path(config.run.summary_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(config.run.summary_path).write_text(summary.to_json())
+    if config.run.summary_path:  # a local path or an object (s3://), never a local folder named after a scheme
+        write_output(config.run.summary_path, summary.to_json(), key="run.summary_path")
     if not summary.complete:
         raise JobError(f"{summary.incomplete}; see the summary above")
     return summary
