@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 import uuid
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, PrivateAttr, SerializeAsAny, field_validator, model_validator
 
@@ -104,6 +104,9 @@ class RunConfig(ConfigSection):
     progress: bool = Field(True, description="progress lines while the job runs")
     progress_interval_s: float = Field(10.0, gt=0, description="seconds between progress lines")
     sample_rows: int = Field(3, ge=0, description="output rows shown in the summary")
+    log_format: Literal["plain", "json"] = Field(
+        "plain", description="also `--log-json`: the run's lines as plain text, or JSON lines with one event per "
+                             "driver stage (see docs/logging.md)")
     summary_path: str | None = Field(
         None, description="also write the summary as JSON: a local path or an `s3://`/`s3a://` object")
     incremental: bool = Field(
