@@ -64,10 +64,11 @@ RUN_KEY_IGNORES: Mapping[str, frozenset[str] | None] = {
                       "faults", "runs_path", "report_path", "mlflow", "staging", "staging_path",
                       "staging_max_age_hours", "min_rows_fraction", "allow_empty", "max_tokens"}),
 }
-# what the runs table's config hash leaves out: the run's date and try, and how the store is reached
+# what the runs table's config hash leaves out: the run's date and try, how the store is reached, and how the
+# run's lines look (a nightly job switched to JSON lines keeps its hash)
 CONFIG_HASH_IGNORES: Mapping[str, frozenset[str] | None] = {
     "storage": None,
-    "run": frozenset({"ds", "run_id"}),
+    "run": frozenset({"ds", "run_id", "log_format"}),
 }
 
 
