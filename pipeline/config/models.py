@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 import uuid
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, PrivateAttr, SerializeAsAny, field_validator, model_validator
 
@@ -104,7 +104,11 @@ class RunConfig(ConfigSection):
     progress: bool = Field(True, description="progress lines while the job runs")
     progress_interval_s: float = Field(10.0, gt=0, description="seconds between progress lines")
     sample_rows: int = Field(3, ge=0, description="output rows shown in the summary")
-    summary_path: str | None = Field(None, description="also write the summary as JSON")
+    log_format: Literal["plain", "json"] = Field(
+        "plain", description="also `--log-json`: the run's lines as plain text, or JSON lines with one event per "
+                             "driver stage (see docs/logging.md)")
+    summary_path: str | None = Field(
+        None, description="also write the summary as JSON: a local path or an `s3://`/`s3a://` object")
     incremental: bool = Field(
         False, description="score only rows whose (id, content hash) the output lacks for this task fingerprint "
         "(model revision and the settings that change results: see \"Incremental runs\")")
@@ -131,7 +135,8 @@ class RunConfig(ConfigSection):
     runs_path: str | None = Field(
         None, description="Delta table with one row per run (see `pipeline/runs.py`); none: `<sink.path>_runs`")
     report_path: str | None = Field(
-        None, description="write this run's HTML report there at the end (see `pipeline/report/`)")
+        None, description="write this run's HTML report there at the end: a local path or an `s3://`/`s3a://` "
+                          "object (see `pipeline/report/`)")
     mlflow: MlflowConfig | None = Field(
         None, description="log params, metrics and the report to MLflow (needs `mlflow-skinny`); none: no logging")
     staging: bool = Field(
@@ -152,6 +157,17 @@ class RunConfig(ConfigSection):
         "(a Unity Catalog Volume such as `/Volumes/main/sbi/state`, mounted on every executor): "
         "`<state_path>/<job>/quarantine`, `.../runs` and `.../staging`, where `sink.quarantine_path`, "
         "`run.runs_path` and `run.staging_path` are not set")
+
+    @field_validator("run_id", mode="before")
+    @classmethod
+    def _run_id_as_text(cls, value: Any) -> Any:
+        """A run id given as a number or a date (a scheduler's ``20261129`` or ``2026-11-29`` from Python) is its
+        text; anything else is validated as given."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        if isinstance(value, dt.date):
+            return value.isoformat()
+        return value
 
     @field_validator("run_id")
     @classmethod

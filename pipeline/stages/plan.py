@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 from pipeline.config import JobConfig, SinkConfig
 from pipeline.identity import RunIdentity
+from pipeline.logs import RunLog
 from pipeline.metrics import StageClock
 from pipeline.registry import ModelInfo, TaskKind
 
@@ -47,7 +48,8 @@ LINEAGE_COLUMNS = ("model_name", "model_revision", "task_fingerprint", "run_id",
 
 @dataclass(frozen=True)
 class Prepared:
-    """What the checks before any Spark work found, and where the run's lines and stage times go."""
+    """What the checks before any Spark work found, where the run's lines and stage times go (``log``,
+    ``clock``), and what names its Spark jobs (``labels``: :class:`pipeline.spark.job_labels.JobLabels`)."""
 
     config: JobConfig
     kind: TaskKind
@@ -56,15 +58,28 @@ class Prepared:
     spark: "SparkSession"
     scored_at: dt.datetime
     faults: dict[str, Any]
-    out: TextIO
+    log: RunLog
     clock: StageClock
+    labels: Any = None
     # a small job (pipeline.small_jobs): its session was built light and its commits run in the driver
     small: bool = False
 
-    def say(self, line: str, identity: RunIdentity | None = None) -> None:
-        """One line of this run's output: ``[job] run <id>: line`` (``[job] line`` without an identity)."""
+    def say(self, line: str, identity: RunIdentity | None = None, *, warning: bool = False) -> None:
+        """One line of this run's output: ``[job] run <id>: line`` (``[job] line`` without an identity);
+        ``warning``: ``warning: line``, logged as a warning."""
         who = f" run {identity.run_id}" if identity is not None else ""
-        print(f"[{self.config.job}]{who}{':' if who else ''} {line}", file=self.out, flush=True)
+        text = f"[{self.config.job}]{who}{':' if who else ''} {'warning: ' if warning else ''}{line}"
+        if warning:
+            self.log.warning(text)
+        else:
+            self.log.line(text)
+
+    def stage(self, name: str) -> None:
+        """The run enters stage ``name`` (a name :attr:`clock` laps): the Spark jobs it starts from now on carry
+        ``[job] run <id>: name``, and a failure is reported in it."""
+        self.log.stage_now = name
+        if self.labels is not None:
+            self.labels.stage(name)
 
 
 @dataclass

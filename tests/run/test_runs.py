@@ -68,7 +68,7 @@ def test_secrets_are_redacted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     conf = tmp_path / "job.yaml"
     conf.write_text(
         "job: j\nsource: {path: '${SRC_PATH}'}\nmodel: {path: /m}\ntask: {kind: embed}\n"
-        "sink: {path: /out}\nspark: {conf: {spark.hadoop.fs.s3a.secret.key: plain, spark.hadoop.fs.s3a.access.key: ak}}\n"
+        "sink: {path: /out}\nspark: {conf: {spark.hadoop.fs.s3a.secret.key: pl41n-s3cret, spark.hadoop.fs.s3a.access.key: ak}}\n"
         "batching: {token_budget: 4096}\n"
     )
     monkeypatch.setenv("SRC_PATH", "s3://bucket/docs?sig=xyz")
@@ -79,7 +79,7 @@ def test_secrets_are_redacted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert stored["source"]["path"] == "***"  # from ${SRC_PATH}
     assert stored["spark"]["conf"] == {"spark.hadoop.fs.s3a.secret.key": "***", "spark.hadoop.fs.s3a.access.key": "***"}
     assert stored["batching"]["token_budget"] == 4096 and stored["sink"]["path"] == "/out2"
-    assert "xyz" not in row["config_json"] and "plain" not in row["config_json"]
+    assert "xyz" not in row["config_json"] and "pl41n-s3cret" not in row["config_json"]
     # same settings on another night: same hash; another setting: another hash
     other_night = load_config(conf, overrides=["sink.path=/out2", "run.ds=2026-02-02"])
     changed = load_config(conf, overrides=["sink.path=/out3"])

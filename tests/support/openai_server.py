@@ -262,7 +262,9 @@ class OpenAIServer:
 @dataclass
 class FaultPlan:
     """Which fault the ``n``-th request (from 0) gets: ``None`` (forwarded), ``429``, ``500``, ``drop``,
-    ``slow`` or ``cut``. Rules are checked in this order; each is "every ``k``-th request, from ``offset``".
+    ``slow``, ``cut``, ``not_json`` (HTTP 200 with an HTML body) or ``no_result`` (HTTP 200 with a JSON object
+    that holds neither ``choices`` nor ``data``: a proxy or a server in trouble answering for the model). Rules
+    are checked in this order; each is "every ``k``-th request, from ``offset``".
 
     A 429 burst: ``burst_429 = (k, length)``: requests ``n`` with ``n % k < length`` are refused.
     """
@@ -273,6 +275,8 @@ class FaultPlan:
     every_slow: int | None = None
     slow_s: float = 0.3
     every_cut: int | None = None
+    every_not_json: int | None = None
+    every_no_result: int | None = None
     retry_after_ms: int = 50
     # a rule applies only to requests whose body contains this text (None: every request)
     only_if: str | None = None
@@ -283,7 +287,8 @@ class FaultPlan:
         if self.burst_429 and n % self.burst_429[0] < self.burst_429[1]:
             return "429"
         for name, every in (("500", self.every_500), ("drop", self.every_drop), ("slow", self.every_slow),
-                            ("cut", self.every_cut)):
+                            ("cut", self.every_cut), ("not_json", self.every_not_json),
+                            ("no_result", self.every_no_result)):
             if every and n % every == every - 1:
                 return name
         return None
@@ -391,6 +396,12 @@ class FaultProxy:
         if fault == "drop":
             writer.transport.abort()  # a reset before the request went anywhere
             return False
+        if fault in ("not_json", "no_result"):  # answered in the model's place, the model never asked
+            text = ("<html><body>upstream is restarting</body></html>" if fault == "not_json"
+                    else json.dumps({"id": "injected", "object": "error", "message": "upstream is restarting"}))
+            kind = "text/html" if fault == "not_json" else "application/json"
+            await self._send(conn, writer, 200, {"content-type": kind}, text.encode())
+            return True
         if fault == "slow":
             await asyncio.sleep(self.plan.slow_s)
         status, headers, content = await self._forward(request, body)

@@ -158,6 +158,35 @@ def test_client_side_rates_pace_the_requests_and_correct_tokens_by_the_usage(ser
     assert client.limiter.waited_s >= 1.0
 
 
+@pytest.mark.parametrize("kind,fault", [("generate", "not_json"), ("generate", "no_result"), ("embed", "no_result")])
+def test_an_answer_without_a_result_is_retried_like_one_that_is_not_json(tmp_path, server, proxy, kind, fault,
+                                                                         monkeypatch):
+    """HTTP 200 whose body is not JSON, and HTTP 200 whose JSON holds no ``choices`` (no ``data`` for
+    embeddings), are the same transient server fault: both are retried, and every row ends ok."""
+    import numpy as np
+
+    from pipeline.metrics import WorkerCounts
+    from pipeline.stages.plan import kind_and_task
+    from pipeline.tasks._endpoint import embed_rows, generate_rows
+
+    monkeypatch.setenv("SBI_TEST_ENDPOINT_KEY", KEY)
+    texts = [f"{kind} {fault} review {i}: the film is funny" for i in range(9)]
+    config = _job(tmp_path, proxy, kind=kind, texts=texts, model="tiny-embed" if kind == "embed" else "tiny-llm",
+                  task=None if kind == "embed" else {"template": "Summarise: {text}", "max_new_tokens": 8})
+    _, task = kind_and_task(config)
+    proxy.plan = FaultPlan(**{f"every_{fault}": 3})
+    client = EndpointClient(_endpoint(proxy, max_attempts=4))
+    counts, malformed = WorkerCounts(), np.zeros(len(texts), dtype=bool)
+    if kind == "embed":
+        _, status, error, _ = embed_rows(task, texts, malformed, counts, client)
+    else:
+        _, status, error = generate_rows(task, {"text": texts}, malformed, counts, client)
+    assert proxy.injected[fault] >= 3
+    assert list(status) == ["ok"] * len(texts), list(error)
+    assert counts.counts["endpoint"]["retry_bad_body"] == proxy.injected[fault]
+    assert counts.counts["endpoint"]["requests"] == len(texts) + proxy.injected[fault]
+
+
 # -- jobs through run_job, on both session kinds --------------------------------------------------------------
 
 def _job(tmp_path: Path, proxy, *, kind: str, texts, task=None, run=None, model="tiny-llm"):
