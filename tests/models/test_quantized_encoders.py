@@ -61,14 +61,26 @@ def test_int8_exports_once_and_later_loads_reuse_the_file(tiny_embed_model, tmp_
 
 
 def test_other_int8_settings_or_new_weights_export_a_new_graph(tiny_embed_model, tmp_path):
+    from safetensors.torch import load_file, save_file
+
     model_dir = _copy(tiny_embed_model, tmp_path)
-    first = _task(model_dir, accuracy_gate={"enabled": False}).load(model_dir, "cpu").model.path
-    per_tensor = _task(model_dir, accuracy_gate={"enabled": False}, int8={"per_channel": False}).load(
-        model_dir, "cpu").model.path
-    assert per_tensor != first
+
+    def graph(**settings):
+        return _task(model_dir, accuracy_gate={"enabled": False}, **settings).load(model_dir, "cpu").model.path
+
+    first = graph()
+    assert graph(int8={"per_channel": False}) != first
     weights = model_dir / "model.safetensors"
-    weights.write_bytes(weights.read_bytes() + b"")  # same bytes, new mtime: the revision is of the bytes
-    assert _task(model_dir, accuracy_gate={"enabled": False}).load(model_dir, "cpu").model.path == first
+    weights.write_bytes(weights.read_bytes())  # same bytes, new mtime: the revision is of the bytes
+    assert graph() == first
+    # new weights of the same shapes (a fine-tune saved over the folder): the old graph is not theirs
+    tensors = load_file(str(weights))
+    (query,) = [name for name in tensors if name.endswith("layer.0.attention.self.query.weight")]
+    tensors[query] = tensors[query] * 2.0
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    retrained = graph()
+    assert retrained != first and retrained.is_file() and first.is_file()
+    assert retrained.parent.parent == first.parent.parent == model_dir / CACHE_FOLDER
 
 
 def test_the_cache_folder_is_the_user_cache_when_the_model_folder_is_not_writable(tmp_path, monkeypatch):
