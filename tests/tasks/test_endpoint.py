@@ -198,12 +198,15 @@ def test_extract_job_through_faults_writes_typed_rows_once_with_their_usage(any_
     texts = REVIEWS + ["<<refuse>> this review", ""]
     out = io.StringIO()
     summary = run_job(_job(tmp_path, proxy, kind="extract", texts=texts, task=EXTRACT), spark=any_spark, out=out)
-    rows = {r["doc_id"]: r for r in read_delta(tmp_path / "out").to_pylist()}
-    quarantine = {r["doc_id"]: r for r in read_delta(tmp_path / "out_quarantine").to_pylist()}
-    assert len(rows) + len(quarantine) == len(texts) == summary.rows_in and summary.complete
-    assert list(quarantine) == ["r12"] and quarantine["r12"]["error"].startswith("endpoint: HTTP 400")
-    assert rows["r13"]["status"] == "skipped_empty"
-    ok = [r for r in rows.values() if r["status"] == "ok"]
+    rows = read_delta(tmp_path / "out").to_pylist()
+    quarantine = read_delta(tmp_path / "out_quarantine").to_pylist()
+    # the ids as lists, across both tables: a row written twice (or into both) shows, each id exactly once
+    assert sorted(r["doc_id"] for r in rows + quarantine) == [f"r{i:02d}" for i in range(len(texts))]
+    assert [r["doc_id"] for r in quarantine] == ["r12"] and quarantine[0]["error"].startswith("endpoint: HTTP 400")
+    assert (summary.rows_in, summary.rows_out, summary.rows_quarantined) == (len(texts), len(rows), 1)
+    assert summary.complete
+    assert [r["status"] for r in rows if r["doc_id"] == "r13"] == ["skipped_empty"]
+    ok = [r for r in rows if r["status"] == "ok"]
     assert len(ok) >= 0.95 * len(REVIEWS)
     validator = Draft202012Validator(SHORT)
     for r in ok:
@@ -212,8 +215,8 @@ def test_extract_job_through_faults_writes_typed_rows_once_with_their_usage(any_
     fields_type = pa.schema(DeltaTable(str(tmp_path / "out")).schema().to_arrow()).field("fields").type
     assert fields_type == pa.struct([("sentiment", pa.string()), ("spoiler", pa.bool_()), ("rating", pa.int64())])
     assert sum(proxy.injected.values()) > 0 and max(proxy.forwarded.values()) == 1
-    assert summary.prompt_tokens == sum(r["prompt_tokens"] or 0 for r in rows.values())
-    assert summary.completion_tokens == sum(r["completion_tokens"] or 0 for r in rows.values())
+    assert summary.prompt_tokens == sum(r["prompt_tokens"] or 0 for r in rows)
+    assert summary.completion_tokens == sum(r["completion_tokens"] or 0 for r in rows)
     assert summary.endpoint["tokens_paid"] == summary.tokens == summary.prompt_tokens + summary.completion_tokens
     assert summary.endpoint["retry_429"] + summary.endpoint["retry_5xx"] > 0
     run_row = read_runs(str(tmp_path / "out_runs"))[-1]
@@ -233,10 +236,15 @@ def test_embed_job_on_the_endpoint_embeds_each_row_once_with_its_tokens(spark, t
     texts = ["good movie", "bad film", "\u200b\x00", None, "great music and story", "<<refuse>> x"]
     summary = run_job(_job(tmp_path, proxy, kind="embed", texts=texts, model="tiny-embed",
                            task={"labels": {"positive": "good great", "negative": "bad awful"}}), spark=spark)
-    rows = {r["doc_id"]: r for r in read_delta(tmp_path / "out").to_pylist()}
+    written = read_delta(tmp_path / "out").to_pylist()
+    quarantine = read_delta(tmp_path / "out_quarantine").to_pylist()
+    # the ids as lists on the tables themselves: a row written twice shows, each id exactly once
+    assert sorted(r["doc_id"] for r in written) == ["r00", "r01", "r02", "r03", "r04"]
+    assert [r["doc_id"] for r in quarantine] == ["r05"]
+    assert (summary.rows_in, summary.rows_out, summary.rows_quarantined) == (6, 5, 1)
+    rows = {r["doc_id"]: r for r in written}
     assert [rows[k]["status"] for k in ("r00", "r01", "r02", "r03", "r04")] == [
         "ok", "ok", "skipped_no_content", "skipped_null", "ok"]
-    assert summary.rows_quarantined == 1
     for k in ("r00", "r01", "r04"):
         vector = np.asarray(rows[k]["embedding"])
         assert vector.shape == (32,) and abs(np.linalg.norm(vector) - 1.0) < 1e-4 and rows[k]["n_tokens"] > 2
