@@ -147,15 +147,54 @@ def test_the_key_goes_as_a_bearer_token_and_a_refused_key_is_not_retried_nor_ech
     assert answer.ok and len(answer.answer["data"][0]["embedding"]) == 32
 
 
-def test_client_side_rates_pace_the_requests_and_correct_tokens_by_the_usage(server, proxy):
-    """At 300 requests and 60,000 tokens a minute (5 and 1,000 a second) the limiter holds requests back; every
-    row is still answered once."""
-    calls = _calls(8, prefix="paced")
-    client = EndpointClient(_endpoint(proxy, concurrency=8, requests_per_minute=300, tokens_per_minute=60000))
-    outcomes = client.run(calls, usage=_usage)
-    assert all(o.ok for o in outcomes) and _served_once(server, calls) == Counter({1: len(calls)})
-    # 8 requests at 5 a second, one in the bucket at the start: the last waits about 7 / 5 s for its turn
-    assert client.limiter.waited_s >= 1.0
+def _arrived(server, calls) -> list[float]:
+    """When the server received each of ``calls``' requests (monotonic seconds), in order."""
+    keys = {c.key for c in calls}
+    return sorted(at for at, key in server.arrivals if key in keys)
+
+
+# the first request's own way to the server (a new connection, the event loop's start) is not paced: the
+# spacing the server sees may fall short of the limiter's by that much
+FIRST_TRIP_S = 0.25
+
+
+def test_client_side_rates_pace_the_requests_the_server_sees_and_tokens_by_each_answers_usage(server):
+    """Each limit binds in a run of its own, read from the times the server received the requests.
+
+    Requests: at 300 a minute the bucket refills 5 a second and holds 5, so the 10th of 10 requests sent at
+    once cannot reach the server sooner than (10 - 5) / 5 = 1 s after the first. Tokens: each call is
+    estimated at 4 tokens but uses about 60 (the server's usage); the limiter takes the estimate before a
+    request and corrects it by the usage once answered, so at R tokens a second (the bucket holds R), with 2
+    in flight, the last of 6 requests waits for the usage of the 4 answered before it: (their usage + 2
+    estimates - R) / R seconds after the first. Uncorrected, the 6 estimates (24 tokens) never empty the bucket.
+    """
+    text = "the film is funny and the music is good, a great story with a big heart " * 2
+
+    def calls(prefix: str, n: int, estimate: int):
+        return [Call.of("/embeddings", embedding_body("tiny-embed", f"{prefix} {i}: {text}"), estimate=estimate)
+                for i in range(n)]
+
+    def run(config: EndpointConfig, batch: list[Call]) -> list[int]:
+        outcomes = EndpointClient(config).run(batch, usage=lambda a: a["usage"]["prompt_tokens"])
+        assert all(o.ok for o in outcomes) and _served_once(server, batch) == Counter({1: len(batch)})
+        return [o.answer["usage"]["prompt_tokens"] for o in outcomes]
+
+    paced = calls("paced", 10, 1)
+    run(EndpointConfig(base_url=server.url, model="tiny-embed", api_key=KEY, concurrency=10,
+                       requests_per_minute=300), paced)
+    arrived = _arrived(server, paced)
+    assert arrived[-1] - arrived[0] >= (10 - 5) / 5 - FIRST_TRIP_S, arrived
+
+    estimate, per_minute, n, in_flight = 4, 4200, 6, 2
+    rate = per_minute / 60  # tokens a second, and the bucket's size
+    tokens = calls("tokens", n, estimate)
+    usage = run(EndpointConfig(base_url=server.url, model="tiny-embed", api_key=KEY, concurrency=in_flight,
+                               tokens_per_minute=per_minute), tokens)
+    assert min(usage) > 10 * estimate, usage  # the estimate is far too low: only the usage can hold them back
+    answered_before_last = sum(sorted(usage)[: n - in_flight])
+    at_least = (answered_before_last + in_flight * estimate - rate) / rate
+    arrived = _arrived(server, tokens)
+    assert at_least > 2.0 and arrived[-1] - arrived[0] >= at_least - FIRST_TRIP_S, (arrived, usage, at_least)
 
 
 # -- jobs through run_job, on both session kinds --------------------------------------------------------------
