@@ -24,6 +24,33 @@ LABELS = {"pos": "good great loved", "neg": "bad awful hated"}
 LOOSE = {"min_mean_cosine": 0.5, "min_top_label_agreement": 0.0}
 
 
+# the tiny classifier trained on SENTENCES to these labels (negative, neutral, positive), so its top labels differ
+# from row to row by wide margins: a random one scores every label about 1/3 and names the same label for all
+TRAINED_LABELS = ["positive", "negative", "positive", "negative", "positive", "neutral"]
+
+
+@pytest.fixture(scope="module")
+def trained_classify_model(tiny_classify_model, tmp_path_factory):
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    folder = shutil.copytree(tiny_classify_model, tmp_path_factory.mktemp("trained") / "tiny-classify")
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    model = AutoModelForSequenceClassification.from_pretrained(str(folder))
+    batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
+    target = torch.tensor([model.config.label2id[name] for name in TRAINED_LABELS])
+    torch.manual_seed(0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(60):
+        loss = torch.nn.functional.cross_entropy(model(**batch).logits, target)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval().save_pretrained(str(folder))
+    return folder
+
+
 def _task(model_dir, precision="int8", *, config=None, rows=(), **model):
     task = build_task(config or EmbedTaskConfig(labels=LABELS),
                       model=ModelConfig(path=str(model_dir), precision=precision, **model),
@@ -139,13 +166,21 @@ def test_gate_without_rows_uses_the_builtin_texts(tiny_embed_model, tmp_path):
     assert check.rows == 16 and check.sample == "built-in calibration texts"
 
 
-def test_int8_that_fails_the_gate_falls_back_to_fp32(tiny_classify_model, tmp_path):
-    model_dir = _copy(tiny_classify_model, tmp_path)
+def _labels(model_dir, precision):
+    task = _task(model_dir, precision, config=ClassifyTaskConfig(), accuracy_gate={"enabled": False})
+    return _score(task, task.load(model_dir, "cpu")).column("label").to_pylist()
+
+
+def test_int8_that_fails_the_gate_falls_back_to_fp32(trained_classify_model, tmp_path):
+    model_dir = _copy(trained_classify_model, tmp_path)
     task = _task(model_dir, config=ClassifyTaskConfig(), rows=SENTENCES,
                  accuracy_gate={"min_mean_cosine": 1.0})
     loaded = task.load(model_dir, "cpu")
     assert loaded.precision == "fp32" and loaded.gate.fell_back
-    assert loaded.gate.checks[0].top_label_agreement is not None
+    # the gate's figure is the share of its rows whose top label int8 and fp32 agree on, counted here apart
+    ours, theirs = _labels(model_dir, "int8"), _labels(model_dir, "fp32")
+    agreed = sum(a == b for a, b in zip(ours, theirs)) / len(theirs)
+    assert len(set(theirs)) == 3 and loaded.gate.checks[0].top_label_agreement == agreed
     (reason,) = loaded.load_counts["precision_fallbacks"]
     assert reason.startswith("int8->fp32 (int8: mean cosine") and "run rows (FAIL)" in reason
 
@@ -218,11 +253,13 @@ def test_an_int8_request_is_not_timed_and_keeps_int8_when_it_passes(tiny_embed_m
     assert "fp32's speed" not in check and calls == [("fp32", False), ("int8", False)]
 
 
-def test_int8_classify_matches_fp32_labels_closely(tiny_classify_model, tmp_path):
-    model_dir = _copy(tiny_classify_model, tmp_path)
+def test_int8_classify_matches_fp32_labels_closely(trained_classify_model, tmp_path):
+    model_dir = _copy(trained_classify_model, tmp_path)
     fp32 = _task(model_dir, "fp32", config=ClassifyTaskConfig())
     int8 = _task(model_dir, config=ClassifyTaskConfig(), accuracy_gate={"enabled": False})
     ref, out = (_score(t, t.load(model_dir, "cpu")) for t in (fp32, int8))
+    assert ref.column("label").to_pylist() == TRAINED_LABELS * 2  # what it was trained to say, three labels
+    assert out.column("label").to_pylist() == ref.column("label").to_pylist()
     a = np.array([list(m.values()) for m in (dict(x) for x in ref.column("scores").to_pylist())])
     b = np.array([list(m.values()) for m in (dict(x) for x in out.column("scores").to_pylist())])
     assert a.shape == b.shape and np.abs(a - b).max() < 0.1
