@@ -10,7 +10,8 @@ project's real loading code: a causal LM generating with the transformers
 backend (xgrammar for ``json_schema``), and an encoder embedding with mean
 pooling. It runs on uvicorn in a thread of the test process, on 127.0.0.1,
 starts in about a second, and counts every request it answered by the
-request's key, so a test can tell whether a row was requested twice.
+request's key, so a test can tell whether a row was requested twice, and
+notes when each arrived, so a test can read the pacing the server saw.
 
 ``FaultProxy`` sits in front of any such server (this one, or vLLM's) and,
 per request, answers ``429`` (with ``Retry-After``) or ``500`` itself, closes
@@ -79,6 +80,7 @@ class OpenAIServer:
     """The OpenAI API over a local causal LM (``llm_dir``, served as ``llm_name``) and encoder (``embed_dir``).
 
     ``requests`` counts what it answered by :func:`pipeline.endpoint.wire.body_key` (path, body);
+    ``arrivals`` lists ``(time.monotonic() when its body was read, key)`` per request, in arrival order;
     ``fail_marker``: a prompt holding it is refused with ``400`` (a row the server rejects).
     """
 
@@ -88,6 +90,7 @@ class OpenAIServer:
         self.llm_dir, self.llm_name, self.embed_dir, self.embed_name = llm_dir, llm_name, embed_dir, embed_name
         self.api_key, self.max_model_len, self.fail_marker = api_key, max_model_len, fail_marker
         self.requests: Counter[str] = Counter()
+        self.arrivals: list[tuple[float, str]] = []
         self.paths: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._llm: Any = None
@@ -155,8 +158,10 @@ class OpenAIServer:
             body = json.loads(await request.body())
         except ValueError:
             return None, _error(400, "the body is not JSON")
+        arrived = time.monotonic()
         with self._lock:
             self.requests[body_key(path, body)] += 1
+            self.arrivals.append((arrived, body_key(path, body)))
             self.paths[path] += 1
         return body, None
 
