@@ -15,6 +15,7 @@ from pipeline.errors import JobError
 from pipeline.metrics import StageClock
 from pipeline.stages.plan import Prepared, kind_and_task
 from pipeline.stages.resume import check_staging_root
+from pipeline.tasks.job import checked_model
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -52,11 +53,7 @@ def prepare(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, rec
 
     check_partitioning(config)
     kind, task = kind_and_task(config)
-    if config.model.path.startswith("models:/"):  # an alias is pinned to one version for every worker
-        from pipeline.models.mlflow_registry import pin_registry_model
-
-        config = pin_registry_model(config)
-    model = kind.job.model_info(config, task)  # before any Spark work: a bad model fails in seconds
+    config, model = checked_model(config, kind, task)  # before any Spark work: a bad model fails in seconds
     recorder.note(model_name=model.name, model_revision=model.revision)
     clock.lap("model check")
     if spark is None:  # a metastore or object store endpoint nobody answers fails in seconds, not minutes

@@ -11,13 +11,27 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pipeline.config import JobConfig
-from pipeline.registry import ModelInfo, set_default_job
+from pipeline.registry import ModelInfo, TaskKind, set_default_job
 from pipeline.run_counts import RunCounts, TaskCounts
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["ModelInfo", "TaskJob"]
+__all__ = ["ModelInfo", "TaskJob", "checked_model"]
+
+
+def checked_model(config: JobConfig, kind: TaskKind, task: Any) -> tuple[JobConfig, ModelInfo]:
+    """``(config, model)``: the model checked before any Spark work, as ``run_job`` and ``score(df)`` both do.
+
+    A registry model (``models:/<name>@<alias>``) is pinned to one version first, so every worker loads the
+    same weights (the returned config names it); then the kind checks and fingerprints it
+    (:meth:`TaskJob.model_info`): a missing or broken model fails here, in seconds.
+    """
+    if config.model.path.startswith("models:/"):
+        from pipeline.models.mlflow_registry import pin_registry_model
+
+        config = pin_registry_model(config)
+    return config, kind.job.model_info(config, task)
 
 
 class TaskJob:
@@ -33,6 +47,8 @@ class TaskJob:
     """
 
     counters: ClassVar[type[TaskCounts]] = TaskCounts
+    # why ``score(df)`` cannot run this kind (its input or output is not one row per DataFrame row); None: it can
+    not_for_dataframes: ClassVar[str | None] = None
 
     def model_info(self, config: JobConfig, task: Any) -> ModelInfo:
         """Check the model before any work and fingerprint it for lineage.
