@@ -68,12 +68,20 @@ def score(df: "DataFrame", task: Any, *, model: Any = None, text_column: str | S
     outputs = [*task_obj.output_schema().names, *MODEL_LINEAGE_COLUMNS]
     check_columns(df, task_obj, outputs, columns=columns, id_column=id_column)
     scoring = checked(config, kind, task_obj)
+    from pyspark.sql import functions as F
+
+    from pipeline.spark.column_udf import plain_ddl
+
     udf = _column_function(scoring, df.sparkSession, with_id=id_column is not None)
     args = [_col(id_column)] if id_column else []
     args += [_col(columns[name]) for name in task_obj.input_columns]
     kept = df.columns
     struct = _free_name(kept)
-    return df.select("*", udf(*args).alias(struct)).select(*[_col(c) for c in kept], f"{struct}.*")
+    # each added column cast to its own type spelled plainly: a Delta table written from a Connect session then
+    # records `string`, not `string collate UTF8_BINARY` (plain_ddl); the values are unchanged
+    added = [F.col(f"{struct}.{_quoted(f.name)}").cast(plain_ddl(f.dataType)).alias(f.name)
+             for f in udf.returnType.fields]
+    return df.select("*", udf(*args).alias(struct)).select(*[_col(c) for c in kept], *added)
 
 
 def register_function(spark: "SparkSession", name: str, task: Any, *, model: Any = None, batching: Any = None,
@@ -113,7 +121,11 @@ def _col(name: str) -> "Column":
     """The column named ``name`` exactly (dots and backticks in it quoted)."""
     from pyspark.sql import functions as F
 
-    return F.col("`" + name.replace("`", "``") + "`")
+    return F.col(_quoted(name))
+
+
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
 
 
 def _free_name(taken: Sequence[str]) -> str:

@@ -30,7 +30,7 @@ from pipeline.spark.udf import InferencePlan, score_partition
 if TYPE_CHECKING:
     from pyspark.sql.udf import UserDefinedFunction
 
-__all__ = ["ColumnPlan", "inference_udf", "result_schema", "score_columns"]
+__all__ = ["ColumnPlan", "inference_udf", "plain_ddl", "result_schema", "score_columns"]
 
 
 @dataclass(frozen=True)
@@ -85,3 +85,28 @@ def inference_udf(column: ColumnPlan) -> "UserDefinedFunction":
         warnings.filterwarnings("ignore", message=".*type hints for arrow UDF.*", category=UserWarning)
         udf = arrow_udf(partial(score_columns, column), return_type, ArrowUDFType.SCALAR_ITER)
     return udf.asNondeterministic()
+
+
+def plain_ddl(data_type: Any) -> str:
+    """``data_type`` (a Spark type) as DDL with its string types spelled plainly, names quoted.
+
+    A Spark Connect client sends a function's string types with an explicit default collation, and a Delta
+    table written from them records ``string collate UTF8_BINARY``, which delta-rs refuses; a cast to the
+    DDL spelling records ``string`` (as :func:`pipeline.io.delta.connector` does for ``mapInArrow``), the
+    values unchanged.
+
+    >>> from pyspark.sql.types import ArrayType, FloatType, MapType, StringType, StructField, StructType
+    >>> plain_ddl(StructType([StructField("a b", ArrayType(FloatType())), StructField("m", MapType(StringType(),
+    ...     FloatType()))]))
+    'struct<`a b`:array<float>,`m`:map<string,float>>'
+    """
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    if isinstance(data_type, StructType):
+        fields = ",".join(f"`{f.name.replace('`', '``')}`:{plain_ddl(f.dataType)}" for f in data_type.fields)
+        return f"struct<{fields}>"
+    if isinstance(data_type, ArrayType):
+        return f"array<{plain_ddl(data_type.elementType)}>"
+    if isinstance(data_type, MapType):
+        return f"map<{plain_ddl(data_type.keyType)},{plain_ddl(data_type.valueType)}>"
+    return data_type.simpleString()
