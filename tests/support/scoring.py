@@ -50,10 +50,14 @@ def documents(tmp_path: Path, n: int = 40) -> Path:
     return tmp_path / "docs.parquet"
 
 
-def run_job_rows(spark: Any, tmp_path: Path, model: Path, **sections: Any) -> dict[Any, dict[str, Any]]:
-    """``run_job`` over ``tmp_path/docs`` (the test job, ``sections`` over it): every row it wrote, output and
-    quarantine, by id (the null id under None)."""
-    summary = run_job(job_config(tmp_path, model, **sections), spark=spark, out=io.StringIO())
+def run_job_rows(spark: Any, tmp_path: Path, model_dir: Path | str, *, model_name: str | None = None,
+                 **sections: Any) -> dict[Any, dict[str, Any]]:
+    """``run_job`` over ``tmp_path/docs`` (the test job, ``sections`` over it; ``model_name``: the lineage name
+    instead of ``tiny-bert``): every row it wrote, output and quarantine, by id (the null id under None)."""
+    config = job_config(tmp_path, model_dir, **sections)
+    if model_name:
+        config = config.model_copy(update={"model": config.model.model_copy(update={"name": model_name})})
+    summary = run_job(config, spark=spark, out=io.StringIO())
     assert summary.complete, summary
     rows = DeltaTable(str(tmp_path / "scores")).to_pyarrow_table().to_pylist()
     rows += DeltaTable(str(tmp_path / "scores_quarantine")).to_pyarrow_table().to_pylist()
