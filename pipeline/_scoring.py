@@ -49,10 +49,6 @@ class Scoring:
         """The model's lineage columns, with the task fingerprint ``run_job`` gives the same settings."""
         return self.model.lineage(task_fingerprint(self.config, revision=self.model.revision))
 
-    def output_names(self) -> list[str]:
-        """The columns the scored DataFrame adds: the task's result and status columns, then the lineage."""
-        return [*self.task.output_schema().names, *self.lineage]
-
     def column_plan(self, *, with_id: bool, rate_share: float = 1.0) -> "ColumnPlan":
         """The column function's plan: ``run_job``'s inference plan for this config (no staging, progress
         or metrics column: the caller's query owns the run), fault drills from ``SBI_FAULTS``."""

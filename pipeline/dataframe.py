@@ -60,7 +60,9 @@ def score(df: "DataFrame", task: Any, *, model: Any = None, text_column: str | S
     Before any Spark job: the settings, the columns named (present, of a type the task reads, and no output
     column already in ``df``) and the model (checked and fingerprinted as ``run_job`` does). Works on batch
     and streaming DataFrames, on classic and Spark Connect sessions. Each of ``df``'s partitions is scored
-    as one task: repartition first when a source gives few or uneven ones.
+    as one task: repartition first when a source gives few or uneven ones. Filter before scoring: Spark
+    keeps a filter written after ``score`` above the scoring (the function is nondeterministic, so that it
+    runs once per row), so the rows it drops are scored first.
     """
     config, kind, task_obj = prepare_scoring(task, model=model, batching=batching, settings=settings,
                                              id_column=id_column, caller="score()")
