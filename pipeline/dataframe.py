@@ -64,16 +64,16 @@ def score(df: "DataFrame", task: Any, *, model: Any = None, text_column: str | S
     keeps a filter written after ``score`` above the scoring (the function is nondeterministic, so that it
     runs once per row), so the rows it drops are scored first.
     """
+    from pyspark.sql import functions as F
+
+    from pipeline.spark.column_udf import plain_ddl
+
     config, kind, task_obj = prepare_scoring(task, model=model, batching=batching, settings=settings,
                                              id_column=id_column, caller="score()")
     columns = input_columns(task_obj, text_column)
     outputs = [*task_obj.output_schema().names, *MODEL_LINEAGE_COLUMNS]
     check_columns(df, task_obj, outputs, columns=columns, id_column=id_column)
     scoring = checked(config, kind, task_obj)
-    from pyspark.sql import functions as F
-
-    from pipeline.spark.column_udf import plain_ddl
-
     udf = _column_function(scoring, df.sparkSession, with_id=id_column is not None)
     args = [_col(id_column)] if id_column else []
     args += [_col(columns[name]) for name in task_obj.input_columns]
