@@ -25,7 +25,7 @@ export HF_HUB_OFFLINE := 1
 	demo-extract-logs bench-extract bench-extract-vllm demo-recs demo-images demo-images-data lint test \
 	test-vllm bench bench-batching bench-gpu bench-generate bench-generate-width bench-scaling bench-row-keys \
 	bench-small-jobs bench-images bench-resume bench-precision bench-endpoint \
-	bench-feed lock lock-vllm \
+	bench-feed bench-score-df lock lock-vllm \
 	clean
 
 $(STAMP): requirements.lock requirements-data.lock pyproject.toml
@@ -286,6 +286,12 @@ bench-scaling: demo-data
 RESUME_ROWS ?= 100000
 bench-resume: $(STAMP)
 	PYTHONPATH=. $(PY) bench/bench_resume.py --rows $(RESUME_ROWS) $(BENCH_ARGS)
+
+# score(df) beside a hand-written pandas UDF and predict_batch_udf on the demo corpus, in one session
+# (docs/dataframe.md): 4,000 rows, 3 interleaved repeats, medians and the ratios -> bench/results_score_df.json.
+# BENCH_ARGS="--rows 500 --repeats 1 --json ''" checks the bench in a few minutes.
+bench-score-df: demo-data
+	PYTHONPATH=.:bench $(PY) bench/bench_score_df.py $(BENCH_ARGS)
 
 # Where a small job's time goes (docs/benchmarks_small_jobs.md): the driver's stages for 100 and 10,000
 # rows, cold (a new process) and warm (a second run_job in the same session), sink.writer auto (a small job

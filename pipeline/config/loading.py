@@ -165,10 +165,15 @@ def _format_errors(exc: ValidationError, source: str, data: dict[str, Any], *,
     return f"invalid config {source}:\n" + "\n".join(lines)
 
 
-def build_config(data: dict[str, Any], *, source: str = "(dict)") -> JobConfig:
-    """Validate a plain dict (already merged) into a :class:`JobConfig`."""
+def build_config(data: dict[str, Any], *, source: str = "(dict)", expand_env: bool = True) -> JobConfig:
+    """Validate a plain dict (already merged) into a :class:`JobConfig`.
+
+    ``expand_env=False`` takes string values as they are: Python callers (``score(df)``) pass values, not
+    YAML text, so a ``${...}`` in a prompt template stays a ``${...}``.
+    """
     found: dict[str, str] = {}
-    data = _expand_env(data, "", found)
+    if expand_env:
+        data = _expand_env(data, "", found)
     try:
         config = JobConfig.model_validate(data)
     except ValidationError as exc:

@@ -71,5 +71,4 @@ def warm_up_plan(config: Any, *, model_path: str, task_class: Any) -> InferenceP
     gate = config.model.accuracy_gate
     if config.model.precision != "fp32" and gate.enabled and gate.sample_rows:
         return None
-    return InferencePlan(task=config.task, model=config.model.model_copy(update={"path": model_path}),
-                         batching=config.batching, task_class=task_class)
+    return InferencePlan.for_job(config, model_path=model_path, task_class=task_class)

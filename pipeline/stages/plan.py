@@ -34,7 +34,8 @@ from pipeline.config import JobConfig, SinkConfig
 from pipeline.identity import RunIdentity
 from pipeline.logs import RunLog
 from pipeline.metrics import StageClock
-from pipeline.registry import ModelInfo, TaskKind
+from pipeline.registry import ModelInfo, TaskKind, kind_and_task
+from pipeline.rows import MODEL_LINEAGE_COLUMNS
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -42,8 +43,9 @@ if TYPE_CHECKING:
 __all__ = ["LINEAGE_COLUMNS", "AlreadyCommitted", "Checkpoint", "Committed", "Prepared", "ReadBack", "RunPlan",
            "commit_keys", "effective_sink", "kind_and_task"]
 
-# task_fingerprint: what incremental runs compare besides the input (pipeline.fingerprint)
-LINEAGE_COLUMNS = ("model_name", "model_revision", "task_fingerprint", "run_id", "scored_at")
+# the model's lineage (task_fingerprint: what incremental runs compare besides the input, pipeline.fingerprint),
+# then the run's own; score(df) rows carry the model's only
+LINEAGE_COLUMNS = (*MODEL_LINEAGE_COLUMNS, "run_id", "scored_at")
 
 
 @dataclass(frozen=True)
@@ -180,11 +182,3 @@ def commit_keys(sink: SinkConfig, *, id_column: str, incremental: bool) -> tuple
     if incremental:
         return (id_column, "content_hash", "task_fingerprint")
     return (id_column, "ds") if "ds" in sink.partition_by else (id_column,)
-
-
-def kind_and_task(config: JobConfig, task: Any = None) -> tuple[TaskKind, Any]:
-    """The registered kind of ``config.task``, and ``task`` (built from the config only when not given)."""
-    from pipeline.registry import get_task_kind
-
-    kind = get_task_kind(config.task.kind)
-    return kind, task if task is not None else kind.task(config.task, model=config.model, batching=config.batching)

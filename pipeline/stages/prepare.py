@@ -19,6 +19,7 @@ from pipeline.registry import get_task_kind
 from pipeline.sessions import is_connect
 from pipeline.stages.plan import Prepared, kind_and_task
 from pipeline.stages.resume import check_staging_root
+from pipeline.tasks.job import checked_model
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -63,11 +64,7 @@ def prepare(config: JobConfig, *, spark: "SparkSession | None", log: RunLog, rec
     kind = get_task_kind(config.task.kind)
     kind.job.check_extras(config, kind.task)  # a missing library fails here with its pip line, not on an executor
     kind, task = kind_and_task(config)
-    if config.model.path.startswith("models:/"):  # an alias is pinned to one version for every worker
-        from pipeline.models.mlflow_registry import pin_registry_model
-
-        config = pin_registry_model(config)
-    model = kind.job.model_info(config, task)  # before any Spark work: a bad model fails in seconds
+    config, model = checked_model(config, kind, task)  # before any Spark work: a bad model fails in seconds
     recorder.note(model_name=model.name, model_revision=model.revision)
     clock.lap("model check", model=f"{model.name}@{model.revision}")
     log.stage_now = "session"

@@ -244,6 +244,9 @@ class RecommendJob(TaskJob):
     """The refresh's driver side: the model revision, user rows, exploded output, the latest table."""
 
     counters = RecommendCounts
+    not_for_dataframes = ("it reads a users table and an interactions table itself, writes one row per (user, "
+                          "recommended item) and refreshes a latest table; run it with run_job "
+                          "(conf/refresh_recommendations.yaml)")
 
     def model_info(self, config: JobConfig, task: Any) -> ModelInfo:
         """The revision folder (``LATEST`` of a model root, or a folder), checked against the feature columns.
