@@ -66,12 +66,7 @@ class ImageTask:
         self.input_columns: tuple[str, ...] = (config.image_column,)
 
     # the wheel's extras every image task needs (decoding, OpenCV, onnxruntime); a torch model adds transformers
-    needs: ClassVar[tuple[str, ...]] = ("images",)
-
-    @classmethod
-    def extras(cls, config: Any, model: ModelConfig) -> tuple[str, ...]:
-        """The wheel's extras this task needs on the driver and every executor (:mod:`pipeline.extras`)."""
-        return cls.needs
+    needs_extras: ClassVar[tuple[str, ...]] = ("images",)
 
     # -- protocol ------------------------------------------------------------------------------
     def output_schema(self) -> pa.Schema:

@@ -114,10 +114,7 @@ class RecommendTask:
         self.config = config
         self.model = model
 
-    @classmethod
-    def extras(cls, config: RecommendTaskConfig, model: ModelConfig) -> tuple[str, ...]:
-        """The two-tower model runs on torch (:mod:`pipeline.extras`)."""
-        return ("transformers",)
+    needs_extras: ClassVar[tuple[str, ...]] = ("transformers",)  # the two-tower model runs on torch
 
     def resolve_model_dir(self, spec: str) -> Path:
         """A revision folder: ``spec`` itself, or the one ``spec/LATEST`` names (the driver passes a revision)."""
