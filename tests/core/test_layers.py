@@ -18,7 +18,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "pipeline"
 # ground floor first; a module's floor is that of its longest matching prefix
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("pipeline.errors", "pipeline.error_text", "pipeline.sessions", "pipeline.locations", "pipeline.rows",
-              "pipeline.batching", "pipeline.metrics", "pipeline.summary", "pipeline.run_counts", "pipeline.faults")),
+              "pipeline.batching", "pipeline.metrics", "pipeline.summary", "pipeline.run_counts", "pipeline.faults",
+              "pipeline.sketches", "pipeline.drift")),
     ("config", ("pipeline.config", "pipeline.fingerprint", "pipeline.identity")),
     ("registry", ("pipeline.registry",)),
     # engines and platform share a floor: each may use the other, never in a circle (checked below)
