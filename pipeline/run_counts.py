@@ -93,6 +93,8 @@ class RunCounts:
     generate_batch_failures: int = 0
     finish_reasons: dict[str, int] = field(default_factory=dict)
     endpoint: dict[str, float] = field(default_factory=dict)
+    # the output's profile: mergeable sketches of what the rows say (pipeline.sketches), compared before the commit
+    profile: dict[str, Any] = field(default_factory=dict)
     # the kind's own counters (a TaskCounts subclass; the base has none)
     task: TaskCounts = field(default_factory=TaskCounts)
 

@@ -7,6 +7,7 @@ names, the task's :class:`~pipeline.metrics.WorkerCounts`), never the plan:
 - :func:`split_null_ids`: rows without an id are flagged ``invalid_id`` and never reach the model;
 - :func:`task_results`, :func:`join_results`: the task's results, beside each chunk's kept columns, in
   input order;
+- :func:`profile_chunk`: each output chunk sketched into the task's profile (:mod:`pipeline.sketches`);
 - :func:`with_metrics`: the metrics column that carries the task's counts on its last row (so run metrics
   work on Spark Connect, which has no accumulators);
 - :func:`digesting`, :func:`finish_stage`, :func:`replay_staged`: the worker side of staging
@@ -26,8 +27,8 @@ import pyarrow as pa
 from pipeline.metrics import WorkerCounts
 from pipeline.rows import INVALID_ID, MALFORMED_COLUMN
 
-__all__ = ["digesting", "each_hook", "finish_stage", "join_results", "replay_staged", "split_null_ids",
-           "task_results", "with_metrics"]
+__all__ = ["digesting", "each_hook", "finish_stage", "join_results", "profile_chunk", "replay_staged",
+           "split_null_ids", "task_results", "with_metrics"]
 
 
 def digesting(batches: Iterator[pa.RecordBatch], digest: Any) -> Iterator[pa.RecordBatch]:
@@ -66,6 +67,18 @@ def replay_staged(table: pa.Table, stored: dict[str, Any], *, metrics_column: st
         else:
             last = n == len(chunks) - 1
             yield with_metrics(batch, metrics_column, json.dumps(counts) if last else None)
+
+
+def profile_chunk(task: Any, out: pa.RecordBatch, profile: Any) -> None:
+    """Add an output chunk to the task's :class:`~pipeline.sketches.Profile` (None: not profiling): the kind's
+    ``profile_output``, else every kind's part (statuses and tokens)."""
+    if profile is None:
+        return
+    hook = getattr(task, "profile_output", None)
+    if hook is not None:
+        hook(out, profile)
+    else:
+        profile.rows(out)
 
 
 def each_hook(*hooks: Any) -> Any:

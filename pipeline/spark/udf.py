@@ -29,8 +29,9 @@ import pyarrow as pa
 
 from pipeline.config import BatchingConfig, ModelConfig
 from pipeline.metrics import WorkerCounts, WorkerProgress
-from pipeline.spark.chunks import (digesting, each_hook, finish_stage, join_results, replay_staged, split_null_ids,
-                                   task_results, with_metrics)
+from pipeline.sketches import Profile
+from pipeline.spark.chunks import (digesting, each_hook, finish_stage, join_results, profile_chunk, replay_staged,
+                                   split_null_ids, task_results, with_metrics)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -73,6 +74,8 @@ class InferencePlan:
     try_id: str = ""
     max_tokens: int | None = None
     rate_share: float = 1.0
+    # sketch the output as it is scored (pipeline.sketches): the task's profile rides in its counts
+    profile: bool = False
 
     def build_task(self) -> Any:
         if self.task_class is None:
@@ -140,6 +143,7 @@ def score_partition(
     if progress is not None:
         progress.restart()  # rates from the first batch on, not from the model load
     task_schema = task.output_schema()
+    profile = Profile() if plan.profile else None
     # (rows with an id, rows without one already flagged or None) per chunk, in input order
     taken: deque[tuple[pa.RecordBatch, pa.RecordBatch | None]] = deque()
 
@@ -148,8 +152,11 @@ def score_partition(
             valid, invalid = split_null_ids(batch, task_schema, keep=keep, id_column=plan.id_column, counts=counts)
             taken.append((valid, invalid))  # its id and kept columns join its results, in order
             if valid.num_rows or invalid is None:  # a chunk of rows without ids only never reaches the model
-                yield pa.RecordBatch.from_arrays([valid.column(c) for c in plan.input_columns],
-                                                 names=list(plan.input_columns))
+                inputs = pa.RecordBatch.from_arrays([valid.column(c) for c in plan.input_columns],
+                                                    names=list(plan.input_columns))
+                if profile is not None:
+                    profile.inputs(inputs.column(0))
+                yield inputs
 
     results = task_results(task, loaded, task_inputs(), counts, ctx.cpus() if ctx else 1)
     held: pa.RecordBatch | None = None
@@ -158,6 +165,7 @@ def score_partition(
             counts.merge({"rows_per_worker": {counts.worker: out.num_rows}})
             if plan.faults and ctx is not None:
                 out = faults.on_output(out, ctx.partitionId(), n)
+            profile_chunk(task, out, profile)
             if stage is not None:
                 stage.add(out)
             if plan.metrics_column is None:
@@ -171,6 +179,8 @@ def score_partition(
                 held = out
             if n == 0 and plan.faults and ctx is not None:
                 faults.on_task_start(ctx.partitionId(), ctx.attemptNumber())
+        if profile is not None:
+            counts.merge({"profile": profile.data})
         finish_stage(stage, digest, counts)
     except BaseException:
         if stage is not None:
