@@ -85,6 +85,9 @@ class RunSummary:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     endpoint: dict[str, float] = field(default_factory=dict)
+    # the output's profile and its drift verdict against the job's recent runs ({"profile": ..., "drift": ...},
+    # pipeline.sketches and pipeline.drift); empty when run.quality is off
+    quality: dict[str, Any] = field(default_factory=dict)
 
     @property
     def rows_flagged(self) -> int:
@@ -190,9 +193,30 @@ class RunSummary:
             lines.append(f"source                  : {self.source_note}")
         if self.retries:
             lines.append("batch retries           : " + ", ".join(f"{k}={v}" for k, v in self.retries.items()))
+        lines += _quality_lines(self.quality)
         for row in self.samples:
             lines.append("sample                  : " + _short(row))
         return "\n".join(lines)
+
+
+def _quality_lines(quality: Mapping[str, Any]) -> list[str]:
+    """The drift gate's verdict: one line, then one per measure that moved.
+
+    >>> drift = {"findings": [{"measure": "status", "test": "PSI", "value": 2.1, "limit": 0.25, "p_value": 0.0,
+    ...          "change": "skipped_empty 0.0% -> 33.3%", "flagged": True}], "history": ["a", "b"], "action": "warned"}
+    >>> print("\\n".join(_quality_lines({"drift": drift})))
+    quality                 : 1 of 1 measure(s) against the last 2 run(s) moved (warned: published)
+    drift                   : status: PSI 2.1 > 0.25 (p < 1e-12): skipped_empty 0.0% -> 33.3%
+    """
+    if not quality.get("drift"):
+        return []
+    from pipeline.drift import Verdict
+
+    verdict = Verdict.from_dict(quality["drift"])
+    action = {"warned": " (warned: published)", "accepted": " (accepted with --accept-drift: published)",
+              "refused": " (refused: nothing published)"}.get(verdict.action, "")
+    return ([f"quality                 : {verdict.headline()}{action}"]
+            + [f"drift                   : {f.line()}" for f in verdict.measures_moved()])
 
 
 def _endpoint_line(stats: Mapping[str, float]) -> str:

@@ -90,6 +90,7 @@ def summarize(prep: Prepared, plan: RunPlan, *, committed: Committed, read: Read
         resume_note=plan.resume_note, source_snapshot=plan.identity.source_snapshot, source_note=plan.source_note,
         prompt_tokens=int(counts.prompt_tokens), completion_tokens=int(counts.completion_tokens),
         endpoint={k: (round(v, 3) if isinstance(v, float) else v) for k, v in counts.endpoint.items()},
+        quality=committed.quality or {},
     )
 
 
