@@ -76,6 +76,9 @@ class InferencePlan:
     rate_share: float = 1.0
     # sketch the output as it is scored (pipeline.sketches): the task's profile rides in its counts
     profile: bool = False
+    # the model's revision (a hash of its weights, checked on the driver): part of the worker cache's key, so
+    # a folder whose weights were replaced is loaded again by a reused worker, never served from its cache
+    model_revision: str = ""
 
     def build_task(self) -> Any:
         if self.task_class is None:
@@ -278,7 +281,9 @@ def load_model(task: Any, plan: InferencePlan, ctx: Any, *, defer: bool = False)
     threads = task_threads(ctx.cpus() if ctx else None, override=plan.model.torch_threads)
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
-    key = (task.cache_key(), device)
+    key = (task.cache_key(), device, plan.model_revision)
+    # a folder whose weights were replaced: the worker keeps the new revision only
+    cache.discard_keys(lambda k: isinstance(k, tuple) and len(k) == 3 and k[:2] == key[:2] and k != key)
     started = time.perf_counter()
     loaded, fresh = cache.get_or_load(key, lambda: _load(task, plan.model, device))
     if not fresh:

@@ -79,6 +79,7 @@ def score_inputs(
         id_column=config.source.id_column, progress_dir=progress_dir, staging_dir=staging_dir,
         calibration_rows=calibration_rows(inputs, config, task),
         try_id=try_id, max_tokens=max_tokens, rate_share=rate_share, profile=config.run.quality.enabled,
+        model_revision=model.revision,
     )
     scored = apply_inference(_deal(inputs, tasks, task), plan).withColumnRenamed("id", config.source.id_column)
     scored = scored.select(
