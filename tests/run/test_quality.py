@@ -9,6 +9,7 @@ again and becomes the new normal; an upstream change that empties a third of the
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import json
 import shutil
@@ -78,7 +79,7 @@ def test_a_swapped_encoder_is_refused_then_accepted_and_emptied_texts_are_flagge
     assert accepted.rows_reused == ROWS and accepted.rows_scored == 0 and accepted.resumed_tasks == TASKS
     assert not accepted.model_loads, "published from staging: no model loaded, nothing scored again"
     assert _verdict(accepted).action == "accepted" and accepted.delta_version == version + 1
-    day3 = DeltaTable(scores).to_pyarrow_table(filters=[("ds", "=", "2026-11-03")])
+    day3 = DeltaTable(scores).to_pyarrow_table(filters=[("ds", "=", dt.date(2026, 11, 3))])
     assert day3.num_rows == ROWS and set(day3["run_id"].to_pylist()) == {"n3b"}
 
     # the accepted night is the new normal: the same encoder on a night with a third of its texts empty
