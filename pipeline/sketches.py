@@ -107,9 +107,10 @@ class Profile:
         array = values if isinstance(values, (pa.Array, pa.ChunkedArray)) else pa.array(list(values), pa.string())
         if isinstance(array, pa.ChunkedArray):
             array = array.combine_chunks()
+        array = pc.drop_null(array)
         if len(array) == 0:
             return
-        found = pc.value_counts(pc.drop_null(array))
+        found = pc.value_counts(array)
         pairs = zip(found.field("values").to_pylist(), found.field("counts").to_pylist())
         into = self.data.setdefault("cat", {}).setdefault(measure, {})
         merge_counts(into, {str(v): int(n) for v, n in pairs})

@@ -37,8 +37,7 @@ def quality_section(run: Mapping[str, Any]) -> list[str]:
     verdict = Verdict.from_dict(drift)
     parts = ["<h2>Output quality: the profile against the job's recent runs</h2>"]
     action = {"passed": "ok", "warned": "flag", "refused": "failed", "accepted": "started"}.get(verdict.action, "")
-    against = (f" against {len(verdict.history)} run(s): {html.escape(', '.join(verdict.history))}"
-               if verdict.history else "")
+    against = f" (runs {html.escape(', '.join(verdict.history))})" if verdict.history else ""
     parts.append(f"<p><span class='{action}'>{html.escape(verdict.action)}</span>: "
                  f"{html.escape(verdict.headline())}{against}</p>")
     if verdict.findings:
