@@ -137,7 +137,7 @@ WORK_KEYS = frozenset({
     "slow_batches", "rows_per_worker", "model_loads", "load_seconds", "infer_seconds", "torch_threads",
     "task_retries", "tasks_per_worker", "precision_used", "precision_fallbacks", "precision_checks",
     "precision_auto", "generation_backend",
-    "progress_rows", "oom_splits", "adaptive_splits", "poison_bisections", "endpoint",
+    "progress_rows", "oom_splits", "adaptive_splits", "poison_bisections", "endpoint", "profile_seconds",
 })
 
 

@@ -72,6 +72,8 @@ class RunCounts:
     model_loads: dict[str, int] = field(default_factory=dict)
     load_seconds: float = 0.0
     infer_seconds: float = 0.0
+    # sketching the output as it was scored (pipeline.sketches), summed over tasks: what the profile costs
+    profile_seconds: float = 0.0
     precision_used: dict[str, int] = field(default_factory=dict)
     precision_fallbacks: dict[str, int] = field(default_factory=dict)
     precision_checks: dict[str, int] = field(default_factory=dict)

@@ -54,6 +54,8 @@ class RunSummary:
     # seconds summed over workers: loading models, and running the task on chunks
     load_seconds: float = 0.0
     infer_seconds: float = 0.0
+    # of which sketching the output's profile (run.quality), summed over workers
+    profile_seconds: float = 0.0
     # what does not add up (the task kind's completeness check), None when every input row is accounted for
     incomplete: str | None = None
     # set when this run's committed rows are no longer in the latest snapshot, e.g. "replaced by run b (version 3)"
@@ -155,7 +157,8 @@ class RunSummary:
             lines.append(f"rows per worker         : {_spread(self.rows_per_worker)} in {self.tasks:,} task(s)")
         if self.load_seconds or self.infer_seconds:
             lines.append(f"worker time             : model load {self.load_seconds:,.1f} s, inference "
-                         f"{self.infer_seconds:,.1f} s (summed over workers)")
+                         f"{self.infer_seconds:,.1f} s" + (f", output profile {self.profile_seconds:,.2f} s"
+                                                          if self.profile_seconds else "") + " (summed over workers)")
         if self.precision_used:
             used = ", ".join(f"{p} x{n}" for p, n in sorted(self.precision_used.items()))
             lines.append(f"precision               : {used} (model loads)")

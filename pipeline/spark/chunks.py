@@ -27,7 +27,7 @@ import pyarrow as pa
 from pipeline.metrics import WorkerCounts
 from pipeline.rows import INVALID_ID, MALFORMED_COLUMN
 
-__all__ = ["digesting", "each_hook", "finish_stage", "join_results", "profile_chunk", "replay_staged",
+__all__ = ["digesting", "each_hook", "finish_profile", "finish_stage", "join_results", "profile_chunk", "replay_staged",
            "split_null_ids", "task_results", "with_metrics"]
 
 
@@ -74,11 +74,20 @@ def profile_chunk(task: Any, out: pa.RecordBatch, profile: Any) -> None:
     ``profile_output``, else every kind's part (statuses and tokens)."""
     if profile is None:
         return
+    started = time.perf_counter()
     hook = getattr(task, "profile_output", None)
     if hook is not None:
         hook(out, profile)
     else:
         profile.rows(out)
+    profile.seconds += time.perf_counter() - started
+
+
+def finish_profile(profile: Any, counts: WorkerCounts) -> None:
+    """The task's profile into its counts (``profile``), and the seconds it cost (``profile_seconds``)."""
+    if profile is not None:
+        counts.merge({"profile": profile.data})
+        counts.add("profile_seconds", profile.seconds)
 
 
 def each_hook(*hooks: Any) -> Any:

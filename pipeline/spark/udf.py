@@ -30,8 +30,8 @@ import pyarrow as pa
 from pipeline.config import BatchingConfig, ModelConfig
 from pipeline.metrics import WorkerCounts, WorkerProgress
 from pipeline.sketches import Profile
-from pipeline.spark.chunks import (digesting, each_hook, finish_stage, join_results, profile_chunk, replay_staged,
-                                   split_null_ids, task_results, with_metrics)
+from pipeline.spark.chunks import (digesting, each_hook, finish_profile, finish_stage, join_results, profile_chunk,
+                                   replay_staged, split_null_ids, task_results, with_metrics)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -182,8 +182,7 @@ def score_partition(
                 held = out
             if n == 0 and plan.faults and ctx is not None:
                 faults.on_task_start(ctx.partitionId(), ctx.attemptNumber())
-        if profile is not None:
-            counts.merge({"profile": profile.data})
+        finish_profile(profile, counts)
         finish_stage(stage, digest, counts)
     except BaseException:
         if stage is not None:
