@@ -68,11 +68,11 @@ def previous_top_k(spark: "SparkSession", *, path: str | None, table: str | None
     best first; None when there is no such night (the first run, or no table yet)."""
     from pyspark.sql import functions as F
 
-    from pipeline.io.sources import SourceError, read_delta
+    from pipeline.io.sources import read_delta
 
     try:
         rows = read_delta(spark, path) if path else spark.table(str(table))
-    except (SourceError, Exception):  # noqa: BLE001 - no output yet (the error type depends on the reader)
+    except Exception:  # noqa: BLE001 - no output yet: SourceError from a path, Spark's own for a catalog table
         return None
     if not {"user_id", "item_id", "rank", "ds"} <= set(rows.columns):
         return None
