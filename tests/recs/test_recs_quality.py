@@ -58,7 +58,7 @@ def _verdict(summary) -> Verdict:
     return verdict
 
 
-@pytest.mark.slow  # three nights of the refresh, three small models trained: about 40 s on an idle 2-core machine
+@pytest.mark.slow  # three nights of the refresh, three small models trained: 15 s on a shared 2-core machine
 def test_a_model_trained_on_a_corrupted_day_is_refused(spark, tmp_path):
     out = io.StringIO()
     _day(tmp_path, seed=3)

@@ -48,7 +48,7 @@ def _verdict(summary) -> Verdict:
     return verdict
 
 
-@pytest.mark.slow  # five runs of a tiny encoder: about a minute on an idle 2-core machine
+@pytest.mark.slow  # five runs of a tiny encoder: 45 s on a shared 2-core machine
 def test_a_swapped_encoder_is_refused_then_accepted_and_emptied_texts_are_flagged(spark, tiny_embed_model, tmp_path):
     model = Path(shutil.copytree(tiny_embed_model, tmp_path / "encoder"))
     out = io.StringIO()
