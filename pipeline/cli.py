@@ -6,18 +6,22 @@ The spark-submit entries in ``jobs/`` call :func:`main` with the same arguments.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 __all__ = ["build_parser", "main"]
 
 
 def build_parser(prog: str = "python -m pipeline") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description="Spark batch inference jobs")
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="print the library's version and the pyspark and Python it runs with, then exit")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a job from its YAML config")
     add_job_arguments(run)
-    check = sub.add_parser("check", help="validate a config and print it resolved, without running")
+    check = sub.add_parser("check", help="validate a config and print it resolved, then check that this machine "
+                           "has the Spark and the libraries the job needs, without running")
     add_job_arguments(check)
     sub.add_parser("tasks", help="list the registered task kinds and their config keys")
     docs = sub.add_parser("config-reference", help="print the config reference (the docs' generated pages)")
@@ -39,6 +43,41 @@ def build_parser(prog: str = "python -m pipeline") -> argparse.ArgumentParser:
     return parser
 
 
+class _Version(argparse.Action):
+    """``--version``: one unwrapped line on stdout (argparse's own action wraps it to the terminal's width)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option: Any = None) -> None:
+        print(version_line())
+        parser.exit()
+
+
+def version_line() -> str:
+    """``spark-batch-inference 0.2.0 (pyspark 4.2.0, Python 3.11.7)``."""
+    from pipeline.compat import runtime_versions
+
+    versions = runtime_versions()
+    shown = ", ".join(f"{name} {versions[key]}" for key, name in
+                      (("pyspark", "pyspark"), ("python", "Python"), ("torch", "torch"), ("transformers", "transformers"))
+                      if key in versions)
+    return f"spark-batch-inference {versions['spark_batch_inference']} ({shown or 'no pyspark'})"
+
+
+def check_environment(config) -> list[str]:
+    """What ``check`` says about this machine for ``config``: the Spark found and the extras the job needs.
+
+    Raises the job's own error (the one ``run`` would give before any work) when one is missing.
+    """
+    from pipeline.compat import SUPPORTED_TEXT, check_spark
+    from pipeline.registry import get_task_kind
+
+    found = check_spark()
+    kind = get_task_kind(config.task.kind)
+    kind.job.check_extras(config, kind.task)
+    extras = kind.job.extras(config, kind.task)
+    return [f"pyspark {found}: supported (Spark {SUPPORTED_TEXT})",
+            f"libraries for task.kind {config.task.kind}: installed ({', '.join(extras) or 'core only'})"]
+
+
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", help="an output table path, its runs table (<output>_runs), or a run id with --runs")
     parser.add_argument("--runs", metavar="PATH", help="the runs table (needed when target is a run id)")
@@ -57,12 +96,13 @@ def report_command(args: argparse.Namespace) -> int:
     from pipeline.report import Thresholds, report_main
 
     thresholds = Thresholds(rows_drop=args.max_rows_drop / 100, throughput_drop=args.max_throughput_drop / 100)
-    path, run_id, deviations = report_main(args.target, out=args.out, history=args.history, runs_path=args.runs,
-                                   thresholds=thresholds)
+    path, reported, deviations = report_main(args.target, out=args.out, history=args.history, runs_path=args.runs,
+                                             thresholds=thresholds)
     print(f"report: {path}")
-    for run_id, reasons in deviations.items():
-        print(f"flagged run {run_id}: " + "; ".join(reasons))
-    return 3 if args.fail_on_deviation and run_id in deviations else 0
+    for flagged, reasons in deviations.items():
+        print(f"flagged run {flagged}: " + "; ".join(reasons))
+    # only the reported run decides the exit: a night flagged earlier in the history is listed, not failed again
+    return 3 if args.fail_on_deviation and reported in deviations else 0
 
 
 def vacuum_command(args: argparse.Namespace) -> int:
@@ -122,6 +162,9 @@ def add_job_arguments(parser: argparse.ArgumentParser, *, positional: bool = Tru
                              "and fingerprint (same as --set run.retry_quarantined=true)")
     parser.add_argument("--verbose", action="store_true",
                         help="on an error, print the whole traceback and Spark's full error text, not just one line")
+    parser.add_argument("--log-json", action="store_true",
+                        help="the run's lines as JSON lines, one event per driver stage and the summary among them "
+                             "(same as --set run.log_format=json; see docs/logging.md)")
 
 
 def config_from_args(args: argparse.Namespace):
@@ -143,6 +186,8 @@ def config_from_args(args: argparse.Namespace):
         overrides.append("run.allow_empty=true")
     if getattr(args, "accept_drift", False):
         overrides.append("run.accept_drift=true")
+    if getattr(args, "log_json", False):
+        overrides.append("run.log_format=json")
     return load_config(path, overrides=overrides, overlays=args.overlay)
 
 
@@ -198,12 +243,14 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m pipeline")
 
             # values from ${VAR} show as ${VAR}: check output lands in CI logs and terminals
             print(json.dumps(config.printable(), indent=2))
+            for line in check_environment(config):
+                print(f"check: {line}", file=sys.stderr)
             return 0
         from pipeline.runner import run_job
 
         warning = undated_run_warning(config)
-        if warning:
-            print(f"warning: {warning}", file=sys.stderr, flush=True)
+        if warning:  # logged before the run starts: with no logging configured, Python prints it on stderr
+            logging.getLogger("pipeline.cli").warning("warning: %s", warning)
         run_job(config)
         return 0
     except PipelineError as exc:  # every deliberate error: its message says what to change

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from pydantic import BaseModel
-from pydantic_core import PydanticUndefined
+from pydantic.fields import PydanticUndefined
 
 from pipeline.config import JobConfig, TaskConfig
 

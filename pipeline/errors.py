@@ -22,7 +22,9 @@ __all__ = [
     "DriftRefused",
     "EngineError",
     "InjectedFaultError",
+    "InstallError",
     "JobError",
+    "MissingExtraError",
     "ModelError",
     "PipelineError",
     "PrecisionGateError",
@@ -34,6 +36,7 @@ __all__ = [
     "SinkError",
     "SourceError",
     "TokenBudgetReached",
+    "UnsupportedSparkError",
     "lost_commit_message",
 ]
 
@@ -94,6 +97,19 @@ class RegistryError(ModelError):
 
 class ReportError(PipelineError, ValueError):
     """A run report cannot be made: no runs table there, or no such run id."""
+
+
+class InstallError(PipelineError, RuntimeError):
+    """What is installed cannot run the job: a Spark outside the supported range, a missing extra."""
+
+
+class UnsupportedSparkError(InstallError):
+    """The installed pyspark (or the Spark Connect server) is outside the supported range, or lacks a feature
+    the job needs; the message names the versions and what to do."""
+
+
+class MissingExtraError(InstallError, ImportError):
+    """A library the job needs is not installed; the message gives the ``pip install`` line that adds it."""
 
 
 class JobError(PipelineError, RuntimeError):

@@ -62,14 +62,16 @@ __all__ = [
 RUN_KEY_IGNORES: Mapping[str, frozenset[str] | None] = {
     "spark": None,
     "storage": None,  # how the store is reached (keys rotate), not what is written
-    "run": frozenset({"run_id", "progress", "progress_interval_s", "sample_rows", "summary_path", "faults",
-                      "runs_path", "report_path", "mlflow", "staging", "staging_path", "staging_max_age_hours",
-                      "min_rows_fraction", "allow_empty", "max_tokens", "quality", "accept_drift"}),
+    "run": frozenset({"run_id", "progress", "progress_interval_s", "sample_rows", "log_format", "summary_path",
+                      "faults", "runs_path", "report_path", "mlflow", "staging", "staging_path",
+                      "staging_max_age_hours", "min_rows_fraction", "allow_empty", "max_tokens", "quality",
+                      "accept_drift"}),
 }
-# what the runs table's config hash leaves out: the run's date and try, and how the store is reached
+# what the runs table's config hash leaves out: the run's date and try, how the store is reached, and how the
+# run's lines look (a nightly job switched to JSON lines keeps its hash)
 CONFIG_HASH_IGNORES: Mapping[str, frozenset[str] | None] = {
     "storage": None,
-    "run": frozenset({"ds", "run_id", "accept_drift"}),
+    "run": frozenset({"ds", "run_id", "log_format", "accept_drift"}),
 }
 
 

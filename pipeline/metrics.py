@@ -179,13 +179,17 @@ class StageClock:
         self.seconds: dict[str, float] = {}
         # called at every lap, before the next stage starts (a stop asked for raises there)
         self.between: Callable[[], None] = lambda: None
+        # called at every lap with the stage's name, its seconds and what it counted: the run's stage event
+        self.on_lap: Callable[..., None] = lambda name, seconds, **facts: None
 
-    def lap(self, name: str) -> float:
-        """Attribute the time since the last lap to ``name``; returns that time."""
+    def lap(self, name: str, **facts: Any) -> float:
+        """Attribute the time since the last lap to ``name``; returns that time. ``facts`` (rows, tasks, the
+        version committed) travel with it to :attr:`on_lap`."""
         self.between()
         now = self.clock()
         spent, self.last = now - self.last, now
         self.seconds[name] = self.seconds.get(name, 0.0) + spent
+        self.on_lap(name, spent, **facts)
         return spent
 
     def skip(self) -> None:

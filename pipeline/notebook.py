@@ -9,6 +9,9 @@ fails there, not an hour into a run) and runs the job in the last
     declare_widgets(dbutils, config="conf/score_documents.yaml")
     args = read_widgets(dbutils)
     summary = run_notebook(args, spark=spark)
+
+A notebook that reads and displays scores the rows it shows with :func:`pipeline.score` instead
+(:func:`preview_scores`: the job's first rows, its settings, nothing written).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 from pipeline.config import ConfigError, parse_overrides
 
-__all__ = ["NotebookArgs", "declare_widgets", "read_widgets", "run_notebook"]
+__all__ = ["NotebookArgs", "declare_widgets", "preview_scores", "read_widgets", "run_notebook"]
 
 WIDGETS = {
     "config": "Config YAML",
@@ -58,6 +61,28 @@ def run_notebook(args: NotebookArgs, *, spark: Any) -> Any:
 
     config = load_config(args.config_path, overlays=args.overlays, overrides=args.overrides_with_run())
     return run_job(config, spark=spark)
+
+
+def preview_scores(args: NotebookArgs, *, spark: Any, rows: int = 20) -> Any:
+    """The first ``rows`` rows of the job's source, scored with the job's task, model and batching, to display.
+
+    A lazy DataFrame (:func:`pipeline.score`): the id, the columns the task reads and ``source.keep_columns``,
+    then the task's columns; nothing is written and no run is recorded. The job itself: :func:`run_notebook`.
+    """
+    from pipeline.config import load_config
+    from pipeline.dataframe import score
+    from pipeline.io.sources import read_source
+    from pipeline.registry import kind_and_task
+
+    config = load_config(args.config_path, overlays=args.overlays, overrides=args.overrides_with_run())
+    _, task = kind_and_task(config)
+    inputs = tuple(task.input_columns)
+    text_column = config.source.text_column if inputs == ("text",) else None
+    columns = dict.fromkeys([config.source.id_column, *([text_column] if text_column else inputs),
+                             *config.source.keep_columns])
+    source = read_source(spark, config.source).select(*[f"`{c}`" for c in columns]).limit(rows)
+    return score(source, config.task, model=config.model, batching=config.batching, text_column=text_column,
+                 id_column=config.source.id_column)
 
 
 def _get(dbutils: Any, name: str) -> str:

@@ -12,11 +12,11 @@ Recording is best effort: it never turns a successful run into a failed one.
 from __future__ import annotations
 
 import datetime as dt
-import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
 from pipeline.config.redaction import scrub
 from pipeline.io.stores import unreachable_reason
+from pipeline.logs import RunLog
 from pipeline.report import write_report
 from pipeline.runs import run_row, spark_identity, write_run_row
 from pipeline.tracking import log_run
@@ -32,12 +32,14 @@ class RunRecorder:
     """Records one run: a ``started`` row at :meth:`begin`, the final row, report and MLflow at :meth:`end`.
 
     Never raises from :meth:`begin`, :meth:`note` or :meth:`end`: a failure to
-    record prints one warning line to ``out`` and the run goes on.
+    record logs one warning line (to the run's ``log``, else to ``out``: :class:`pipeline.logs.RunLog`) and the
+    run goes on.
     """
 
-    def __init__(self, config: "JobConfig", *, run_id: str, ds: dt.date, out: TextIO = sys.stdout,
-                 started_at: dt.datetime | None = None) -> None:
-        self.config, self.run_id, self.ds, self.out = config, run_id, ds, out
+    def __init__(self, config: "JobConfig", *, run_id: str, ds: dt.date, out: TextIO | None = None,
+                 started_at: dt.datetime | None = None, log: RunLog | None = None) -> None:
+        self.config, self.run_id, self.ds = config, run_id, ds
+        self.log = log or RunLog(job=config.job, run_id=run_id, out=out, fmt=config.run.log_format)
         self.started_at = started_at or dt.datetime.now(dt.timezone.utc)
         self.path = config.resolved_runs_path()
         # Written with deltalake from the driver, so where the deltalake writer reaches: local or mounted paths
@@ -52,9 +54,10 @@ class RunRecorder:
         self.version: int | None = None
 
     @classmethod
-    def begin(cls, config: "JobConfig", *, run_id: str, ds: dt.date, out: TextIO = sys.stdout) -> "RunRecorder":
+    def begin(cls, config: "JobConfig", *, run_id: str, ds: dt.date, out: TextIO | None = None,
+              log: RunLog | None = None) -> "RunRecorder":
         """Start recording: writes the ``started`` row."""
-        recorder = cls(config, run_id=run_id, ds=ds, out=out)
+        recorder = cls(config, run_id=run_id, ds=ds, out=out, log=log)
         recorder._write("started")
         return recorder
 
@@ -80,26 +83,25 @@ class RunRecorder:
         if self.row is None:
             return
         if self.version is not None and summary is not None:
-            print(f"runs table              : {self.path} (version {self.version})", file=self.out, flush=True)
+            self.log.line(f"runs table              : {self.path} (version {self.version})")
         elif self.remote_skipped and error is None:
-            print(f"runs table              : not recorded at {self.remote_skipped}: the runs table is written with "
-                  f"deltalake from the driver, and {unreachable_reason(self.remote_skipped)}; set run.runs_path to "
-                  "one of those",
-                  file=self.out, flush=True)
+            self.log.line(f"runs table              : not recorded at {self.remote_skipped}: the runs table is "
+                          f"written with deltalake from the driver, and {unreachable_reason(self.remote_skipped)}; "
+                          "set run.runs_path to one of those")
         report_path = self.config.run.report_path
         if report_path:
             try:
                 write_report([self.row], report_path)
-                print(f"[{self.config.job}] report: {report_path}", file=self.out, flush=True)
+                self.log.line(f"[{self.config.job}] report: {report_path}")
             except Exception as exc:  # noqa: BLE001 - the report is a by-product; the run stands
                 self._warn("could not write the report", report_path, exc)
                 report_path = None
         if self.config.run.mlflow is not None:
             try:
                 mlflow_run = log_run(self.row, self.config.run.mlflow, report_path=report_path)
-                print(f"[{self.config.job}] " + (f"MLflow run {mlflow_run}" if mlflow_run else
-                      "run.mlflow is set but mlflow is not installed here: nothing logged "
-                      "(pip install mlflow-skinny)"), file=self.out, flush=True)
+                self.log.line(f"[{self.config.job}] " + (f"MLflow run {mlflow_run}" if mlflow_run else
+                              "run.mlflow is set but mlflow is not installed here: nothing logged "
+                              "(pip install mlflow-skinny)"))
             except Exception as exc:  # noqa: BLE001
                 self._warn("could not log to MLflow", self.config.run.mlflow.tracking_uri, exc)
 
@@ -120,5 +122,5 @@ class RunRecorder:
 
     def _warn(self, what: str, where: Any, exc: BaseException) -> None:
         text = scrub(str(exc), self.config.secret_values())
-        print(f"[{self.config.job}] warning: {what} at {where}: {type(exc).__name__}: {text} "
-              "(the run itself is not affected; set run.runs_path to a writable location)", file=self.out, flush=True)
+        self.log.warning(f"[{self.config.job}] warning: {what} at {where}: {type(exc).__name__}: {text} "
+                         "(the run itself is not affected; set run.runs_path to a writable location)")

@@ -31,11 +31,13 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.config import TaskConfig
+from pipeline.config import JobConfig, TaskConfig
 from pipeline.config.kinds import add_task_config, remove_task_config
 from pipeline.fingerprint import check_declarations
+from pipeline.rows import MODEL_LINEAGE_COLUMNS
 
-__all__ = ["ModelInfo", "TaskKind", "get_task_kind", "register_task", "set_default_job", "task_kinds"]
+__all__ = ["ModelInfo", "TaskKind", "get_task_kind", "kind_and_task", "register_task", "set_default_job",
+           "task_kinds"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,15 @@ class ModelInfo:
     path: str
     name: str
     revision: str
+
+    def lineage(self, fingerprint: str) -> dict[str, str]:
+        """The lineage columns (:data:`pipeline.rows.MODEL_LINEAGE_COLUMNS`) of a row this model scored with
+        the task ``fingerprint`` (:func:`pipeline.fingerprint.task_fingerprint`).
+
+        >>> ModelInfo("/m", "minilm", "abc").lineage("f00")
+        {'model_name': 'minilm', 'model_revision': 'abc', 'task_fingerprint': 'f00'}
+        """
+        return dict(zip(MODEL_LINEAGE_COLUMNS, (self.name, self.revision, fingerprint)))
 
 
 @dataclass(frozen=True)
@@ -120,6 +131,12 @@ def get_task_kind(kind: str) -> TaskKind:
         return _kinds[kind]
     except KeyError:
         raise KeyError(f"unknown task kind {kind!r}; known: {', '.join(sorted(_kinds))}") from None
+
+
+def kind_and_task(config: JobConfig, task: Any = None) -> tuple[TaskKind, Any]:
+    """The registered kind of ``config.task``, and ``task`` (built from the config only when not given)."""
+    kind = get_task_kind(config.task.kind)
+    return kind, task if task is not None else kind.task(config.task, model=config.model, batching=config.batching)
 
 
 def task_kinds() -> dict[str, TaskKind]:

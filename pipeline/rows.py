@@ -22,8 +22,8 @@ import enum
 import pyarrow as pa
 
 __all__ = [
-    "ERROR", "INVALID_ID", "INVALID_OUTPUT", "MALFORMED", "MALFORMED_COLUMN", "MALFORMED_ERROR", "NO_CONTENT", "OK",
-    "QUARANTINED_STATUSES", "SKIPPED_NULL", "STATUS_FIELDS", "Status", "TRUNCATED",
+    "ERROR", "INVALID_ID", "INVALID_OUTPUT", "MALFORMED", "MALFORMED_COLUMN", "MALFORMED_ERROR", "MODEL_LINEAGE_COLUMNS",
+    "NO_CONTENT", "OK", "QUARANTINED_STATUSES", "SKIPPED_NULL", "STATUS_FIELDS", "Status", "TRUNCATED",
 ]
 
 
@@ -72,3 +72,7 @@ STATUS_FIELDS = [
     pa.field("status", pa.string()),
     pa.field("error", pa.string()),
 ]
+
+# The lineage every scored row carries, whichever path scored it (run_job adds the run's own: run id, scored at):
+# the model's name and revision and the task fingerprint (pipeline.fingerprint).
+MODEL_LINEAGE_COLUMNS = ("model_name", "model_revision", "task_fingerprint")

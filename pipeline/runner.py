@@ -10,12 +10,13 @@ spark-submit entries, the CLI and notebooks call::
 
 from __future__ import annotations
 
-import sys
+import time
 from typing import TYPE_CHECKING, Any, TextIO
 
 from pipeline.config import JobConfig
 from pipeline.errors import JobError
 from pipeline.io.stores import using_settings
+from pipeline.logs import RunLog
 from pipeline.metrics import StageClock
 from pipeline.stages.plan import AlreadyCommitted, Checkpoint
 from pipeline.summary import RunSummary
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["JobError", "run_job"]
 
 
-def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: TextIO = sys.stdout) -> RunSummary:
+def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: TextIO | None = None) -> RunSummary:
     """Run ``config`` end to end and return (and print) its summary.
 
     Rows whose scoring failed go to the quarantine table (``sink.quarantine_path``),
@@ -35,42 +36,58 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
     (``pipeline.spark.checks``); the quarantine commits first, then the output, and
     both are read back at the versions committed and checked again by key.
     Every run, failed or not, leaves a row in the runs table (``pipeline.runs``).
+
+    Its lines and events are records of the ``pipeline`` loggers (:mod:`pipeline.logs`): written to ``out``
+    when given; else to stdout when nothing handles those loggers, or to the application's handlers when
+    something does. ``run.log_format: json`` writes them as JSON lines, one event per driver stage among
+    them. Every Spark job it starts is described ``[job] run <id>: <stage>`` (:mod:`pipeline.spark.job_labels`).
     """
     # every run on the record (runs table, report, MLflow); recording never fails the run
     from pipeline.recorder import RunRecorder
+    from pipeline.spark.job_labels import JobLabels
 
     # the run id and ds resolved once, here: the record, the identity and every stage read these
     run = config.run.model_copy(update={"run_id": config.run.resolved_run_id(), "ds": config.run.resolved_ds()})
     config = config.model_copy(update={"run": run})
+    log = RunLog(job=config.job, run_id=run.run_id, out=out, fmt=config.run.log_format)
     clock = StageClock()
+    clock.on_lap = log.stage  # one event per driver stage, with its seconds and counts
+    labels = JobLabels(job=config.job, run_id=run.run_id)
+    started = time.perf_counter()
     # the config's storage: section over the AWS_* environment for every table the job opens on S3
     with using_settings(config.storage.options()):
-        recorder = RunRecorder.begin(config, run_id=run.run_id, ds=run.ds, out=out)
-        clock.lap("runs table")
+        recorder = RunRecorder.begin(config, run_id=run.run_id, ds=run.ds, log=log)
+        clock.lap("runs table", version=recorder.version)
         try:
             from pipeline.spark.stopping import stop_on_sigterm
 
             with stop_on_sigterm(lambda: recorder.session) as stop:
                 clock.between = stop.check
                 try:
-                    summary = _run_job(config, spark=spark, out=out, recorder=recorder, clock=clock, stop=stop)
+                    summary = _run_job(config, spark=spark, log=log, recorder=recorder, clock=clock, stop=stop,
+                                       labels=labels)
                 finally:
                     clock.between = lambda: None
+                    labels.release()  # a notebook's session keeps no label of this run
         except BaseException as exc:
+            log.failed(_failure_line(exc, config), error_class=type(exc).__name__,
+                       seconds=time.perf_counter() - started)
             recorder.end(error=exc)
             raise
         clock.skip()
         recorder.end(summary=summary)
-        clock.lap("runs table")  # after the summary was printed: the returned summary has it, the printed one not
+        # after the summary was printed: the returned summary has it, the printed one not
+        clock.lap("runs table", version=recorder.version)
     summary.stage_seconds = dict(clock.seconds)
     return summary
 
 
-def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, recorder: Any,
-             clock: StageClock, stop: Any = False) -> RunSummary:
+def _run_job(config: JobConfig, *, spark: "SparkSession | None", log: RunLog, recorder: Any,
+             clock: StageClock, stop: Any = False, labels: Any = None) -> RunSummary:
     """The stages of one run, in order: prepare, identify, plan, score and commit, read back, summary.
 
-    ``stop``: true once a SIGTERM asked the run to stop (``pipeline.spark.stopping.StopRequest``)."""
+    ``stop``: true once a SIGTERM asked the run to stop (``pipeline.spark.stopping.StopRequest``);
+    ``labels``: what names the run's Spark jobs (``pipeline.spark.job_labels.JobLabels``)."""
     from pipeline.errors import RunStopped
     from pipeline.stages.commit import score_and_commit
     from pipeline.stages.identify import identify
@@ -78,7 +95,7 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
     from pipeline.stages.prepare import prepare
     from pipeline.stages.summary import already_committed, finish, summarize
 
-    prep = prepare(config, spark=spark, out=out, recorder=recorder, clock=clock)
+    prep = prepare(config, spark=spark, log=log, recorder=recorder, clock=clock, labels=labels)
     checkpoint = Checkpoint()
     try:
         identified = identify(prep)
@@ -95,6 +112,16 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", out: TextIO, re
         return already_committed(prep, plan.identity, outcome)
     committed, read = outcome
     return finish(prep, summarize(prep, plan, committed=committed, read=read), recorder=recorder)
+
+
+def _failure_line(exc: BaseException, config: JobConfig) -> str:
+    """The one line a failed run's event carries: what the CLI would print, the config's secrets scrubbed."""
+    from pipeline.config.redaction import scrub
+    from pipeline.error_text import error_line, is_spark_error
+
+    text = error_line(exc) if is_spark_error(exc) else ((str(exc).strip().splitlines() or [""])[0]
+                                                         or type(exc).__name__)
+    return scrub(text, config.secret_values())
 
 
 def _stopped_message(checkpoint: Checkpoint) -> str:

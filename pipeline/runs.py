@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import pyarrow as pa
 
+from pipeline.compat import runtime_versions
 from pipeline.config.redaction import redact_config, scrub
 from pipeline.identity import config_hash
 from pipeline.io.stores import delta_uri, is_table, open_table, storage_options
@@ -66,6 +67,8 @@ RUNS_SCHEMA = pa.schema([
     ("output", pa.string()), ("delta_version", pa.int64()), ("writer", pa.string()),
     ("batch_metrics", pa.string()),  # JSON: see pipeline.metrics.batch_metrics
     ("summary_json", pa.string()),  # JSON: the rest of the RunSummary (retries, fallbacks, backend, ...)
+    # JSON: what the driver ran with (pipeline.compat.runtime_versions); a table from before gains the column
+    ("versions", pa.string()),
     # JSON: the output's profile (pipeline.sketches) and its drift verdict against the job's history
     # (pipeline.drift); a table from before gains the columns on its next write
     ("profile", pa.string()), ("drift", pa.string()),
@@ -90,6 +93,8 @@ def run_row(
         config_json=json.dumps(redacted, sort_keys=True), config_hash=config_hash(redacted),
         task_kind=config.task.kind, model_name=model_name or config.model.name,
         model_revision=model_revision, spark_app_id=spark_app_id, spark_master=spark_master,
+        versions=json.dumps(summary.versions if summary is not None and summary.versions else runtime_versions(),
+                            sort_keys=True),
     )
     if error is not None:
         row["error_class"] = f"{type(error).__module__}.{type(error).__qualname__}".removeprefix("builtins.")
@@ -152,7 +157,8 @@ def write_run_row(path: str, row: Mapping[str, Any]) -> int:
                                 storage_options=options, commit_properties=CommitProperties(max_commit_retries=0))
                 return open_table(path, options=options or {}).version()
             table = open_table(path, options=options or {})
-            # merge_schema: a runs table written by an older version gains the columns added since (profile, drift)
+            # merge_schema: a runs table written by an older version gains the columns added since (versions,
+            # profile, drift)
             (table.merge(source=data, predicate="t.run_id = s.run_id", source_alias="s", target_alias="t",
                          merge_schema=True)
              .when_matched_update_all().when_not_matched_insert_all().execute())

@@ -15,10 +15,6 @@ from typing import Any
 
 __all__ = ["activate_for_this_thread", "delta_package", "is_connect", "register_data_source", "session_key"]
 
-# What delta-spark's configure_spark_with_delta_pip builds for the pinned pyspark / delta-spark.
-_DEFAULT_PACKAGE = "io.delta:delta-spark_4.2_2.13:4.4.0"
-
-
 def is_connect(spark: Any) -> bool:
     """Whether ``spark`` is a Spark Connect session (no ``sparkContext``, JVM or RDD API on the driver)."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
@@ -62,12 +58,9 @@ def activate_for_this_thread(spark: Any) -> None:
         pass
 
 
-def delta_package() -> str:
-    """The Maven coordinate of the Delta connector matching the installed pyspark and delta-spark."""
-    try:
-        from importlib.metadata import version
+def delta_package() -> str | None:
+    """The Maven coordinate of the Delta connector matching the installed pyspark (and delta-spark, when
+    installed); None on a Spark line no Delta release is built for (:func:`pipeline.compat.delta_connector_package`)."""
+    from pipeline.compat import delta_connector_package
 
-        spark_mm = ".".join(version("pyspark").split(".")[:2])
-        return f"io.delta:delta-spark_{spark_mm}_2.13:{version('delta-spark')}"
-    except Exception:  # noqa: BLE001 - not installed: the versions the lock pins
-        return _DEFAULT_PACKAGE
+    return delta_connector_package()

@@ -123,11 +123,14 @@ def _refusal(config: JobConfig, *, spark: Any, env: Mapping[str, str], active_se
 def _source_rows(config: JobConfig) -> tuple[int | None, str]:
     """The most rows the job can read and where that bound comes from; ``(None, why)`` when unknown."""
     limit = config.source.limit
+    delta = config.source.format == "delta" and bool(config.source.path)
+    rows, features = _delta_log_rows(str(config.source.path)) if delta else (None, [])
+    if features:  # a light session reads through deltalake, which cannot: the connector's session can
+        return None, f"the source uses {', '.join(features)}, which only the Delta connector reads"
     if limit is not None and limit <= config.spark.small_job_rows:
         return limit, f"source.limit {limit:,}"
-    if config.source.format != "delta" or not config.source.path:
+    if not delta:
         return None, f"the row count of a {config.source.format} source is not known before reading it"
-    rows = _delta_log_rows(str(config.source.path))
     if rows is None:
         return None, f"the Delta log of {config.source.path} does not count its rows"
     if limit is not None:
@@ -135,13 +138,15 @@ def _source_rows(config: JobConfig) -> tuple[int | None, str]:
     return rows, f"the source's {rows:,} rows (its Delta log)"
 
 
-def _delta_log_rows(path: str) -> int | None:
-    """The rows of the Delta table at ``path`` by its log's per-file counts; None when any is missing or no table."""
+def _delta_log_rows(path: str) -> tuple[int | None, list[str]]:
+    """The rows of the Delta table at ``path`` by its log's per-file counts (None when any is missing or no
+    table), and the features it uses that only the Delta connector reads (deletion vectors, column mapping)."""
     from pipeline.io.delta.tables import log_rows
+    from pipeline.io.sources import unreadable_features
     from pipeline.io.stores import open_table
 
     try:
         table = open_table(path)
     except Exception:  # noqa: BLE001 - no table there (yet): the read reports it; not small meanwhile
-        return None
-    return log_rows(table)
+        return None, []
+    return log_rows(table), unreadable_features(table)

@@ -87,6 +87,8 @@ class RunSummary:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     endpoint: dict[str, float] = field(default_factory=dict)
+    # what the run ran with: this library, Python, pyspark, torch, transformers (pipeline.compat.runtime_versions)
+    versions: dict[str, str] = field(default_factory=dict)
     # the output's profile and its drift verdict against the job's recent runs ({"profile": ..., "drift": ...},
     # pipeline.sketches and pipeline.drift); empty when run.quality is off
     quality: dict[str, Any] = field(default_factory=dict)
@@ -184,6 +186,8 @@ class RunSummary:
                          f"at version {self.delta_version})")
         if self.quarantine:
             lines.append(f"quarantine              : {self.quarantine} ({self.rows_quarantined:,} rows of this run)")
+        if self.versions:
+            lines.append("versions                : " + ", ".join(f"{k} {v}" for k, v in self.versions.items()))
         if self.stage_seconds:
             lines.append("driver stages           : " + ", ".join(
                 f"{name} {seconds:,.1f} s" for name, seconds in self.stage_seconds.items() if seconds >= 0.05))

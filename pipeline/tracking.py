@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from pipeline.errors import RegistryError
+from pipeline.io.outputs import read_output
+from pipeline.locations import is_local, local_path
 from pipeline.models.mlflow_registry import (
     REGISTRY_PREFIX, _mlflow, parse_registry_uri, pin_registry_model, resolve_registry_model,
 )
@@ -79,8 +81,10 @@ def log_run(row: Mapping[str, Any], config: "MlflowConfig", *, report_path: str 
     client.log_text(run_id, row.get("batch_metrics") or "{}", "batch_metrics.json")
     if drift:
         client.log_text(run_id, json.dumps(drift, indent=1), "drift.json")
-    if report_path:
-        client.log_artifact(run_id, report_path)
+    if report_path and is_local(report_path):
+        client.log_artifact(run_id, local_path(report_path))
+    elif report_path:  # an object (s3://): its text, under its own name
+        client.log_text(run_id, read_output(report_path).decode("utf-8"), report_path.rstrip("/").rsplit("/", 1)[-1])
     ended = row.get("ended_at")
     client.set_terminated(run_id, status="FINISHED" if row.get("outcome") == "ok" else "FAILED",
                           end_time=int(ended.timestamp() * 1000) if ended else None)

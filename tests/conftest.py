@@ -31,6 +31,9 @@ if not CONNECTOR_RUN:
     os.environ["SBI_NO_JARS"] = "1"
 
 
+# tests/wheel is the smoke set of the built wheel: make test-wheel runs it in venvs of its own, outside the checkout
+collect_ignore = ["wheel"]
+
 # what a `beside` test may not use: in the connector run these carry the connector jars
 SESSION_FIXTURES = frozenset({"spark", "connect_server", "spark_connect", "any_spark", "writer"})
 

@@ -23,6 +23,9 @@ __all__ = ["build_config", "load_config", "merged_config_data", "parse_overrides
 
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+# keys whose value is text however YAML reads it: a run id of 20261129 (a scheduler's ds_nodash) is an int to
+# YAML, 2026-11-29 a date, 0123 the octal 83 and 12:30 the number 750; these keep the characters as written
+TEXT_KEYS: tuple[tuple[str, ...], ...] = (("run", "run_id"),)
 
 
 def _expand_env(value: Any, where: str, found: dict[str, str] | None = None) -> Any:
@@ -61,6 +64,8 @@ def parse_overrides(overrides: Iterable[str]) -> dict[str, Any]:
             raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from None
         node = tree
         parts = key.split(".")
+        if tuple(parts) in TEXT_KEYS and not isinstance(value, (str, type(None))):
+            value = raw.strip()
         if parts[:2] == ["spark", "conf"] and len(parts) > 3:
             # Spark settings are dotted themselves: spark.conf.<spark.key> is one key, a string
             parts = ["spark", "conf", ".".join(parts[2:])]
@@ -92,7 +97,34 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping at the top level, got {type(data).__name__}")
+    return _text_as_written(data, path.read_text())
+
+
+def _text_as_written(data: dict[str, Any], text: str) -> dict[str, Any]:
+    """``data`` with each of :data:`TEXT_KEYS` that YAML turned into another type (a number, a date) replaced
+    by its scalar's characters as written in ``text``.
+
+    >>> _text_as_written({"run": {"run_id": 83}}, "run:\\n  run_id: 0123\\n")
+    {'run': {'run_id': '0123'}}
+    """
+    for keys in TEXT_KEYS:
+        parent: Any = data
+        for key in keys[:-1]:
+            parent = parent.get(key) if isinstance(parent, dict) else None
+        if isinstance(parent, dict) and not isinstance(parent.get(keys[-1]), (str, type(None))):
+            written = _scalar_text(yaml.compose(text), keys)
+            if written is not None:
+                parent[keys[-1]] = written
     return data
+
+
+def _scalar_text(node: Any, keys: tuple[str, ...]) -> str | None:
+    """The characters of the scalar at ``keys`` in a composed YAML document (None where there is none)."""
+    for key in keys:
+        if not isinstance(node, yaml.MappingNode):
+            return None
+        node = next((v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == key), None)
+    return node.value if isinstance(node, yaml.ScalarNode) else None
 
 
 def _allowed_keys(loc: tuple[Any, ...], data: dict[str, Any]) -> list[str] | None:
@@ -133,10 +165,15 @@ def _format_errors(exc: ValidationError, source: str, data: dict[str, Any], *,
     return f"invalid config {source}:\n" + "\n".join(lines)
 
 
-def build_config(data: dict[str, Any], *, source: str = "(dict)") -> JobConfig:
-    """Validate a plain dict (already merged) into a :class:`JobConfig`."""
+def build_config(data: dict[str, Any], *, source: str = "(dict)", expand_env: bool = True) -> JobConfig:
+    """Validate a plain dict (already merged) into a :class:`JobConfig`.
+
+    ``expand_env=False`` takes string values as they are: Python callers (``score(df)``) pass values, not
+    YAML text, so a ``${...}`` in a prompt template stays a ``${...}``.
+    """
     found: dict[str, str] = {}
-    data = _expand_env(data, "", found)
+    if expand_env:
+        data = _expand_env(data, "", found)
     try:
         config = JobConfig.model_validate(data)
     except ValidationError as exc:

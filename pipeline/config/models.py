@@ -129,7 +129,11 @@ class RunConfig(ConfigSection):
     progress: bool = Field(True, description="progress lines while the job runs")
     progress_interval_s: float = Field(10.0, gt=0, description="seconds between progress lines")
     sample_rows: int = Field(3, ge=0, description="output rows shown in the summary")
-    summary_path: str | None = Field(None, description="also write the summary as JSON")
+    log_format: Literal["plain", "json"] = Field(
+        "plain", description="also `--log-json`: the run's lines as plain text, or JSON lines with one event per "
+                             "driver stage (see docs/logging.md)")
+    summary_path: str | None = Field(
+        None, description="also write the summary as JSON: a local path or an `s3://`/`s3a://` object")
     incremental: bool = Field(
         False, description="score only rows whose (id, content hash) the output lacks for this task fingerprint "
         "(model revision and the settings that change results: see \"Incremental runs\")")
@@ -156,7 +160,8 @@ class RunConfig(ConfigSection):
     runs_path: str | None = Field(
         None, description="Delta table with one row per run (see `pipeline/runs.py`); none: `<sink.path>_runs`")
     report_path: str | None = Field(
-        None, description="write this run's HTML report there at the end (see `pipeline/report/`)")
+        None, description="write this run's HTML report there at the end: a local path or an `s3://`/`s3a://` "
+                          "object (see `pipeline/report/`)")
     mlflow: MlflowConfig | None = Field(
         None, description="log params, metrics and the report to MLflow (needs `mlflow-skinny`); none: no logging")
     staging: bool = Field(
@@ -178,6 +183,22 @@ class RunConfig(ConfigSection):
     staging_max_age_hours: float = Field(
         72.0, gt=0, description="staged output of other runs older than this is removed at the start of a run "
                                 "and by `pipeline vacuum`")
+    state_path: str | None = Field(
+        None, description="a catalog-table sink (`sink.table`): the folder for what the job keeps beside its output "
+        "(a Unity Catalog Volume such as `/Volumes/main/sbi/state`, mounted on every executor): "
+        "`<state_path>/<job>/quarantine`, `.../runs` and `.../staging`, where `sink.quarantine_path`, "
+        "`run.runs_path` and `run.staging_path` are not set")
+
+    @field_validator("run_id", mode="before")
+    @classmethod
+    def _run_id_as_text(cls, value: Any) -> Any:
+        """A run id given as a number or a date (a scheduler's ``20261129`` or ``2026-11-29`` from Python) is its
+        text; anything else is validated as given."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        if isinstance(value, dt.date):
+            return value.isoformat()
+        return value
 
     @field_validator("run_id")
     @classmethod
@@ -241,6 +262,20 @@ class JobConfig(ConfigSection):
         if self.run.runs_path:
             return self.run.runs_path
         return self.sink.path.rstrip("/") + "_runs" if self.sink.path else None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _state_beside_a_catalog_table(cls, data: Any) -> Any:
+        """``run.state_path`` gives a ``sink.table`` job its quarantine, runs table and staging folder."""
+        if not isinstance(data, dict):
+            return data
+        run, sink = data.get("run"), data.get("sink")
+        if not (isinstance(run, dict) and isinstance(sink, dict) and run.get("state_path") and sink.get("table")):
+            return data
+        root = f"{str(run['state_path']).rstrip('/')}/{data.get('job', 'job')}"
+        run = {"runs_path": f"{root}/runs", "staging_path": f"{root}/staging", **{k: v for k, v in run.items() if v is not None}}
+        sink = {"quarantine_path": f"{root}/quarantine", **{k: v for k, v in sink.items() if v is not None}}
+        return {**data, "run": run, "sink": sink}
 
     @field_validator("task", mode="before")
     @classmethod

@@ -9,9 +9,11 @@
    call's upper estimate, else it is not sent (``Outcome.budget``);
 3. the rate limiter paces it (:class:`~pipeline.endpoint.limits.RateLimiter`);
 4. it is sent with at most ``concurrency`` in flight; ``429``, ``408`` and
-   ``5xx`` answers, timeouts and dropped connections are retried up to
-   ``max_attempts`` tries, waiting what ``Retry-After`` asks or a jittered
-   exponential backoff; any other ``4xx`` is the row's fault and not retried;
+   ``5xx`` answers, timeouts, dropped connections and an HTTP 200 whose body
+   is not the answer asked for (not JSON, or JSON that ``check`` refuses: no
+   ``choices``, no embedding) are retried up to ``max_attempts`` tries,
+   waiting what ``Retry-After`` asks or a jittered exponential backoff; any
+   other ``4xx`` is the row's fault and not retried;
 5. an answer is journaled (durably) before it is used, and its usage counted.
 
 A call that still fails has ``ok`` false and its reason in ``error``; the
@@ -33,7 +35,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from pipeline.endpoint.config import EndpointConfig
 from pipeline.endpoint.limits import RateLimiter, backoff_delay, retry_after_seconds
-from pipeline.endpoint.wire import body_key, error_message
+from pipeline.endpoint.wire import WireError, body_key, error_message
 
 __all__ = ["Call", "EndpointClient", "Journal", "Outcome", "TokenBudget"]
 
@@ -146,14 +148,21 @@ class EndpointClient:
         return dict(self.counters.values)
 
     def run(self, calls: Sequence[Call], *, usage: Callable[[Mapping[str, Any]], int],
-            on_done: Callable[[int, Outcome], None] | None = None) -> list[Outcome]:
-        """One :class:`Outcome` per call, in order; ``usage(answer)`` is an answer's tokens (for the budget)."""
+            on_done: Callable[[int, Outcome], None] | None = None,
+            check: Callable[[Mapping[str, Any]], Any] | None = None) -> list[Outcome]:
+        """One :class:`Outcome` per call, in order; ``usage(answer)`` is an answer's tokens (for the budget).
+
+        ``check(answer)`` raises :class:`~pipeline.endpoint.wire.WireError` for a JSON answer that is not the
+        one asked for (``read_generation``: no ``choices``); such an answer is retried as a body that is not
+        JSON is, and is never journaled.
+        """
         if not calls:
             return []
-        return asyncio.run(self._run_all(list(calls), usage, on_done))
+        return asyncio.run(self._run_all(list(calls), usage, on_done, check))
 
     async def _run_all(self, calls: list[Call], usage: Callable[[Mapping[str, Any]], int],
-                       on_done: Callable[[int, Outcome], None] | None) -> list[Outcome]:
+                       on_done: Callable[[int, Outcome], None] | None,
+                       check: Callable[[Mapping[str, Any]], Any] | None) -> list[Outcome]:
         import httpx
 
         cfg = self.config
@@ -176,7 +185,7 @@ class EndpointClient:
                         i = queue.get_nowait()
                     except asyncio.QueueEmpty:
                         return
-                    outcome = await self._one(client, calls[i], usage, stop)
+                    outcome = await self._one(client, calls[i], usage, stop, check)
                     outcomes[i] = outcome
                     if on_done is not None:
                         on_done(i, outcome)
@@ -187,7 +196,7 @@ class EndpointClient:
         return [o if o is not None else Outcome(ok=False, error="not run") for o in outcomes]
 
     async def _one(self, client: Any, call: Call, usage: Callable[[Mapping[str, Any]], int],
-                   stop: asyncio.Event) -> Outcome:
+                   stop: asyncio.Event, check: Callable[[Mapping[str, Any]], Any] | None = None) -> Outcome:
         started = time.perf_counter()
         known = self._answered.get(call.key)
         if known is not None:
@@ -198,7 +207,7 @@ class EndpointClient:
             self.counters.add("budget_refused")
             return Outcome(ok=False, budget=True, error="run.max_tokens reached before this row was sent")
         try:
-            outcome = await self._send(client, call)
+            outcome = await self._send(client, call, check)
         finally:
             self.budget.release(call.estimate)
         outcome.seconds = time.perf_counter() - started
@@ -214,7 +223,7 @@ class EndpointClient:
             self.counters.add("failed_rows")
         return outcome
 
-    async def _send(self, client: Any, call: Call) -> Outcome:
+    async def _send(self, client: Any, call: Call, check: Callable[[Mapping[str, Any]], Any] | None = None) -> Outcome:
         """The call sent until it is answered, refused for good, or out of tries."""
         import httpx
 
@@ -246,10 +255,11 @@ class EndpointClient:
                         answer = response.json()
                     except ValueError:
                         answer = None
-                    if isinstance(answer, dict):
+                    last = ("HTTP 200 with a body that is not a JSON object" if not isinstance(answer, dict)
+                            else self._refused(answer, check))
+                    if last is None:
                         return Outcome(ok=True, answer=answer, attempts=attempt + 1)
-                    last = "HTTP 200 with a body that is not a JSON object"
-                    self.counters.add("retry_bad_body")
+                    self.counters.add("retry_bad_body")  # the server's fault either way: the same retries
                 elif status in _RETRIED_STATUS or status >= 500:
                     last = self._scrub(error_message(status, response.text))
                     self.counters.add("retry_429" if status == 429 else "retry_5xx" if status >= 500 else "retry_other")
@@ -264,6 +274,16 @@ class EndpointClient:
                 self.counters.add("retry_wait_s", delay)
                 await asyncio.sleep(delay)
         return Outcome(ok=False, error=f"{last} (gave up after {cfg.max_attempts} tries)", attempts=cfg.max_attempts)
+
+    def _refused(self, answer: Mapping[str, Any], check: Callable[[Mapping[str, Any]], Any] | None) -> str | None:
+        """Why ``check`` refuses a JSON answer (None: it is the answer asked for)."""
+        if check is None:
+            return None
+        try:
+            check(answer)
+        except WireError as exc:
+            return self._scrub(f"HTTP 200 with {exc}")
+        return None
 
     def _scrub(self, text: str) -> str:
         secret = self.config.secret()

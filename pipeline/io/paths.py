@@ -22,8 +22,15 @@ DELTA_CONNECTOR_CONFS = (
 
 def connector_hint() -> str:
     """How to put the Delta connector on a session, for error messages."""
+    package = delta_package()
+    if package is None:
+        from pipeline.compat import DELTA_CONNECTOR_LINES, DELTA_VERSION, installed_pyspark
+
+        lines = ", ".join(f"{a}.{b}" for a, b in sorted(DELTA_CONNECTOR_LINES))
+        return (f"no Delta connector release is built for Spark {installed_pyspark()} yet (Delta {DELTA_VERSION}: "
+                f"Spark {lines}); use one of those Spark lines for the connector")
     confs = " ".join(f"--conf {c}" for c in DELTA_CONNECTOR_CONFS)
-    return f"spark-submit --packages {delta_package()} {confs}"
+    return f"spark-submit --packages {package} {confs}"
 
 
 def remote_refusal(location: str, *, what: str, key: str) -> str:

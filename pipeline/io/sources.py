@@ -42,6 +42,16 @@ _UNSUPPORTED_READER_FEATURES = {
 }
 
 
+def unreadable_features(table: Any) -> list[str]:
+    """The features of the deltalake ``table`` the deltalake-backed reader cannot honour (deletion vectors,
+    column mapping: what Databricks turns on by default); only the Delta connector reads such a table right."""
+    features = set(table.protocol().reader_features or [])
+    config = table.metadata().configuration or {}
+    if config.get("delta.columnMapping.mode", "none") != "none":
+        features.add("columnMapping")
+    return sorted(features & set(_UNSUPPORTED_READER_FEATURES))
+
+
 _connector_cache: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
 
 
@@ -160,7 +170,7 @@ def _read_delta_with_deltalake(spark: "SparkSession", path: str, *, version: int
     import pyarrow as pa
     from deltalake.exceptions import TableNotFoundError
     from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import from_arrow_schema
+    from pipeline.arrow_types import from_arrow_schema
 
     store = table_store(path)
     try:
@@ -170,12 +180,7 @@ def _read_delta_with_deltalake(spark: "SparkSession", path: str, *, version: int
             f"no Delta table at {path} (no _delta_log folder); for the demo run `make demo`, "
             "or set source.path / source.format to your data"
         ) from None
-    protocol = table.protocol()
-    features = set(protocol.reader_features or [])
-    config = table.metadata().configuration or {}
-    if config.get("delta.columnMapping.mode", "none") != "none":
-        features.add("columnMapping")
-    blocked = sorted(features & set(_UNSUPPORTED_READER_FEATURES))
+    blocked = unreadable_features(table)
     if blocked:
         reasons = "; ".join(f"{f}: {_UNSUPPORTED_READER_FEATURES[f]}" for f in blocked)
         raise SourceError(

@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from pipeline.errors import ReportError
+from pipeline.io.outputs import write_output
 from pipeline.io.stores import is_table, open_table, reachable, unreachable_reason
+from pipeline.locations import uri_scheme
 from pipeline.report.deviations import Thresholds, find_deviations
 from pipeline.report.page import render_report
 
@@ -69,17 +71,21 @@ def pick_runs(rows: Sequence[Mapping[str, Any]], *, run_id: str | None = None,
 
 
 def write_report(rows: Iterable[Mapping[str, Any]], path: str | Path, *, run_id: str | None = None,
-                 history: int | None = None, thresholds: Thresholds = Thresholds()) -> Path:
-    """Render the report of ``run_id`` (else the latest run) in ``rows`` to ``path``; returns the path."""
+                 history: int | None = None, thresholds: Thresholds = Thresholds()) -> Path | str:
+    """Render the report of ``run_id`` (else the latest run) in ``rows`` to ``path``: a local path (returned as a
+    ``Path``) or a URI such as ``s3://bucket/reports/run.html`` (written as one object, returned as given)."""
     run, recent = pick_runs(list(rows), run_id=run_id, history=history)
+    page = render_report(run, recent, thresholds=thresholds)
+    if isinstance(path, str) and uri_scheme(path) is not None:
+        return write_output(path, page, key="the report path")
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_report(run, recent, thresholds=thresholds), encoding="utf-8")
+    out.write_text(page, encoding="utf-8")
     return out
 
 
 def report_main(target: str, *, out: str | None = None, history: int | None = None, runs_path: str | None = None,
-                thresholds: Thresholds = Thresholds()) -> tuple[Path, str, dict[str, list[str]]]:
+                thresholds: Thresholds = Thresholds()) -> tuple[Path | str, str, dict[str, list[str]]]:
     """What ``pipeline report`` does: ``(the HTML file written, the run reported, deviations in the history)``."""
     path, rows, run_id = resolve_runs(target, runs_path=runs_path)
     run, recent = pick_runs(rows, run_id=run_id, history=history)

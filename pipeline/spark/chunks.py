@@ -6,7 +6,8 @@ names, the task's :class:`~pipeline.metrics.WorkerCounts`), never the plan:
 
 - :func:`split_null_ids`: rows without an id are flagged ``invalid_id`` and never reach the model;
 - :func:`task_results`, :func:`join_results`: the task's results, beside each chunk's kept columns, in
-  input order;
+  input order (the flagged rows back in their places: a column function's output is matched to its
+  input row by position);
 - :func:`profile_chunk`: each output chunk sketched into the task's profile (:mod:`pipeline.sketches`);
 - :func:`with_metrics`: the metrics column that carries the task's counts on its last row (so run metrics
   work on Spark Connect, which has no accumulators);
@@ -22,13 +23,18 @@ import time
 from collections import deque
 from typing import Any, Iterator
 
+import numpy as np
 import pyarrow as pa
 
 from pipeline.metrics import WorkerCounts
 from pipeline.rows import INVALID_ID, MALFORMED_COLUMN
 
-__all__ = ["digesting", "each_hook", "finish_profile", "finish_stage", "join_results", "profile_chunk", "replay_staged",
-           "split_null_ids", "task_results", "with_metrics"]
+__all__ = ["Taken", "digesting", "each_hook", "finish_profile", "finish_stage", "in_input_order", "join_results",
+           "profile_chunk", "replay_staged", "split_null_ids", "task_results", "with_metrics"]
+
+# one chunk as split_null_ids left it: rows with an id, the rows without one already flagged (or None), and
+# the mask of which rows those were (or None)
+Taken = tuple[pa.RecordBatch, "pa.RecordBatch | None", Any]
 
 
 def digesting(batches: Iterator[pa.RecordBatch], digest: Any) -> Iterator[pa.RecordBatch]:
@@ -98,12 +104,13 @@ def each_hook(*hooks: Any) -> Any:
     return lambda counts: [h(counts) for h in live]
 
 
-def join_results(results: Iterator[pa.RecordBatch], taken: "deque[tuple[pa.RecordBatch, pa.RecordBatch | None]]",
-                 keep: tuple[str, ...], counts: WorkerCounts) -> Iterator[pa.RecordBatch]:
-    """Each chunk's kept columns beside its results (its rows without an id after them), in input order.
+def join_results(results: Iterator[pa.RecordBatch], taken: "deque[Taken]", keep: tuple[str, ...],
+                 counts: WorkerCounts) -> Iterator[pa.RecordBatch]:
+    """Each chunk's kept columns beside its results, its rows without an id in their places, in input order.
 
-    ``taken`` holds each chunk read so far as (rows with an id, rows without one flagged or None);
-    ``results`` has one result per chunk that had rows with an id.
+    ``taken`` holds each chunk read so far as :func:`split_null_ids` split it (rows with an id, rows without
+    one already flagged or None, which rows those were); ``results`` has one result per chunk that had rows
+    with an id.
     """
     while True:
         t0 = time.perf_counter()
@@ -114,22 +121,35 @@ def join_results(results: Iterator[pa.RecordBatch], taken: "deque[tuple[pa.Recor
             yield taken.popleft()[1]  # rows without ids only: no result of the task's
         if result is None:
             break
-        valid, invalid = taken.popleft()
+        valid, invalid, missing = taken.popleft()
         out = pa.RecordBatch.from_arrays([valid.column(c) for c in keep] + list(result.columns),
                                          names=list(keep) + result.schema.names)
-        if invalid is not None:
-            rows = pa.Table.from_batches([out])
-            flagged = pa.Table.from_batches([invalid.select(out.schema.names)]).cast(out.schema)
-            out = pa.concat_tables([rows, flagged]).combine_chunks().to_batches()[0]
-        yield out
-    for _, invalid in taken:  # the task's stream ended: what is left holds rows without ids only
+        yield out if invalid is None else in_input_order(out, invalid, missing)
+    for _, invalid, _ in taken:  # the task's stream ended: what is left holds rows without ids only
         if invalid is not None:
             yield invalid
 
 
+def in_input_order(scored: pa.RecordBatch, flagged: pa.RecordBatch, missing: Any) -> pa.RecordBatch:
+    """One chunk's ``scored`` rows and its ``flagged`` rows (``missing``: a mask over the chunk, true where a
+    row was flagged) back in the chunk's order.
+
+    >>> scored = pa.record_batch({"id": ["a", "c"], "status": ["ok", "ok"]})
+    >>> flagged = pa.record_batch({"id": pa.array([None], pa.string()), "status": ["invalid_id"]})
+    >>> in_input_order(scored, flagged, pa.array([False, True, False])).column("status").to_pylist()
+    ['ok', 'invalid_id', 'ok']
+    """
+    rows = pa.Table.from_batches([scored])
+    both = pa.concat_tables([rows, pa.Table.from_batches([flagged.select(scored.schema.names)]).cast(rows.schema)])
+    mask = np.asarray(missing.to_numpy(zero_copy_only=False), dtype=bool)
+    positions = np.concatenate([np.flatnonzero(~mask), np.flatnonzero(mask)])
+    return both.take(pa.array(np.argsort(positions, kind="stable"))).combine_chunks().to_batches()[0]
+
+
 def split_null_ids(batch: pa.RecordBatch, schema: pa.Schema, *, keep: tuple[str, ...], id_column: str,
-                   counts: WorkerCounts) -> tuple[pa.RecordBatch, pa.RecordBatch | None]:
-    """``(rows with an id, the rows without one already flagged)``; ``None`` when every row has an id.
+                   counts: WorkerCounts) -> "Taken":
+    """``(rows with an id, the rows without one already flagged, which rows those were)``; the last two
+    ``None`` when every row has an id.
 
     ``schema`` is the task's output schema, ``keep`` the columns kept beside its results (``id`` first),
     ``id_column`` the source's id column (named in the error). A row without an id cannot be keyed: an
@@ -142,12 +162,12 @@ def split_null_ids(batch: pa.RecordBatch, schema: pa.Schema, *, keep: tuple[str,
 
     ids = batch.column("id")
     if ids.null_count == 0 or "status" not in schema.names or "error" not in schema.names:
-        return batch, None
+        return batch, None, None
     missing = pc.is_null(ids)
     if MALFORMED_COLUMN in batch.schema.names:
         missing = pc.and_(missing, pc.is_null(batch.column(MALFORMED_COLUMN)))
     if not pc.any(missing).as_py():
-        return batch, None
+        return batch, None, None
     flagged = batch.filter(missing)
     n = flagged.num_rows
     message = (f"no id: source column {id_column!r} is null, so the row cannot be keyed (an append or "
@@ -157,7 +177,7 @@ def split_null_ids(batch: pa.RecordBatch, schema: pa.Schema, *, keep: tuple[str,
     invalid = pa.RecordBatch.from_arrays([flagged.column(c) for c in keep] + results,
                                          names=[*keep, *schema.names])
     counts.add_status({INVALID_ID: n})
-    return batch.filter(pc.invert(missing)), invalid
+    return batch.filter(pc.invert(missing)), invalid, missing
 
 
 def task_results(task: Any, loaded: Any, inputs: Iterator[pa.RecordBatch], counts: WorkerCounts,

@@ -72,7 +72,8 @@ def coordinates(group: str) -> list[str]:
     if group == "delta":
         from pipeline.sessions import delta_package
 
-        return [delta_package()]
+        package = delta_package()
+        return [package] if package else []  # no Delta release for this Spark line: nothing to fetch
     if group == "s3":
         return [f"org.apache.hadoop:hadoop-aws:{hadoop_version()}"]
     raise ValueError(f"unknown jar group {group!r}; one of {', '.join(GROUPS)}")
@@ -142,6 +143,12 @@ def fetch(group: str, *, out=sys.stderr) -> list[Path]:
         print(f"jars: {group}: cached ({len(have)} jars in {cache_dir() / group})", file=out, flush=True)
         return have
     wanted = coordinates(group)
+    if not wanted:
+        from pipeline.compat import installed_pyspark
+
+        print(f"jars: {group}: no release is built for Spark {installed_pyspark()}; nothing fetched (sessions run "
+              "jar-free: sink.writer auto picks the deltalake writer)", file=out, flush=True)
+        return []
     target = cache_dir() / group
     target.parent.mkdir(parents=True, exist_ok=True)
     if target.exists() and not (target / _MANIFEST).is_file() and any(target.iterdir()):

@@ -259,18 +259,24 @@ class JobProgress(threading.Thread):
 
         with JobProgress(stage_source(spark), job="score", planned_tasks=8, rows_total=40_000):
             write_sink(...)
+
+    ``emit(line, fields)`` replaces the print (a run's log: :meth:`pipeline.logs.RunLog.progress`); ``fields``
+    are the numbers behind the line (``tasks_done``, ``tasks``, ``rows``, ``seconds``).
     """
 
     def __init__(self, source: StageSource, *, job: str, planned_tasks: int, rows_total: int,
                  interval: float = 10.0, out: TextIO | None = None,
-                 clock: Callable[[], float] = time.perf_counter, reused_tasks: int = 0) -> None:
+                 clock: Callable[[], float] = time.perf_counter, reused_tasks: int = 0,
+                 emit: Callable[[str, dict[str, Any]], None] | None = None) -> None:
         super().__init__(daemon=True, name=f"progress-{job}")
         self.source, self.job, self.planned_tasks, self.rows_total = source, job, planned_tasks, rows_total
         self.interval, self.out, self.clock = interval, out if out is not None else sys.stdout, clock
+        self.emit = emit
         self.reused_tasks = reused_tasks  # tasks an earlier try staged: replayed, not scored
         self.halt = threading.Event()
         self.started_at = clock()
         self.lines: list[str] = []
+        self.fields: dict[str, Any] = {}
 
     def line(self) -> str:
         done = inference_tasks_done(self.source.stages(), self.planned_tasks)
@@ -278,7 +284,10 @@ class JobProgress(threading.Thread):
             seen = self.source.rows_seen()
         except Exception:  # noqa: BLE001 - rows inside tasks are a refinement; tasks done still count
             seen = None
-        return progress_line(job=self.job, elapsed_s=self.clock() - self.started_at, tasks_done=done,
+        elapsed = self.clock() - self.started_at
+        self.fields = {"tasks_done": done, "tasks": self.planned_tasks, "rows": self.rows_total,
+                       "rows_seen": seen, "seconds": round(elapsed, 1)}
+        return progress_line(job=self.job, elapsed_s=elapsed, tasks_done=done,
                              tasks_total=self.planned_tasks, rows_total=self.rows_total, rows_seen=seen,
                              reused_tasks=self.reused_tasks)
 
@@ -289,7 +298,10 @@ class JobProgress(threading.Thread):
             except Exception:  # noqa: BLE001 - progress is informative; never fail the job for it
                 continue
             self.lines.append(text)
-            print(text, file=self.out, flush=True)
+            if self.emit is not None:
+                self.emit(text, dict(self.fields))
+            else:
+                print(text, file=self.out, flush=True)
 
     def __enter__(self) -> "JobProgress":
         self.started_at = self.clock()

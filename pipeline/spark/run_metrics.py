@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["ObservedCounts", "merge_task_counts", "observe_counts"]
 
 _NAME = "task_counts"
+_SEPARATOR = "\n"  # between the tasks' JSON counts in the one observed string
 
 
 def merge_task_counts(values: Iterable[str | None]) -> Counts:
@@ -69,7 +70,10 @@ def observe_counts(scored: "DataFrame", column: str) -> tuple["DataFrame", Obser
     from pyspark.sql import functions as F
 
     observation = Observation(_NAME)
-    observed = scored.observe(observation, F.collect_list(F.col(column)).alias("values"))
+    # one string, not an array: Spark 4.0's Connect server cannot send an array in observed metrics
+    # ("Unsupported component type ... in arrays"); each value is compact JSON, which holds no newline
+    joined = F.concat_ws(_SEPARATOR, F.collect_list(F.col(column)))
+    observed = scored.observe(observation, joined.alias("values"))
     return observed.drop(column), ObservedCounts(observation, scored, column)
 
 
@@ -79,7 +83,9 @@ def _get(observation: Any, wait_s: float) -> list[str] | None:
 
     def fetch() -> None:
         try:
-            box["values"] = list(observation.get.get("values") or [])
+            observed = observation.get.get("values")
+            if observed is not None:  # nothing at all: not observed (Spark 4.0 Connect through a data source write)
+                box["values"] = [v for v in observed.split(_SEPARATOR) if v]
         except Exception as exc:  # noqa: BLE001 - Connect raises when nothing was observed
             box["error"] = exc
 

@@ -8,6 +8,7 @@ Connect session (Databricks serverless and standard access, or any
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -125,8 +126,7 @@ def apply_session_settings(spark: "SparkSession", config: SparkConfig, *, out: A
                 spark.conf.set(key, value)
         except Exception as exc:  # noqa: BLE001 - a refused setting must not stop the job
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            print(f"warning: could not set {key}={value} on this session ({first}); using the server's value",
-                  file=out or sys.stderr, flush=True)
+            _warn(f"warning: could not set {key}={value} on this session ({first}); using the server's value", out)
 
 
 def get_session(config: SparkConfig, *, object_stores: bool = True,
@@ -239,9 +239,17 @@ def _warn_single_attempt(spark: "SparkSession", out: Any = None) -> None:
     except Exception:  # noqa: BLE001 - e.g. a shared Databricks cluster hides the SparkContext: not local
         return
     if _LOCAL_ONE_ATTEMPT.fullmatch(master.strip()):
-        print(f"warning: master {master} gives each task a single attempt, so one Python worker that dies "
-              f"fails the job; use {with_local_task_attempts(master, 4)} for up to 4 attempts",
-              file=out or sys.stderr, flush=True)
+        _warn(f"warning: master {master} gives each task a single attempt, so one Python worker that dies "
+              f"fails the job; use {with_local_task_attempts(master, 4)} for up to 4 attempts", out)
+
+
+def _warn(text: str, out: Any = None) -> None:
+    """A session warning: to ``out`` when given, else through the ``pipeline.spark.session`` logger (with no
+    logging configured, Python prints it on stderr, as before)."""
+    if out is not None:
+        print(text, file=out, flush=True)
+    else:
+        logging.getLogger(__name__).warning(text)
 
 
 def _connect_session(url: str, config: SparkConfig) -> "SparkSession":

@@ -30,8 +30,8 @@ import pyarrow as pa
 from pipeline.config import BatchingConfig, ModelConfig
 from pipeline.metrics import WorkerCounts, WorkerProgress
 from pipeline.sketches import Profile
-from pipeline.spark.chunks import (digesting, each_hook, finish_profile, finish_stage, join_results, profile_chunk,
-                                   replay_staged, split_null_ids, task_results, with_metrics)
+from pipeline.spark.chunks import (Taken, digesting, each_hook, finish_profile, finish_stage, join_results,
+                                   profile_chunk, replay_staged, split_null_ids, task_results, with_metrics)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -74,11 +74,23 @@ class InferencePlan:
     try_id: str = ""
     max_tokens: int | None = None
     rate_share: float = 1.0
+    # a task that sends rows to a server journals every answer in the staging folder (run_job: no row is paid
+    # for twice); False: no journal, a retried task sends its rows again (score(df): Spark's semantics)
+    journal_requests: bool = True
     # sketch the output as it is scored (pipeline.sketches): the task's profile rides in its counts
     profile: bool = False
     # the model's revision (a hash of its weights, checked on the driver): part of the worker cache's key, so
     # a folder whose weights were replaced is loaded again by a reused worker, never served from its cache
     model_revision: str = ""
+
+    @classmethod
+    def for_job(cls, config: Any, *, model_path: str, task_class: Any, **fields: Any) -> "InferencePlan":
+        """The plan of ``config``'s task (a :class:`~pipeline.config.JobConfig`) on the checked model at
+        ``model_path`` (:attr:`pipeline.registry.ModelInfo.path`), with any other of the plan's ``fields``:
+        ``run_job``'s stages and ``score(df)`` build theirs here, so both load the same model the same way."""
+        return cls(task=config.task, model=config.model.model_copy(update={"path": model_path}),
+                   batching=config.batching, job=config.job, id_column=config.source.id_column,
+                   task_class=task_class, **fields)
 
     def build_task(self) -> Any:
         if self.task_class is None:
@@ -147,13 +159,14 @@ def score_partition(
         progress.restart()  # rates from the first batch on, not from the model load
     task_schema = task.output_schema()
     profile = Profile() if plan.profile else None
-    # (rows with an id, rows without one already flagged or None) per chunk, in input order
-    taken: deque[tuple[pa.RecordBatch, pa.RecordBatch | None]] = deque()
+    # (rows with an id, rows without one already flagged or None, which rows) per chunk, in input order
+    taken: deque[Taken] = deque()
 
     def task_inputs() -> Iterator[pa.RecordBatch]:
         for batch in itertools.chain([first], batches):
-            valid, invalid = split_null_ids(batch, task_schema, keep=keep, id_column=plan.id_column, counts=counts)
-            taken.append((valid, invalid))  # its id and kept columns join its results, in order
+            valid, invalid, missing = split_null_ids(batch, task_schema, keep=keep, id_column=plan.id_column,
+                                                     counts=counts)
+            taken.append((valid, invalid, missing))  # its id and kept columns join its results, in order
             if valid.num_rows or invalid is None:  # a chunk of rows without ids only never reaches the model
                 inputs = pa.RecordBatch.from_arrays([valid.column(c) for c in plan.input_columns],
                                                     names=list(plan.input_columns))
@@ -202,6 +215,9 @@ def _bind_attempt(task: Any, plan: InferencePlan, ctx: Any) -> None:
     from pipeline.errors import EngineError
     from pipeline.staging.request_log import RequestLog
 
+    if not plan.journal_requests:
+        task.bind_attempt(None, max_tokens=None, rate_share=plan.rate_share)
+        return
     if not plan.staging_dir or ctx is None or not os.path.isdir(plan.staging_dir):
         raise EngineError(
             f"the run's staging folder {plan.staging_dir!r} is not reachable from this executor; the endpoint backend "
@@ -299,7 +315,7 @@ def apply_inference(df: "DataFrame", plan: InferencePlan) -> "DataFrame":
 
     Plus ``plan.metrics_column`` when set (the runner's way: works on classic and Connect sessions).
     """
-    from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+    from pipeline.arrow_types import from_arrow_schema, to_arrow_schema
 
-    schema = output_schema(plan, to_arrow_schema(df.schema, timezone="UTC"))
+    schema = output_schema(plan, to_arrow_schema(df.schema))
     return df.mapInArrow(partial(score_partition, plan), from_arrow_schema(schema))

@@ -42,27 +42,35 @@ def warm_up(plan: InferencePlan, batches: Iterator[pa.RecordBatch]) -> Iterator[
     yield pa.RecordBatch.from_pydict({"loaded": [True]})
 
 
-def start_warm_up(spark: "SparkSession", plan: InferencePlan) -> threading.Thread:
-    """Run :func:`warm_up` in one task on a daemon thread (its own job group); returns the started thread."""
+def start_warm_up(spark: "SparkSession", plan: InferencePlan, *, labels: Any = None) -> threading.Thread:
+    """Run :func:`warm_up` in one task on a daemon thread (its own job group); returns the started thread.
+
+    ``labels`` (the run's :class:`~pipeline.spark.job_labels.JobLabels`) name its job as the run's ``warm-up``."""
 
     def run() -> None:
         try:
             spark.sparkContext.setJobGroup(WARM_UP_GROUP, "load the model while the driver plans",
                                            interruptOnCancel=True)
+            if labels is not None:  # after the group: setJobGroup sets a description of its own
+                labels.stage("warm-up")
             spark.range(1, numPartitions=1).mapInArrow(partial(warm_up, plan), "loaded boolean").collect()
         except Exception:  # noqa: BLE001 - the inference task loads the model itself and reports any error
             pass
+        finally:
+            if labels is not None:
+                labels.release()
 
     thread = threading.Thread(target=run, name="sbi-warm-up", daemon=True)
     thread.start()
     return thread
 
 
-def warm_up_plan(config: Any, *, model_path: str, task_class: Any, model_revision: str = "") -> InferencePlan | None:
+def warm_up_plan(config: Any, *, model_path: str, task_class: Any,
+                 model_revision: str = "") -> InferencePlan | None:
     """The plan whose model the job's inference tasks will load (the cache key is the task's), or None when
     that key is only known with the job's rows (an accuracy gate drawing calibration rows from them)."""
     gate = config.model.accuracy_gate
     if config.model.precision != "fp32" and gate.enabled and gate.sample_rows:
         return None
-    return InferencePlan(task=config.task, model=config.model.model_copy(update={"path": model_path}),
-                         batching=config.batching, task_class=task_class, model_revision=model_revision)
+    return InferencePlan.for_job(config, model_path=model_path, task_class=task_class,
+                                 model_revision=model_revision)

@@ -92,7 +92,6 @@ def score_and_commit(prep: Prepared, plan: RunPlan, checkpoint: Checkpoint) -> t
         try:
             errors, counts = _score_and_check(prep, plan, scored, in_keys)
             quality = check_quality(prep, plan, counts)  # a refused run ends here: nothing committed, staging kept
-            prep.clock.lap("quality gate")
             checkpoint.committing = True
             result, quarantine = _commit_both(prep, plan, scored, errors=errors)
         finally:
@@ -122,9 +121,10 @@ def _score_and_check(prep: Prepared, plan: RunPlan, scored: "DataFrame", in_keys
     observed_scored, observed = observe_counts(scored, METRICS_COLUMN)
     progress = (JobProgress(stage_source(prep.spark, rows_dir=plan.rows_dir), job=config.job,
                             planned_tasks=plan.tasks, rows_total=plan.rows_in, interval=config.run.progress_interval_s,
-                            out=prep.out, reused_tasks=plan.staged_before)
+                            emit=prep.log.progress, reused_tasks=plan.staged_before)
                 if config.run.progress and plan.rows_in else nullcontext())
-    prep.clock.lap("planning")
+    prep.clock.lap("planning", rows=plan.rows_in, tasks=plan.tasks)
+    prep.stage("inference and check")
     with progress, _budget_stop(prep, plan):
         scored_check = identity_check(
             in_keys, key_counts(observed_scored, id_column=config.source.id_column, status_column="status"))
@@ -134,7 +134,7 @@ def _score_and_check(prep: Prepared, plan: RunPlan, scored: "DataFrame", in_keys
     except JobError:
         remove_staging(prep, plan.identity.run_key)  # rows judged bad: a rerun scores them again, never replays them
         raise
-    prep.clock.lap("inference and check")
+    prep.clock.lap("inference and check", rows=scored_check.rows_out, errors=scored_check.errors)
     return scored_check.errors, counts
 
 
@@ -148,6 +148,7 @@ def _commit_both(prep: Prepared, plan: RunPlan, scored: "DataFrame", *,
     ident = plan.identity
     metadata = {"sbi.job": prep.config.job, "sbi.run_id": ident.run_id, "sbi.model_revision": prep.model.revision}
     fault_hooks.before_commits(prep.faults)
+    prep.stage("quarantine commit")
     quarantine_version, quarantine_run = commit_quarantine(prep, plan, scored, errors=errors, metadata=metadata)
     if pairs := (plan.sink.mode == "overwrite_partition" and quarantine_version is not None):
         check_quarantine_pair(prep, plan, version=quarantine_version,
@@ -173,6 +174,7 @@ def _commit_output(prep: Prepared, plan: RunPlan, scored: "DataFrame", *, metada
     from pipeline.spark.udf import METRICS_COLUMN
 
     config, ident = prep.config, plan.identity
+    prep.stage("commit")
     to_write = scored.drop(METRICS_COLUMN).where(~F.col("status").isin(*QUARANTINED_STATUSES))
     if (lost := fault_hooks.lost_at_output_commit(prep.faults)) is not None:  # a drill: the commit loses a row
         to_write = to_write.where(~F.col(config.source.id_column).eqNullSafe(F.lit(lost)))
@@ -181,7 +183,7 @@ def _commit_output(prep: Prepared, plan: RunPlan, scored: "DataFrame", *, metada
         partition_values={"ds": ident.ds}, commit_metadata=metadata, faults=prep.faults, txn_app_id=ident.app_id,
         key_columns=plan.key_columns, read_version=plan.read_version, in_driver=prep.small,
     )
-    prep.clock.lap("commit")
+    prep.clock.lap("commit", version=result.version)
     if result.already_committed:  # a concurrent try of this very run committed first
         return AlreadyCommitted(version=result.version, by=None, writer=result.writer,
                                 output=str(plan.sink.path or plan.sink.table))

@@ -43,6 +43,7 @@ def identify(prep: Prepared) -> Identified:
     from pipeline.io.snapshots import source_snapshot
 
     config, spark = prep.config, prep.spark
+    prep.stage("idempotency")
     snapshot = source_snapshot(config.source)
     ident = run_identity(config, model_revision=prep.model.revision, source_snapshot=snapshot)
     note = _rebuilt_source_note(config, snapshot)

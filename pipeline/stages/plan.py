@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 from pipeline.config import JobConfig, SinkConfig
 from pipeline.identity import RunIdentity
+from pipeline.logs import RunLog
 from pipeline.metrics import StageClock
-from pipeline.registry import ModelInfo, TaskKind
+from pipeline.registry import ModelInfo, TaskKind, kind_and_task
+from pipeline.rows import MODEL_LINEAGE_COLUMNS
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -41,13 +43,15 @@ if TYPE_CHECKING:
 __all__ = ["LINEAGE_COLUMNS", "AlreadyCommitted", "Checkpoint", "Committed", "Prepared", "ReadBack", "RunPlan",
            "commit_keys", "effective_sink", "kind_and_task"]
 
-# task_fingerprint: what incremental runs compare besides the input (pipeline.fingerprint)
-LINEAGE_COLUMNS = ("model_name", "model_revision", "task_fingerprint", "run_id", "scored_at")
+# the model's lineage (task_fingerprint: what incremental runs compare besides the input, pipeline.fingerprint),
+# then the run's own; score(df) rows carry the model's only
+LINEAGE_COLUMNS = (*MODEL_LINEAGE_COLUMNS, "run_id", "scored_at")
 
 
 @dataclass(frozen=True)
 class Prepared:
-    """What the checks before any Spark work found, and where the run's lines and stage times go."""
+    """What the checks before any Spark work found, where the run's lines and stage times go (``log``,
+    ``clock``), and what names its Spark jobs (``labels``: :class:`pipeline.spark.job_labels.JobLabels`)."""
 
     config: JobConfig
     kind: TaskKind
@@ -56,15 +60,28 @@ class Prepared:
     spark: "SparkSession"
     scored_at: dt.datetime
     faults: dict[str, Any]
-    out: TextIO
+    log: RunLog
     clock: StageClock
+    labels: Any = None
     # a small job (pipeline.small_jobs): its session was built light and its commits run in the driver
     small: bool = False
 
-    def say(self, line: str, identity: RunIdentity | None = None) -> None:
-        """One line of this run's output: ``[job] run <id>: line`` (``[job] line`` without an identity)."""
+    def say(self, line: str, identity: RunIdentity | None = None, *, warning: bool = False) -> None:
+        """One line of this run's output: ``[job] run <id>: line`` (``[job] line`` without an identity);
+        ``warning``: ``warning: line``, logged as a warning."""
         who = f" run {identity.run_id}" if identity is not None else ""
-        print(f"[{self.config.job}]{who}{':' if who else ''} {line}", file=self.out, flush=True)
+        text = f"[{self.config.job}]{who}{':' if who else ''} {'warning: ' if warning else ''}{line}"
+        if warning:
+            self.log.warning(text)
+        else:
+            self.log.line(text)
+
+    def stage(self, name: str) -> None:
+        """The run enters stage ``name`` (a name :attr:`clock` laps): the Spark jobs it starts from now on carry
+        ``[job] run <id>: name``, and a failure is reported in it."""
+        self.log.stage_now = name
+        if self.labels is not None:
+            self.labels.stage(name)
 
 
 @dataclass
@@ -167,11 +184,3 @@ def commit_keys(sink: SinkConfig, *, id_column: str, incremental: bool) -> tuple
     if incremental:
         return (id_column, "content_hash", "task_fingerprint")
     return (id_column, "ds") if "ds" in sink.partition_by else (id_column,)
-
-
-def kind_and_task(config: JobConfig, task: Any = None) -> tuple[TaskKind, Any]:
-    """The registered kind of ``config.task``, and ``task`` (built from the config only when not given)."""
-    from pipeline.registry import get_task_kind
-
-    kind = get_task_kind(config.task.kind)
-    return kind, task if task is not None else kind.task(config.task, model=config.model, batching=config.batching)

@@ -30,6 +30,7 @@ def plan_run(prep: Prepared, identified: Identified) -> RunPlan:
     """The rows to score (new ones only for incremental runs and appends), their inference tasks, the
     lazily scored rows and the sink they go to: the run's :class:`RunPlan`, made once."""
     config, spark, ident = prep.config, prep.spark, identified.identity
+    prep.stage("planning")
     sink = effective_sink(config.sink, incremental=config.run.incremental)
     new = read_new_inputs(spark, config, fingerprint=ident.task_fingerprint, task=prep.task)
     known_bad = new.known_bad.count() if new.known_bad is not None else 0

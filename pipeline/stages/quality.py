@@ -121,15 +121,18 @@ def check_quality(prep: Prepared, plan: RunPlan, counts: Mapping[str, Any]) -> d
     record = {"profile": profile, "drift": verdict.to_dict()}
     prep.say(f"quality: {verdict.headline()}", plan.identity)
     for finding in flagged:
-        prep.say(f"drift: {finding.line()}", plan.identity)
+        prep.say(f"drift: {finding.line()}", plan.identity, warning=True)
     _say_unknown_ignored(prep, plan, profile)
+    # the stage's event (JSON logs): what the gate did, what moved, against how many runs
+    prep.clock.lap("quality gate", action=action, moved=sorted({f.measure for f in flagged}),
+                   compared_with=len(verdict.history))
     if action == "refused":
         raise DriftRefused(refusal(config, plan, verdict), quality=record)
     if action == "accepted":
         prep.say("drift accepted (--accept-drift): publishing; later runs are compared from this run on", plan.identity)
     elif action == "warned":
         prep.say("drift flagged and published (run.quality.on_drift: warn; refuse keeps such a night unpublished)",
-                 plan.identity)
+                 plan.identity, warning=True)
     return record
 
 
@@ -154,5 +157,5 @@ def _say_unknown_ignored(prep: Prepared, plan: RunPlan, profile: Mapping[str, An
     measured = {name for part in ("cat", "hist", "vec") for name in (profile.get(part) or {})}
     unknown = sorted(set(prep.config.run.quality.ignore) - measured)
     if unknown and measured:
-        prep.say(f"warning: run.quality.ignore names {', '.join(unknown)}, which this run does not measure (its "
-                 f"measures: {', '.join(sorted(measured))})", plan.identity)
+        prep.say(f"run.quality.ignore names {', '.join(unknown)}, which this run does not measure (its "
+                 f"measures: {', '.join(sorted(measured))})", plan.identity, warning=True)

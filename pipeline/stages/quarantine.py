@@ -91,7 +91,7 @@ def commit_quarantine(prep: Prepared, plan: RunPlan, scored: "DataFrame", *, err
             earlier = committed_run_via(spark, quarantine_path, ident.app_id)
             quarantine_run = (earlier and earlier[1]) or ident.run_id
         fault_hooks.after_quarantine_commit(prep.faults, version=q.version, run_id=ident.run_id)
-        prep.clock.lap("quarantine commit")
+        prep.clock.lap("quarantine commit", rows=errors, version=q.version)
     return quarantine_version, quarantine_run
 
 
@@ -124,6 +124,6 @@ def say_swept(prep: Prepared, result: Any) -> None:
         prep.say(f"swept {result.swept['files']} leftover file(s) ({result.swept['bytes'] / 1e6:.1f} MB) of crashed "
                  f"writes from {result.output}")
     if left := result.swept.get("left_alone"):
-        prep.say(f"warning: left alone in {result.output}: {result.swept.get('left_alone_count')} file(s) named "
+        prep.say(f"left alone in {result.output}: {result.swept.get('left_alone_count')} file(s) named "
                  f"like this project's but no marker of ours names their write ({', '.join(left[:5])}); nothing "
-                 "proves them ours, so the sweep keeps them")
+                 "proves them ours, so the sweep keeps them", warning=True)

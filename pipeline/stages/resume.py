@@ -77,11 +77,11 @@ def open_staging(prep: Prepared, identity: RunIdentity, *, rows: int, tasks: int
         swept = sweep_staging(root, max_age_s=config.run.staging_max_age_hours * 3600, keep=[plan.key()])
         folder = open_plan(root, plan)
     except OSError as exc:
-        prep.say(f"warning: staging off for this run: {root} cannot be written ({type(exc).__name__}: {exc}); "
-                 "the run goes on, but a killed run will score every row again")
+        prep.say(f"staging off for this run: {root} cannot be written ({type(exc).__name__}: {exc}); "
+                 "the run goes on, but a killed run will score every row again", warning=True)
         return Staging(None, 0, None)
     if warning := swept.warning(root):
-        prep.say(f"warning: {warning}")
+        prep.say(warning, warning=True)
     return Staging(folder, len(staged_tasks(folder)), explain_unused(root, plan))
 
 
@@ -94,7 +94,8 @@ def remove_staging(prep: Prepared, run_key: str) -> None:
         try:
             left = remove_run(root, run_key)
         except OSError as exc:  # the commit landed; an unremovable plan is swept by a later run
-            prep.say(f"warning: staged output in {root} not removed ({exc})")
+            prep.say(f"staged output in {root} not removed ({exc})", warning=True)
             return
         if left:
-            prep.say(f"warning: left alone in staging folder {root}: {', '.join(left[:5])} (not written by this project)")
+            prep.say(f"left alone in staging folder {root}: {', '.join(left[:5])} (not written by this project)",
+                     warning=True)

@@ -69,24 +69,22 @@ def score_inputs(
     from pipeline.spark.udf import METRICS_COLUMN, InferencePlan, apply_inference
 
     kind, task = kind_and_task(config, task)
-    plan = InferencePlan(
-        task=config.task, model=config.model.model_copy(update={"path": model.path}), batching=config.batching,
+    plan = InferencePlan.for_job(
+        config, model_path=model.path, task_class=kind.task,
         keep_columns=("content_hash", *config.source.keep_columns),
         input_columns=(*task.input_columns, *malformed_input(inputs),
                        *(c for c in getattr(task, "optional_input_columns", ()) if c in inputs.columns)),
-        job=config.job, progress_interval_s=config.run.progress_interval_s if config.run.progress else None,
-        faults=tuple((faults or {}).items()), metrics_column=METRICS_COLUMN, task_class=kind.task,
-        id_column=config.source.id_column, progress_dir=progress_dir, staging_dir=staging_dir,
-        calibration_rows=calibration_rows(inputs, config, task),
+        progress_interval_s=config.run.progress_interval_s if config.run.progress else None,
+        faults=tuple((faults or {}).items()), metrics_column=METRICS_COLUMN,
+        progress_dir=progress_dir, staging_dir=staging_dir, calibration_rows=calibration_rows(inputs, config, task),
         try_id=try_id, max_tokens=max_tokens, rate_share=rate_share, profile=config.run.quality.enabled,
         model_revision=model.revision,
     )
     scored = apply_inference(_deal(inputs, tasks, task), plan).withColumnRenamed("id", config.source.id_column)
+    lineage = model.lineage(fingerprint or task_fingerprint(config, revision=model.revision))
     scored = scored.select(
         "*",
-        F.lit(model.name).alias("model_name"),
-        F.lit(model.revision).alias("model_revision"),
-        F.lit(fingerprint or task_fingerprint(config, revision=model.revision)).alias("task_fingerprint"),
+        *[F.lit(value).alias(name) for name, value in lineage.items()],
         F.lit(run_id).alias("run_id"),
         F.lit(scored_at).cast("timestamp").alias("scored_at"),
     )

@@ -4,11 +4,12 @@ written (``run.summary_path``) and returned; a run whose rows do not add up fail
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
+from pipeline.compat import runtime_versions
 from pipeline.errors import JobError
 from pipeline.identity import RunIdentity
+from pipeline.io.outputs import write_output
 from pipeline.metrics import batch_metrics
 from pipeline.rows import Status
 from pipeline.run_counts import RunCounts
@@ -23,6 +24,7 @@ def already_committed(prep: Prepared, identity: RunIdentity, done: AlreadyCommit
     config = prep.config
     prep.say(done.note, identity)
     return RunSummary(
+        versions=runtime_versions(),
         job=config.job, run_id=identity.run_id, ds=identity.ds.isoformat(), rows_in=0, rows_out=0, status={},
         seconds=0.0, tokens=0, padded_tokens=0, batches=0, model_loads={}, model_name=prep.model.name,
         model_revision=prep.model.revision, output=done.output, delta_version=done.version, writer=done.writer,
@@ -56,7 +58,8 @@ def summarize(prep: Prepared, plan: RunPlan, *, committed: Committed, read: Read
     sample_cols = [c for c in (config.source.id_column, "label", "score", "completion", "finish_reason",
                                "n_tokens", "status")
                    if c in read.written.columns]
-    prep.clock.lap("read-back")
+    prep.clock.lap("read-back", rows=read.rows_out, quarantined=read.rows_quarantined)
+    prep.stage("summary")
     samples = [r.asDict() for r in read.written.select(*sample_cols).limit(config.run.sample_rows).collect()]
     incomplete = read.incomplete or kind.job.check_complete(
         rows_in=plan.rows_in, rows_out=read.rows_out, rows_quarantined=read.rows_quarantined, counts=counts)
@@ -69,6 +72,7 @@ def summarize(prep: Prepared, plan: RunPlan, *, committed: Committed, read: Read
                **_summary_details(prep, plan, counts)}
     quarantine_path = plan.quarantine_path
     return RunSummary(
+        versions=runtime_versions(),
         job=config.job, run_id=run_id, ds=ds.isoformat(), rows_in=plan.rows_in, rows_out=read.rows_out,
         rows_quarantined=read.rows_quarantined,
         quarantine=quarantine_path if committed.quarantine_version is not None else None,
@@ -108,10 +112,9 @@ def finish(prep: Prepared, summary: RunSummary, *, recorder: Any) -> RunSummary:
     prep.clock.lap("summary")
     summary.stage_seconds = dict(prep.clock.seconds)
     recorder.summary = summary  # a run failing its row check below is recorded with its counts
-    print(summary.render(), file=prep.out, flush=True)
-    if config.run.summary_path:
-        Path(config.run.summary_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(config.run.summary_path).write_text(summary.to_json())
+    prep.log.summary(summary.render(), summary.to_dict())
+    if config.run.summary_path:  # a local path or an object (s3://), never a local folder named after a scheme
+        write_output(config.run.summary_path, summary.to_json(), key="run.summary_path")
     if not summary.complete:
         raise JobError(f"{summary.incomplete}; see the summary above")
     return summary

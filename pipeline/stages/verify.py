@@ -76,6 +76,7 @@ def check_written(in_keys: "DataFrame", written: "DataFrame", quarantined: "Data
 def read_back(prep: Prepared, plan: RunPlan, committed: Committed, in_keys: "DataFrame") -> ReadBack:
     """Both commits read back at their versions and checked by key against the input."""
     config, spark, result, ident = prep.config, prep.spark, committed.result, plan.identity
+    prep.stage("read-back")
     partition_ds = plan.partition_ds
     written = rows_written(spark, result.output, ident.run_id, partition_ds, version=result.version)
     if result.overlapped:  # keys an overlapping run wrote first: their rows stand for this run's

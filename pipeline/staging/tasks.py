@@ -131,6 +131,9 @@ class TaskStage:
         try:
             if self._file is not None:
                 self._file.close()
+        except OSError:  # on a full disk closing fails too (it flushes what is buffered): the file goes anyway
+            pass
+        try:
             self._tmp.unlink(missing_ok=True)
         except OSError:
             pass

@@ -209,7 +209,7 @@ def generate_rows(task: Any, cols: Mapping[str, list[Any]], malformed: np.ndarra
         return reply.prompt_tokens + reply.completion_tokens
 
     started = time.perf_counter()
-    outcomes = client.run(calls, usage=_safe(usage), on_done=_progress(counts, _safe(usage)))
+    outcomes = client.run(calls, usage=_safe(usage), on_done=_progress(counts, _safe(usage)), check=read_generation)
     paid = 0
     for i, outcome in zip(rows, outcomes):
         if not outcome.ok:
@@ -285,7 +285,7 @@ def embed_rows(task: Any, texts: Sequence[Any], malformed: np.ndarray, counts: W
                              estimate=len(text) // _CHARS_PER_TOKEN + _TEMPLATE_TOKENS))
     started = time.perf_counter()
     tokens_of = _safe(lambda a: read_embedding(a)[1])
-    outcomes = client.run(calls, usage=tokens_of, on_done=_progress(counts, tokens_of))
+    outcomes = client.run(calls, usage=tokens_of, on_done=_progress(counts, tokens_of), check=read_embedding)
     vectors: list[list[float] | None] = [None] * n
     paid = 0
     for i, outcome in zip(rows, outcomes):

@@ -65,6 +65,14 @@ class ImageTask:
         self.batching = batching
         self.input_columns: tuple[str, ...] = (config.image_column,)
 
+    # the wheel's extras every image task needs (decoding, OpenCV, onnxruntime); a torch model adds transformers
+    needs: ClassVar[tuple[str, ...]] = ("images",)
+
+    @classmethod
+    def extras(cls, config: Any, model: ModelConfig) -> tuple[str, ...]:
+        """The wheel's extras this task needs on the driver and every executor (:mod:`pipeline.extras`)."""
+        return cls.needs
+
     # -- protocol ------------------------------------------------------------------------------
     def output_schema(self) -> pa.Schema:
         return pa.schema(self.result_fields() + IMAGE_FIELDS + STATUS_FIELDS)

@@ -103,6 +103,15 @@ class TextTask:
         # texts of the job's own rows the accuracy gate calibrates on (drawn on the driver; empty: none)
         self.calibration_rows = tuple(calibration_rows)
 
+    @classmethod
+    def extras(cls, config: Any, model: ModelConfig) -> tuple[str, ...]:
+        """The wheel's extras this task needs on the driver and every executor (:mod:`pipeline.extras`)."""
+        if getattr(config, "backend", None) == "endpoint":
+            return ("endpoint",)
+        if model.precision == "int8" and model.int8.backend == "onnxruntime":
+            return ("transformers", "int8")
+        return ("transformers",)
+
     # -- protocol ---------------------------------------------------------------------------
     def output_schema(self) -> pa.Schema:
         return pa.schema(self.result_fields() + STATUS_FIELDS)

@@ -79,6 +79,11 @@ class ExtractTask(GenerateTask):
         self.fields_type = arrow_type(self.schema)
         self._validator = Draft202012Validator(self.schema)
 
+    @classmethod
+    def extras(cls, config: ExtractTaskConfig, model: Any) -> tuple[str, ...]:
+        """The generation extras, and jsonschema/xgrammar for the schema (:mod:`pipeline.extras`)."""
+        return (*super().extras(config, model), "extract")
+
     def output_schema(self) -> pa.Schema:
         return pa.schema([pa.field("fields", self.fields_type), *RESULT_FIELDS, *STATUS_FIELDS])
 

@@ -142,6 +142,17 @@ class GenerateTask:
         extra = [c for c in (config.max_new_tokens_column, config.seed_column) if c]
         self.input_columns: tuple[str, ...] = tuple(dict.fromkeys([*self.template_columns, *extra]))
 
+    @classmethod
+    def extras(cls, config: GenerateTaskConfig, model: ModelConfig) -> tuple[str, ...]:
+        """The wheel's extras this task needs on the driver and every executor (:mod:`pipeline.extras`)."""
+        if config.backend == "endpoint":
+            return ("endpoint",)
+        if config.backend == "vllm":
+            return ("transformers", "vllm")
+        if config.backend == "llama_cpp" or model.precision == "int4":
+            return ("transformers", "int4")
+        return ("transformers",)
+
     @property
     def max_seq_len(self) -> int:
         return self.config.max_input_tokens + self.config.max_new_tokens_limit

@@ -11,13 +11,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pipeline.config import JobConfig
-from pipeline.registry import ModelInfo, set_default_job
+from pipeline.registry import ModelInfo, TaskKind, set_default_job
 from pipeline.run_counts import RunCounts, TaskCounts
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["ModelInfo", "TaskJob", "executor_model_path"]
+__all__ = ["ModelInfo", "TaskJob", "checked_model", "executor_model_path"]
 
 
 def executor_model_path(spec: str) -> str:
@@ -40,6 +40,20 @@ def executor_model_path(spec: str) -> str:
     return resolve_location(os.path.expanduser(spec))
 
 
+def checked_model(config: JobConfig, kind: TaskKind, task: Any) -> tuple[JobConfig, ModelInfo]:
+    """``(config, model)``: the model checked before any Spark work, as ``run_job`` and ``score(df)`` both do.
+
+    A registry model (``models:/<name>@<alias>``) is pinned to one version first, so every worker loads the
+    same weights (the returned config names it); then the kind checks and fingerprints it
+    (:meth:`TaskJob.model_info`): a missing or broken model fails here, in seconds.
+    """
+    if config.model.path.startswith("models:/"):
+        from pipeline.models.mlflow_registry import pin_registry_model
+
+        config = pin_registry_model(config)
+    return config, kind.job.model_info(config, task)
+
+
 class TaskJob:
     """The driver-side parts of a task kind, called by :func:`pipeline.runner.run_job` in this order.
 
@@ -53,6 +67,29 @@ class TaskJob:
     """
 
     counters: ClassVar[type[TaskCounts]] = TaskCounts
+    # why ``score(df)`` cannot run this kind (its input or output is not one row per DataFrame row); None: it can
+    not_for_dataframes: ClassVar[str | None] = None
+
+    def extras(self, config: JobConfig, task_class: type) -> tuple[str, ...]:
+        """The wheel's extras a job of this kind needs (:mod:`pipeline.extras`): its task's (backend and
+        precision decide), plus ``report`` for ``run.report_path`` and ``mlflow`` for ``run.mlflow`` or a
+        ``models:/`` model."""
+        needs = list(task_class.extras(config.task, config.model)) if hasattr(task_class, "extras") else []
+        if config.run.report_path:
+            needs.append("report")
+        if config.run.mlflow is not None or config.model.path.startswith("models:/"):
+            needs.append("mlflow")
+        return tuple(dict.fromkeys(needs))
+
+    def check_extras(self, config: JobConfig, task_class: type) -> None:
+        """Refuse before any Spark work when a library the job needs is missing, with the line that adds it."""
+        from pipeline.extras import require
+
+        backend = getattr(config.task, "backend", None)
+        what = f"task.kind {config.task.kind}" + (f" (backend {backend})" if backend else "")
+        if config.model.precision != "fp32":
+            what += f" at model.precision {config.model.precision}"
+        require(self.extras(config, task_class), for_what=what)
 
     def model_info(self, config: JobConfig, task: Any) -> ModelInfo:
         """Check the model before any work and fingerprint it for lineage.

@@ -121,6 +121,11 @@ class RecommendTask:
         self.config = config
         self.model = model
 
+    @classmethod
+    def extras(cls, config: RecommendTaskConfig, model: ModelConfig) -> tuple[str, ...]:
+        """The two-tower model runs on torch (:mod:`pipeline.extras`)."""
+        return ("transformers",)
+
     def resolve_model_dir(self, spec: str) -> Path:
         """A revision folder: ``spec`` itself, or the one ``spec/LATEST`` names (the driver passes a revision)."""
         from pipeline.recs.registry import resolve_two_tower_path
@@ -229,6 +234,9 @@ class RecommendJob(TaskJob):
     """The refresh's driver side: the model revision, user rows, exploded output, the latest table."""
 
     counters = RecommendCounts
+    not_for_dataframes = ("it reads a users table and an interactions table itself, writes one row per (user, "
+                          "recommended item) and refreshes a latest table; run it with run_job "
+                          "(conf/refresh_recommendations.yaml)")
 
     def model_info(self, config: JobConfig, task: Any) -> ModelInfo:
         """The revision folder (``LATEST`` of a model root, or a folder), checked against the feature columns.

@@ -112,3 +112,36 @@ def test_missing_file_and_bad_yaml(tmp_path):
         load_config(tmp_path / "nope.yaml")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(write(tmp_path, "job: [unclosed"))
+
+
+# a run id is text wherever it is given: a scheduler's ds_nodash (20261129) is an int to YAML, 2026-11-29 a date,
+# and 0123 an octal 83
+@pytest.mark.parametrize("written", ["20261129", "2026-11-29", "0123", "2026-11-29T02:00:00", "12:30", "1_000"])
+def test_a_run_id_is_kept_as_written_in_yaml_in_set_and_on_the_command_line(tmp_path, written):
+    from pipeline.cli import build_parser, config_from_args
+
+    path = write(tmp_path, MINIMAL + f"run: {{run_id: {written}}}\n")
+    assert load_config(path).run.run_id == written
+    assert load_config(write(tmp_path, MINIMAL, "bare.yaml"), overrides=[f"run.run_id={written}"]).run.run_id == written
+    args = build_parser().parse_args(["run", str(tmp_path / "bare.yaml"), "--run-id", written])
+    assert config_from_args(args).run.run_id == written
+
+
+def test_a_run_id_given_as_a_number_or_a_date_in_python_is_its_text_and_other_values_stay_refused(tmp_path):
+    from pipeline.config import build_config
+
+    raw = {"job": "j", "source": {"path": "/d"}, "model": {"path": "/m"}, "task": {"kind": "embed"},
+           "sink": {"path": "/out"}}
+    assert build_config({**raw, "run": {"run_id": 20261129}}).run.run_id == "20261129"
+    assert build_config({**raw, "run": {"run_id": dt.date(2026, 11, 29)}}).run.run_id == "2026-11-29"
+    assert load_config(write(tmp_path, MINIMAL), overrides=["run.run_id=null"]).run.run_id is None
+    assert load_config(write(tmp_path, MINIMAL), overrides=["run.run_id='007'"]).run.run_id == "007"
+    for bad in (True, 1.5, ["a"], "two words"):
+        with pytest.raises(ConfigError, match="run.run_id"):
+            build_config({**raw, "run": {"run_id": bad}})
+    with pytest.raises(ConfigError, match="run.run_id"):
+        load_config(write(tmp_path, MINIMAL), overrides=["run.run_id=a/b"])
+    # the other keys keep their types: a date-shaped ds is a date, a number where text is wanted is refused
+    assert load_config(write(tmp_path, MINIMAL), overrides=["run.ds=2026-11-29"]).run.ds == dt.date(2026, 11, 29)
+    with pytest.raises(ConfigError, match="job: Input should be a valid string"):
+        load_config(write(tmp_path, MINIMAL.replace("job: t", "job: 20261129")))

@@ -33,7 +33,6 @@ from tests.support.data import REPO, SENTENCES, build_tiny_bert, write_delta
 MARKER = re.compile(r"^<!-- runnable(?::\s*(?P<file>[\w./-]+))?\s*-->\s*$")
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 # pages other branches add: README links to them before they land (the lead removes this set at merge)
-PENDING_PAGES = {"docs/install.md", "docs/dataframe.md", "docs/logging.md"}
 README_MAX_LINES = 200
 
 
@@ -202,8 +201,6 @@ def test_every_readme_link_resolves_and_every_anchor_is_a_heading_on_both_render
     assert len(local) >= 20
     for link in local:
         path, _, anchor = link.partition("#")
-        if path in PENDING_PAGES:
-            continue
         target = REPO / path
         assert target.is_file(), f"README links to {path}, which does not exist"
         if anchor:

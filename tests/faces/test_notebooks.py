@@ -71,3 +71,28 @@ def test_declared_widgets_are_the_ones_read():
     assert set(dbutils.widgets.values) == {"config", "overlay", "overrides", "ds", "run_id"}
     args = read_widgets(dbutils)
     assert args.config_path == "conf/generate_text.yaml" and args.overrides_with_run() == []
+
+
+def test_preview_scores_shows_the_jobs_first_rows_scored_and_writes_nothing(spark, tmp_path, tiny_embed_model):
+    import yaml
+
+    from pipeline.notebook import NotebookArgs, preview_scores
+    from tests.support.data import make_documents, write_delta
+
+    write_delta(tmp_path / "docs", make_documents(12))
+    config = {
+        "job": "preview_test",
+        "source": {"format": "delta", "path": str(tmp_path / "docs"), "id_column": "doc_id",
+                   "keep_columns": ["source"]},
+        "model": {"path": str(tiny_embed_model), "name": "tiny-bert"},
+        "task": {"kind": "embed", "labels": {"pos": "good great", "neg": "bad awful"}},
+        "batching": {"batch_size": 4},
+        "sink": {"path": str(tmp_path / "scores"), "mode": "append"},
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(config))
+    shown = preview_scores(NotebookArgs(str(tmp_path / "job.yaml")), spark=spark, rows=5)
+    assert shown.columns[:3] == ["doc_id", "text", "source"] and "task_fingerprint" in shown.columns
+    rows = shown.collect()
+    assert len(rows) == 5 and {r["model_name"] for r in rows} == {"tiny-bert"}
+    assert {r["status"] for r in rows} <= {"ok", "skipped_null", "skipped_empty"} and rows[0]["label"] in ("pos", "neg")
+    assert not (tmp_path / "scores").exists() and not (tmp_path / "scores_runs").exists()

@@ -236,6 +236,42 @@ def test_remote_sink_without_connector_fails_before_any_work(spark, tmp_path, mo
     assert not (Path(__file__).resolve().parents[2] / "s3:").exists()
 
 
+@pytest.mark.parametrize("where", ["sink.path", "sink.quarantine_path", "below a file"])
+def test_a_sink_path_that_is_a_file_is_refused_before_any_spark_job_and_the_file_is_left_intact(
+        spark, tmp_path, tiny_embed_model, where):
+    """A sink.path that names a file (not a folder) used to end in a raw ``Not a directory (os error 20)``
+    traceback: the pre-flight names the path, and the file keeps its bytes."""
+    import io
+
+    from pipeline.config import build_config
+    from pipeline.runner import run_job
+
+    existing = tmp_path / "scores.csv"
+    existing.write_bytes(b"id,score\n1,0.5\n")
+    sink = {"sink.path": {"path": str(existing)},
+            "sink.quarantine_path": {"path": str(tmp_path / "scores"), "quarantine_path": str(existing)},
+            "below a file": {"path": str(existing / "scores")}}[where]
+    config = build_config({
+        "job": "file_sink",
+        # no table here: were the source read (or anything scored) first, this would fail with a SourceError
+        "source": {"format": "delta", "path": str(tmp_path / "no-such-docs"), "id_column": "doc_id"},
+        "model": {"path": str(tiny_embed_model)},
+        "task": {"kind": "embed"},
+        "sink": sink,
+        "run": {"progress": False, "ds": "2026-11-29", "runs_path": str(tmp_path / "runs")},
+    })
+    out = io.StringIO()
+    with pytest.raises(SinkError) as err:
+        run_job(config, spark=spark, out=out)
+    key = "sink.quarantine_path" if where == "sink.quarantine_path" else "sink.path"
+    assert f"{key} {str(existing)!r} is a file, not a folder" in str(err.value) if where != "below a file" else (
+        f"sink.path {str(existing / 'scores')!r} is inside {str(existing)!r}, a file" in str(err.value))
+    assert "a Delta table is a folder" in str(err.value)
+    assert out.getvalue() == ""  # not even the "scoring N rows" line: nothing was read
+    assert existing.read_bytes() == b"id,score\n1,0.5\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs", "scores.csv"]
+
+
 @pytest.mark.parametrize("keyed", [True, False], ids=["keyed", "plain"])
 def test_two_commits_that_both_create_the_table_write_each_row_once(tmp_path, monkeypatch, keyed):
     """Both commits found no table and call delta-rs's create at the same instant (a thread barrier in front of

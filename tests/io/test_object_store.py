@@ -286,6 +286,34 @@ def test_the_deltalake_writer_runs_a_job_on_s3a_from_an_s3_source(spark, lake, t
     assert reported == "s3-2" and "s3-1" in written.read_text() and "s3-2" in written.read_text()
 
 
+def test_the_summary_and_the_report_are_written_to_the_object_store_and_no_local_s3_folder_appears(
+        spark, lake, tmp_path, tiny_embed_model, monkeypatch, capsys):
+    """run.summary_path / run.report_path (and ``sbi report --out``) on s3:// or s3a:// are objects in the bucket,
+    read back here; they used to be written through pathlib, as a local folder named ``s3:``."""
+    from pipeline.cli import main
+
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    write_delta(tmp_path / "docs", make_documents(12, with_bad_rows=False))
+    out = io.StringIO()
+    summary = run_job(job_config(tmp_path, tiny_embed_model, run={
+        "run_id": "to-s3", "summary_path": "s3://lake/reports/summary.json",
+        "report_path": "s3a://lake/reports/report.html"}), spark=spark, out=out)
+    assert summary.complete and summary.rows_out == 12
+    bucket = lake.client()
+    written = json.loads(bucket.get_object(Bucket="lake", Key="reports/summary.json")["Body"].read())
+    assert (written["run_id"], written["rows_out"]) == ("to-s3", 12)
+    page = bucket.get_object(Bucket="lake", Key="reports/report.html")["Body"].read().decode()
+    assert page.startswith("<!DOCTYPE html>") and "to-s3" in page
+    assert "report: s3a://lake/reports/report.html" in out.getvalue()
+    assert main(["report", str(tmp_path / "scores"), "--out", "s3://lake/reports/again.html"]) == 0
+    assert "report: s3://lake/reports/again.html" in capsys.readouterr().out
+    assert "to-s3" in bucket.get_object(Bucket="lake", Key="reports/again.html")["Body"].read().decode()
+    assert list(cwd.iterdir()) == [], "nothing local: no s3: or s3a: folder"
+    assert not any((where / name).exists() for where in (REPO, tmp_path) for name in ("s3:", "s3a:"))
+
+
 def test_a_keyed_append_on_s3_writes_only_the_missing_keys(spark, lake, tmp_path, tiny_embed_model):
     write_delta("s3://lake/docs_keyed", make_documents(20, with_bad_rows=False), storage_options=_options(lake))
     sink = {"path": "s3a://lake/keyed", "quarantine_path": "s3a://lake/keyed_quarantine"}

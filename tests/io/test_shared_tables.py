@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import os
 
 import pyarrow as pa
 import pytest
@@ -142,29 +143,67 @@ def _fill(folder, *, leave: int = 0) -> None:
             f.truncate(max(0, size - leave))
 
 
-@pytest.mark.parametrize("room", ["full", "room for the plan only"])
-def test_a_full_staging_disk_turns_staging_off_and_the_run_goes_on(spark, tmp_path, tiny_embed_model, small_disk,
-                                                                   room):
-    """``run.staging_path`` on a disk with no room (or room for the plan's small files, none for the rows): the
-    run commits every row, once; the driver says staging is off in one line, or the tasks just stage nothing."""
+def _files(folder) -> list[str]:
+    """Every file under ``folder`` (a folder that must exist), relative to it, sorted."""
+    assert folder.is_dir(), f"{folder} does not exist"
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+
+
+def _free_bytes(folder) -> int:
+    stat = os.statvfs(folder)
+    return stat.f_bavail * stat.f_frsize
+
+
+def test_a_full_staging_disk_turns_staging_off_and_the_run_goes_on(spark, tmp_path, tiny_embed_model, small_disk):
+    """``run.staging_path`` on a disk with no room: the driver says staging is off in one line (no traceback),
+    the run commits every row once, and nothing of the staging is on the disk."""
     write_delta(tmp_path / "docs", make_documents(40))
     stage = small_disk / "stage"
-    if room == "full":
-        _fill(small_disk)
-    else:
-        stage.mkdir()
-        _fill(small_disk, leave=8192)
+    _fill(small_disk)
+    assert _free_bytes(small_disk) == 0
     out = io.StringIO()
-    summary = run_job(job_config(tmp_path, tiny_embed_model, run={"staging_path": str(stage), "run_id": room.replace(" ", "-")}),
+    summary = run_job(job_config(tmp_path, tiny_embed_model, run={"staging_path": str(stage), "run_id": "full"}),
                       spark=spark, out=out)
     assert summary.complete and summary.rows_out == 40
     ids = read_scores(tmp_path)["doc_id"].to_pylist()
     assert len(ids) == 40 == len(set(ids))
-    if room == "full":
-        assert "warning: staging off for this run" in out.getvalue() and "No space left on device" in out.getvalue()
-        assert out.getvalue().count("Traceback") == 0
-    leftovers = [p.name for p in stage.rglob("*") if p.is_file() and p.name.endswith(".tmp")] if stage.exists() else []
-    assert leftovers == [], "no half-written temp file stays behind"
+    assert "warning: staging off for this run" in out.getvalue() and "No space left on device" in out.getvalue()
+    assert out.getvalue().count("Traceback") == 0
+    assert _files(small_disk) == ["filler.bin"], "no half-written staging file stays behind"
+
+
+def test_a_staging_disk_with_room_for_the_plan_only_stages_no_task_and_the_run_goes_on(
+        spark, tmp_path, tiny_embed_model, small_disk, monkeypatch):
+    """``run.staging_path`` on a disk with room for the plan's small files and none for the rows: staging is
+    on (no warning), every task's rows file runs out of space and is dropped, so no task is staged; the run
+    commits every row once. Seen before the commit (a driver failure after inference keeps the staging for a
+    rerun) and in the rerun, which finds nothing staged to reuse."""
+    from pipeline.errors import InjectedFaultError
+    from pipeline.staging.plans import staged_tasks
+
+    write_delta(tmp_path / "docs", make_documents(40))
+    stage = small_disk / "stage"
+    stage.mkdir()
+    _fill(small_disk, leave=8192)
+    config = job_config(tmp_path, tiny_embed_model, run={"staging_path": str(stage), "run_id": "room"})
+    monkeypatch.setenv("SBI_FAULTS", '{"fail_before_commit": true}')  # the same run: the config is unchanged
+    out = io.StringIO()
+    with pytest.raises(InjectedFaultError):
+        run_job(config, spark=spark, out=out)
+    assert "staging off" not in out.getvalue() and "Traceback" not in out.getvalue()
+    (plan,) = [p for p in stage.iterdir() if p.is_dir()]
+    assert _files(stage) == sorted(["_sbi_staging.json", f"{plan.name}/plan.json"]), "a task's rows or temp file"
+    assert staged_tasks(str(plan)) == [] and _free_bytes(small_disk) < 4096, "the rows had room on the disk"
+
+    monkeypatch.delenv("SBI_FAULTS")
+    out = io.StringIO()
+    summary = run_job(config.model_copy(update={"run": config.run.model_copy(update={"run_id": "room-2"})}),
+                      spark=spark, out=out)
+    assert summary.complete and summary.rows_out == 40
+    assert (summary.resumed_tasks, summary.rows_reused) == (0, 0)
+    ids = read_scores(tmp_path)["doc_id"].to_pylist()
+    assert len(ids) == 40 == len(set(ids))
+    assert not stage.exists() and _files(small_disk) == ["filler.bin"], "the run's staging went with its commit"
 
 
 def test_a_quarantined_line_with_invalid_utf8_is_valid_text_with_its_bytes_kept(spark, tmp_path, tiny_embed_model,
@@ -241,7 +280,9 @@ def test_sigterm_stops_the_run_records_it_and_the_same_command_resumes(tmp_path,
     last = [line for line in log.splitlines() if line.strip()][-1]
     assert last.startswith("error: stopped by SIGTERM before its commit: nothing was committed;"), log[-3000:]
     assert "are staged in" in last and "Resume: rerun the same command" in last
-    after = log[log.index("stopped by SIGTERM") - 2000:] if "stopped by SIGTERM" in log else log
+    # the last 2,000 characters before the stop and all after it (from the log's start when the stop is
+    # earlier: a negative start would slice the log's tail instead)
+    after = log[max(0, log.index("stopped by SIGTERM") - 2000):]
     assert "Traceback" not in log and "\tat org.apache" not in after, log[-3000:]
     assert not (tmp_path / "scores" / "_delta_log").exists(), "nothing committed"
     assert [r["outcome"] for r in read_runs(str(tmp_path / "scores_runs"))] == ["stopped"]

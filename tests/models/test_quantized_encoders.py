@@ -24,6 +24,33 @@ LABELS = {"pos": "good great loved", "neg": "bad awful hated"}
 LOOSE = {"min_mean_cosine": 0.5, "min_top_label_agreement": 0.0}
 
 
+# the tiny classifier trained on SENTENCES to these labels (negative, neutral, positive), so its top labels differ
+# from row to row by wide margins: a random one scores every label about 1/3 and names the same label for all
+TRAINED_LABELS = ["positive", "negative", "positive", "negative", "positive", "neutral"]
+
+
+@pytest.fixture(scope="module")
+def trained_classify_model(tiny_classify_model, tmp_path_factory):
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    folder = shutil.copytree(tiny_classify_model, tmp_path_factory.mktemp("trained") / "tiny-classify")
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    model = AutoModelForSequenceClassification.from_pretrained(str(folder))
+    batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
+    target = torch.tensor([model.config.label2id[name] for name in TRAINED_LABELS])
+    torch.manual_seed(0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(60):
+        loss = torch.nn.functional.cross_entropy(model(**batch).logits, target)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval().save_pretrained(str(folder))
+    return folder
+
+
 def _task(model_dir, precision="int8", *, config=None, rows=(), **model):
     task = build_task(config or EmbedTaskConfig(labels=LABELS),
                       model=ModelConfig(path=str(model_dir), precision=precision, **model),
@@ -61,14 +88,26 @@ def test_int8_exports_once_and_later_loads_reuse_the_file(tiny_embed_model, tmp_
 
 
 def test_other_int8_settings_or_new_weights_export_a_new_graph(tiny_embed_model, tmp_path):
+    from safetensors.torch import load_file, save_file
+
     model_dir = _copy(tiny_embed_model, tmp_path)
-    first = _task(model_dir, accuracy_gate={"enabled": False}).load(model_dir, "cpu").model.path
-    per_tensor = _task(model_dir, accuracy_gate={"enabled": False}, int8={"per_channel": False}).load(
-        model_dir, "cpu").model.path
-    assert per_tensor != first
+
+    def graph(**settings):
+        return _task(model_dir, accuracy_gate={"enabled": False}, **settings).load(model_dir, "cpu").model.path
+
+    first = graph()
+    assert graph(int8={"per_channel": False}) != first
     weights = model_dir / "model.safetensors"
-    weights.write_bytes(weights.read_bytes() + b"")  # same bytes, new mtime: the revision is of the bytes
-    assert _task(model_dir, accuracy_gate={"enabled": False}).load(model_dir, "cpu").model.path == first
+    weights.write_bytes(weights.read_bytes())  # same bytes, new mtime: the revision is of the bytes
+    assert graph() == first
+    # new weights of the same shapes (a fine-tune saved over the folder): the old graph is not theirs
+    tensors = load_file(str(weights))
+    (query,) = [name for name in tensors if name.endswith("layer.0.attention.self.query.weight")]
+    tensors[query] = tensors[query] * 2.0
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    retrained = graph()
+    assert retrained != first and retrained.is_file() and first.is_file()
+    assert retrained.parent.parent == first.parent.parent == model_dir / CACHE_FOLDER
 
 
 def test_the_cache_folder_is_the_user_cache_when_the_model_folder_is_not_writable(tmp_path, monkeypatch):
@@ -127,13 +166,21 @@ def test_gate_without_rows_uses_the_builtin_texts(tiny_embed_model, tmp_path):
     assert check.rows == 16 and check.sample == "built-in calibration texts"
 
 
-def test_int8_that_fails_the_gate_falls_back_to_fp32(tiny_classify_model, tmp_path):
-    model_dir = _copy(tiny_classify_model, tmp_path)
+def _labels(model_dir, precision):
+    task = _task(model_dir, precision, config=ClassifyTaskConfig(), accuracy_gate={"enabled": False})
+    return _score(task, task.load(model_dir, "cpu")).column("label").to_pylist()
+
+
+def test_int8_that_fails_the_gate_falls_back_to_fp32(trained_classify_model, tmp_path):
+    model_dir = _copy(trained_classify_model, tmp_path)
     task = _task(model_dir, config=ClassifyTaskConfig(), rows=SENTENCES,
                  accuracy_gate={"min_mean_cosine": 1.0})
     loaded = task.load(model_dir, "cpu")
     assert loaded.precision == "fp32" and loaded.gate.fell_back
-    assert loaded.gate.checks[0].top_label_agreement is not None
+    # the gate's figure is the share of its rows whose top label int8 and fp32 agree on, counted here apart
+    ours, theirs = _labels(model_dir, "int8"), _labels(model_dir, "fp32")
+    agreed = sum(a == b for a, b in zip(ours, theirs)) / len(theirs)
+    assert len(set(theirs)) == 3 and loaded.gate.checks[0].top_label_agreement == agreed
     (reason,) = loaded.load_counts["precision_fallbacks"]
     assert reason.startswith("int8->fp32 (int8: mean cosine") and "run rows (FAIL)" in reason
 
@@ -206,11 +253,13 @@ def test_an_int8_request_is_not_timed_and_keeps_int8_when_it_passes(tiny_embed_m
     assert "fp32's speed" not in check and calls == [("fp32", False), ("int8", False)]
 
 
-def test_int8_classify_matches_fp32_labels_closely(tiny_classify_model, tmp_path):
-    model_dir = _copy(tiny_classify_model, tmp_path)
+def test_int8_classify_matches_fp32_labels_closely(trained_classify_model, tmp_path):
+    model_dir = _copy(trained_classify_model, tmp_path)
     fp32 = _task(model_dir, "fp32", config=ClassifyTaskConfig())
     int8 = _task(model_dir, config=ClassifyTaskConfig(), accuracy_gate={"enabled": False})
     ref, out = (_score(t, t.load(model_dir, "cpu")) for t in (fp32, int8))
+    assert ref.column("label").to_pylist() == TRAINED_LABELS * 2  # what it was trained to say, three labels
+    assert out.column("label").to_pylist() == ref.column("label").to_pylist()
     a = np.array([list(m.values()) for m in (dict(x) for x in ref.column("scores").to_pylist())])
     b = np.array([list(m.values()) for m in (dict(x) for x in out.column("scores").to_pylist())])
     assert a.shape == b.shape and np.abs(a - b).max() < 0.1

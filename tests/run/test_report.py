@@ -73,6 +73,15 @@ def test_report_cli_history_flags_the_short_night(tmp_path: Path, capsys: pytest
                  "--max-throughput-drop", "60", "--fail-on-deviation"]) == 0
 
 
+def test_fail_on_deviation_judges_the_reported_run_not_a_flagged_night_in_its_history(tmp_path: Path) -> None:
+    """One short night in the history is listed, but only a flagged reported run fails the scheduler's task."""
+    runs = nightly_runs(tmp_path, [1000, 1040, 500, 1000, 1010])  # r2 is flagged, the latest run r4 is not
+    out = str(tmp_path / "report.html")
+    assert main(["report", runs, "--history", "5", "--out", out, "--fail-on-deviation"]) == 0
+    assert main(["report", "r2", "--runs", runs, "--history", "5", "--out", out, "--fail-on-deviation"]) == 3
+    assert main(["report", "r3", "--runs", runs, "--history", "5", "--out", out, "--fail-on-deviation"]) == 0
+
+
 def test_report_errors_name_what_to_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["report", "some-run-id"]) == 2
     assert "or a run id together with --runs" in capsys.readouterr().err

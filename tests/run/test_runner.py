@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -11,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pyarrow.compute as pc
+import pyspark
 import pytest
 from deltalake import DeltaTable
 
@@ -114,11 +116,19 @@ def test_missing_text_column_fails_before_any_work(spark, tmp_path, tiny_embed_m
 
 def test_classify_job(spark, tmp_path, tiny_classify_model):
     write_delta(tmp_path / "docs", make_documents(50))
-    config = job_config(tmp_path, tiny_classify_model, task={"kind": "classify"})
-    summary = run_job(config, spark=spark, out=io.StringIO())
+    config = job_config(tmp_path, tiny_classify_model, task={"kind": "classify"},
+                        run={"summary_path": str(tmp_path / "summary.json")})
+    out = io.StringIO()
+    summary = run_job(config, spark=spark, out=out)
     assert summary.complete
     table = read_scores(tmp_path)
     assert set(table.filter(pc.equal(table["status"], "ok"))["label"].to_pylist()) <= {"negative", "neutral", "positive"}
+    # what the run ran with, in the summary, its JSON and its printed end
+    from pipeline.compat import runtime_versions
+
+    assert summary.versions == runtime_versions() and summary.versions["pyspark"] == pyspark.__version__
+    assert json.loads((tmp_path / "summary.json").read_text())["versions"] == runtime_versions()
+    assert f"pyspark {pyspark.__version__}" in out.getvalue().split("versions")[1].splitlines()[0]
 
 
 def test_cli_check_and_config_errors():

@@ -68,7 +68,7 @@ def test_secrets_are_redacted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     conf = tmp_path / "job.yaml"
     conf.write_text(
         "job: j\nsource: {path: '${SRC_PATH}'}\nmodel: {path: /m}\ntask: {kind: embed}\n"
-        "sink: {path: /out}\nspark: {conf: {spark.hadoop.fs.s3a.secret.key: plain, spark.hadoop.fs.s3a.access.key: ak}}\n"
+        "sink: {path: /out}\nspark: {conf: {spark.hadoop.fs.s3a.secret.key: pl41n-s3cret, spark.hadoop.fs.s3a.access.key: ak}}\n"
         "batching: {token_budget: 4096}\n"
     )
     monkeypatch.setenv("SRC_PATH", "s3://bucket/docs?sig=xyz")
@@ -79,7 +79,7 @@ def test_secrets_are_redacted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert stored["source"]["path"] == "***"  # from ${SRC_PATH}
     assert stored["spark"]["conf"] == {"spark.hadoop.fs.s3a.secret.key": "***", "spark.hadoop.fs.s3a.access.key": "***"}
     assert stored["batching"]["token_budget"] == 4096 and stored["sink"]["path"] == "/out2"
-    assert "xyz" not in row["config_json"] and "plain" not in row["config_json"]
+    assert "xyz" not in row["config_json"] and "pl41n-s3cret" not in row["config_json"]
     # same settings on another night: same hash; another setting: another hash
     other_night = load_config(conf, overrides=["sink.path=/out2", "run.ds=2026-02-02"])
     changed = load_config(conf, overrides=["sink.path=/out3"])
@@ -258,3 +258,28 @@ def test_a_refused_run_is_recorded_refused_with_what_moved(tmp_path: Path) -> No
     [row] = read_runs(str(tmp_path / "scores_runs"))
     assert row["outcome"] == "refused" and row["error_class"] == "pipeline.errors.DriftRefused"
     assert json.loads(row["drift"])["action"] == "refused" and json.loads(row["profile"])["cat"]["status"]
+
+
+def test_every_row_records_what_the_run_ran_with_and_an_older_table_gains_the_column(tmp_path: Path) -> None:
+    """The library, pyspark, torch and transformers versions go into every row (a started or failed one too)
+    and into the summary; a runs table written before the column existed gains it on the next write."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from pipeline.compat import runtime_versions
+
+    config = job_config(tmp_path)
+    path = str(tmp_path / "scores_runs")
+    old_schema = pa.schema([f for f in RUNS_SCHEMA if f.name != "versions"])
+    old = run_row(config=config, run_id="old", ds=dt.date(2026, 11, 29), started_at=dt.datetime.now(dt.timezone.utc),
+                  outcome="ok")
+    write_deltalake(path, pa.Table.from_pylist([{k: v for k, v in old.items() if k != "versions"}], schema=old_schema))
+    recorder = RunRecorder.begin(config, run_id="r1", ds=dt.date(2026, 11, 30))
+    [started] = [r for r in read_runs(path) if r["run_id"] == "r1"]
+    assert json.loads(started["versions"]) == runtime_versions()
+    recorder.end(summary=summary("r1"))
+    rows = {r["run_id"]: r for r in read_runs(path)}
+    assert rows["old"]["versions"] is None  # nothing invented for a row written before
+    recorded = json.loads(rows["r1"]["versions"])
+    assert {"spark_batch_inference", "pyspark", "torch", "transformers", "python"} <= set(recorded)
+    assert recorded == runtime_versions()

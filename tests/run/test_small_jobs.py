@@ -104,11 +104,25 @@ def test_a_session_of_its_own_spark_submit_or_an_active_session_keep_a_job_off_i
     assert _why(config, active=True) == "not small: a SparkSession is active in this process"
 
 
-def test_a_session_built_here_says_whether_it_has_the_connector(spark):
+@pytest.mark.parametrize("connector", [pytest.param(False, id="jar-free"),
+                                       pytest.param(True, id="connector", marks=pytest.mark.connector)])
+def test_a_session_built_here_says_whether_it_has_the_connector(spark, tmp_path, connector):
+    """The suite's session (built by get_session) in each of the suite's runs: its flag and has_delta_connector
+    say whether the Delta connector is there, and format("delta") agrees: a table written and read back
+    through it in the connector run, DATA_SOURCE_NOT_FOUND in the jar-free run."""
     from pipeline.io.sources import has_delta_connector
 
-    assert spark.conf.get(DELTA_CONNECTOR_CONF) == ("true" if CONNECTOR_RUN else "false")
-    assert has_delta_connector(spark) is CONNECTOR_RUN
+    assert CONNECTOR_RUN is connector  # the markers route each case into its own run (tests/conftest.py)
+    assert spark.conf.get(DELTA_CONNECTOR_CONF) == ("true" if connector else "false")
+    assert has_delta_connector(spark) is connector
+    probe = str(tmp_path / "probe")
+    if connector:
+        spark.range(3).write.format("delta").save(probe)
+        assert spark.read.format("delta").load(probe).count() == 3
+        assert DeltaTable(probe).version() == 0  # a Delta table any reader opens
+    else:
+        with pytest.raises(Exception, match="DATA_SOURCE_NOT_FOUND"):
+            spark.range(3).write.format("delta").save(probe)
 
 
 def _rows(spark, n: int = 30):

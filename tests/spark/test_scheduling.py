@@ -39,7 +39,8 @@ class Schedule(_Strict):
 
 
 class Library(_Strict):
-    whl: str
+    whl: Optional[str] = None
+    requirements: Optional[str] = None
 
 
 class SparkPythonTask(_Strict):
@@ -127,7 +128,9 @@ def test_bundle_fields_and_references() -> None:
         for task in job.tasks:
             assert task.job_cluster_key in clusters
             assert all(d["task_key"] in keys for d in task.depends_on)
-            assert all(lib.whl.startswith("../../dist/") for lib in task.libraries)
+            assert [lib.whl for lib in task.libraries if lib.whl] == ["../../dist/*.whl"]
+            [requirements] = [lib.requirements for lib in task.libraries if lib.requirements]
+            assert (BUNDLE.parent / requirements).is_file(), requirements
             assert (task.spark_python_task is None) != (task.python_wheel_task is None), task.task_key
         [main] = [t.spark_python_task for t in job.tasks if t.spark_python_task]
         assert (BUNDLE.parent / main.python_file).resolve() == REPO / "jobs" / f"{name}.py"
@@ -138,9 +141,49 @@ def test_bundle_fields_and_references() -> None:
         assert conf == f"${{workspace.file_path}}/conf/{name}.yaml" and (REPO / f"conf/{name}.yaml").is_file()
         # the same config, overlay and overrides load here
         overlays = [args[i + 1].replace("${workspace.file_path}", str(REPO)) for i, a in enumerate(args) if a == "--overlay"]
-        sets = [args[i + 1].replace("${var.warehouse}", "s3://lake/sbi") for i, a in enumerate(args) if a == "--set"]
+        values = {"${var.warehouse}": "s3://lake/sbi", "${var.models}": "/Volumes/main/sbi/models",
+                  "${var.state}": "/Volumes/main/sbi/state"}
+        sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+        for var, value in values.items():
+            sets = [s.replace(var, value) for s in sets]
         config = load_config(REPO / f"conf/{name}.yaml", overlays=overlays, overrides=sets + ["run.ds=2026-11-30"])
         assert config.sink.writer == "delta" and config.sink.path.startswith("s3://lake/sbi/")
+        # models from the Unity Catalog Volume of var.models, never a path of a dev checkout
+        assert config.model.path.startswith("/Volumes/main/sbi/models/"), config.model.path
+        assert config.run.state_path == "/Volumes/main/sbi/state"
+        # the task installs the libraries of exactly the extras its job needs (pyproject.toml's)
+        from pipeline.registry import get_task_kind
+
+        kind = get_task_kind(config.task.kind)
+        [requirements] = [lib.requirements for t in job.tasks if t.spark_python_task for lib in t.libraries
+                          if lib.requirements]
+        assert _requirement_lines(BUNDLE.parent / requirements) == _extra_lines(kind.job.extras(config, kind.task)), name
+
+
+def _requirement_lines(path: Path) -> set[str]:
+    return {line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")}
+
+
+def _extra_lines(extras: tuple[str, ...]) -> set[str]:
+    optional = PYPROJECT["project"]["optional-dependencies"]
+    return {req for extra in extras for req in optional[extra]}
+
+
+def test_a_catalog_table_job_keeps_its_state_in_the_databricks_overlays_volume(monkeypatch) -> None:
+    """conf/env/databricks.yaml gives a sink.table job working quarantine, runs-table and staging locations."""
+    monkeypatch.setenv("SBI_STATE_PATH", "/Volumes/main/ml/state")
+    config = load_config(REPO / "conf/score_documents.yaml", overlays=[REPO / "conf/env/databricks.yaml"],
+                         overrides=["sink.table=main.ml.document_scores", "sink.path=null"])
+    assert config.sink.resolved_quarantine_path() == "/Volumes/main/ml/state/score_documents/quarantine"
+    assert config.resolved_runs_path() == "/Volumes/main/ml/state/score_documents/runs"
+    assert config.run.staging_path == "/Volumes/main/ml/state/score_documents/staging"
+    # keys set on their own win; a path sink keeps its own <sink.path>_... defaults
+    own = load_config(REPO / "conf/score_documents.yaml", overlays=[REPO / "conf/env/databricks.yaml"],
+                      overrides=["sink.table=main.ml.document_scores", "sink.path=null",
+                                 "sink.quarantine_path=/Volumes/main/ml/q"])
+    assert own.sink.resolved_quarantine_path() == "/Volumes/main/ml/q"
+    path_sink = load_config(REPO / "conf/score_documents.yaml", overlays=[REPO / "conf/env/databricks.yaml"])
+    assert path_sink.run.staging_path is None and path_sink.resolved_runs_path() == path_sink.sink.path + "_runs"
 
 
 def test_bundle_report_task_runs_the_report_cli() -> None:
@@ -151,6 +194,8 @@ def test_bundle_report_task_runs_the_report_cli() -> None:
     assert PYPROJECT["project"]["scripts"][wheel.entry_point] == "pipeline.cli:main"
     args = build_parser().parse_args(wheel.parameters)
     assert (args.command, args.history, args.fail_on_deviation) == ("report", 14, True)
+    [requirements] = [lib.requirements for lib in report.libraries if lib.requirements]
+    assert _requirement_lines(BUNDLE.parent / requirements) == _extra_lines(("report",))
     assert report.depends_on == [{"task_key": "score"}]
 
 

@@ -35,16 +35,19 @@ def start_driver(config_file: Path, log: Path, faults: dict | None = None,
                                 start_new_session=True)
 
 
-def run_job_script(script: str, *args: object, timeout_s: float) -> dict:
+def run_job_script(script: str, *args: object, timeout_s: float, output: list[str] | None = None) -> dict:
     """Run ``tests/support/<script>`` with ``args`` on this interpreter; the JSON of its last ``RESULT`` line.
 
-    Fails, with the end of its output, when the script exits non-zero or prints no result.
+    Fails, with the end of its output, when the script exits non-zero or prints no result. ``output``, when
+    given, receives the other lines the script printed on stdout.
     """
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYSPARK_PYTHON": sys.executable}
     done = subprocess.run([sys.executable, str(REPO / "tests" / "support" / script), *map(str, args)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stdout[-2000:] + done.stderr[-4000:]
+    if output is not None:
+        output.extend(line for line in done.stdout.splitlines() if not line.startswith("RESULT "))
     return json.loads(lines[-1][len("RESULT "):])
 
 

@@ -10,7 +10,8 @@ project's real loading code: a causal LM generating with the transformers
 backend (xgrammar for ``json_schema``), and an encoder embedding with mean
 pooling. It runs on uvicorn in a thread of the test process, on 127.0.0.1,
 starts in about a second, and counts every request it answered by the
-request's key, so a test can tell whether a row was requested twice.
+request's key, so a test can tell whether a row was requested twice, and
+notes when each arrived, so a test can read the pacing the server saw.
 
 ``FaultProxy`` sits in front of any such server (this one, or vLLM's) and,
 per request, answers ``429`` (with ``Retry-After``) or ``500`` itself, closes
@@ -79,6 +80,7 @@ class OpenAIServer:
     """The OpenAI API over a local causal LM (``llm_dir``, served as ``llm_name``) and encoder (``embed_dir``).
 
     ``requests`` counts what it answered by :func:`pipeline.endpoint.wire.body_key` (path, body);
+    ``arrivals`` lists ``(time.monotonic() when its body was read, key)`` per request, in arrival order;
     ``fail_marker``: a prompt holding it is refused with ``400`` (a row the server rejects).
     """
 
@@ -88,6 +90,7 @@ class OpenAIServer:
         self.llm_dir, self.llm_name, self.embed_dir, self.embed_name = llm_dir, llm_name, embed_dir, embed_name
         self.api_key, self.max_model_len, self.fail_marker = api_key, max_model_len, fail_marker
         self.requests: Counter[str] = Counter()
+        self.arrivals: list[tuple[float, str]] = []
         self.paths: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._llm: Any = None
@@ -155,8 +158,10 @@ class OpenAIServer:
             body = json.loads(await request.body())
         except ValueError:
             return None, _error(400, "the body is not JSON")
+        arrived = time.monotonic()
         with self._lock:
             self.requests[body_key(path, body)] += 1
+            self.arrivals.append((arrived, body_key(path, body)))
             self.paths[path] += 1
         return body, None
 
@@ -262,7 +267,9 @@ class OpenAIServer:
 @dataclass
 class FaultPlan:
     """Which fault the ``n``-th request (from 0) gets: ``None`` (forwarded), ``429``, ``500``, ``drop``,
-    ``slow`` or ``cut``. Rules are checked in this order; each is "every ``k``-th request, from ``offset``".
+    ``slow``, ``cut``, ``not_json`` (HTTP 200 with an HTML body) or ``no_result`` (HTTP 200 with a JSON object
+    that holds neither ``choices`` nor ``data``: a proxy or a server in trouble answering for the model). Rules
+    are checked in this order; each is "every ``k``-th request, from ``offset``".
 
     A 429 burst: ``burst_429 = (k, length)``: requests ``n`` with ``n % k < length`` are refused.
     """
@@ -273,6 +280,8 @@ class FaultPlan:
     every_slow: int | None = None
     slow_s: float = 0.3
     every_cut: int | None = None
+    every_not_json: int | None = None
+    every_no_result: int | None = None
     retry_after_ms: int = 50
     # a rule applies only to requests whose body contains this text (None: every request)
     only_if: str | None = None
@@ -283,7 +292,8 @@ class FaultPlan:
         if self.burst_429 and n % self.burst_429[0] < self.burst_429[1]:
             return "429"
         for name, every in (("500", self.every_500), ("drop", self.every_drop), ("slow", self.every_slow),
-                            ("cut", self.every_cut)):
+                            ("cut", self.every_cut), ("not_json", self.every_not_json),
+                            ("no_result", self.every_no_result)):
             if every and n % every == every - 1:
                 return name
         return None
@@ -391,6 +401,12 @@ class FaultProxy:
         if fault == "drop":
             writer.transport.abort()  # a reset before the request went anywhere
             return False
+        if fault in ("not_json", "no_result"):  # answered in the model's place, the model never asked
+            text = ("<html><body>upstream is restarting</body></html>" if fault == "not_json"
+                    else json.dumps({"id": "injected", "object": "error", "message": "upstream is restarting"}))
+            kind = "text/html" if fault == "not_json" else "application/json"
+            await self._send(conn, writer, 200, {"content-type": kind}, text.encode())
+            return True
         if fault == "slow":
             await asyncio.sleep(self.plan.slow_s)
         status, headers, content = await self._forward(request, body)

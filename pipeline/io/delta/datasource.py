@@ -55,9 +55,9 @@ class DeltaLakeDataSource(DataSource):
         return FORMAT_NAME
 
     def writer(self, schema: Any, overwrite: bool) -> DeltaLakeArrowWriter:
-        from pyspark.sql.pandas.types import to_arrow_schema
+        from pipeline.arrow_types import to_arrow_schema
 
-        arrow_schema = to_delta_schema(to_arrow_schema(schema, timezone="UTC"))
+        arrow_schema = to_delta_schema(to_arrow_schema(schema))
         return DeltaLakeArrowWriter(dict(self.options), schema=arrow_schema, overwrite=overwrite)
 
 

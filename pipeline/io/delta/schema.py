@@ -94,9 +94,9 @@ def _clash_message(problems: list[str]) -> str:
 def delta_schema_of(spark_schema: Any) -> Any:
     """A Spark ``StructType`` as a Delta ``Schema`` (through Arrow, timestamps as UTC, as the writers store them)."""
     from deltalake import Schema
-    from pyspark.sql.pandas.types import to_arrow_schema
+    from pipeline.arrow_types import to_arrow_schema
 
-    return Schema.from_arrow(to_arrow_schema(spark_schema, timezone="UTC"))
+    return Schema.from_arrow(to_arrow_schema(spark_schema))
 
 
 def existing_schema(spark: Any, *, path: str | None, table: str | None) -> Any:

@@ -8,6 +8,7 @@ environment: :mod:`pipeline.io.stores`) and refuses any other scheme.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pipeline.config import SinkConfig
@@ -17,7 +18,7 @@ from pipeline.io.sources import has_delta_connector
 from pipeline.io.stores import StoreError, is_object_store, storage_options
 from pipeline.locations import is_local, local_path, resolve_location
 
-__all__ = ["Writer", "check_sink", "choose_writer", "resolve_writer", "target_location"]
+__all__ = ["Writer", "check_folder", "check_sink", "choose_writer", "resolve_writer", "target_location"]
 
 Writer = Literal["delta", "deltalake"]
 
@@ -66,6 +67,22 @@ def check_sink(config: SinkConfig, *, connector: bool) -> None:
             f"sink.table {config.table!r} needs sink.quarantine_path (where rows whose scoring failed go)"
         )
     target_location(config, config.resolved_quarantine_path(), writer)
+    for key, location in (("sink.path", config.path), ("sink.quarantine_path", config.resolved_quarantine_path())):
+        if location and is_local(str(location)):
+            check_folder(str(location), key=key)
+
+
+def check_folder(location: str, *, key: str) -> None:
+    """Refuse a local table location that is a file, or lies below one: every writer would fail there
+    late, with the file system's ``Not a directory``. The file is never touched."""
+    path = Path(local_path(location))
+    what = ("a Delta table is a folder (its _delta_log and Parquet files): point it at a folder (a missing one is "
+            "created), or move the file away")
+    if path.exists() and not path.is_dir():
+        raise SinkError(f"{key} {location!r} is a file, not a folder; {what}")
+    above = next((p for p in path.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise SinkError(f"{key} {location!r} is inside {str(above)!r}, a file; {what}")
 
 
 def resolve_writer(spark: Any, config: SinkConfig) -> str:
