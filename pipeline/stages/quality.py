@@ -112,6 +112,7 @@ def check_quality(prep: Prepared, plan: RunPlan, counts: Mapping[str, Any]) -> d
     quality = config.run.quality
     if not quality.enabled:
         return None
+    prep.stage("quality gate")
     profile = dict(counts.get("profile") or {})
     verdict = verdict_of(config, plan, profile, prep.task)
     flagged = verdict.flagged
