@@ -78,6 +78,14 @@ class ImageTask:
     def result_fields(self) -> list[pa.Field]:
         raise NotImplementedError
 
+    def profile_output(self, out: pa.RecordBatch, profile: Any) -> None:
+        """Statuses, and where the kind has them the top label's share and score and the embeddings."""
+        from pipeline.tasks._profile import profile_embedding, profile_labels
+
+        profile.rows(out)
+        profile_labels(out, profile)
+        profile_embedding(out, profile)
+
     def group_size(self) -> int:
         """Decoded images handed to :meth:`run_group` at once."""
         return self.batching.batch_size
