@@ -21,7 +21,7 @@ export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 export HF_HUB_OFFLINE := 1
 
-.PHONY: venv jars venv-vllm venv-int4 test-int4 test-wheel docs demo demo-s3 demo-data report demo-generate demo-generate-vllm demo-extract demo-extract-vllm demo-extract-endpoint \
+.PHONY: venv jars jars-delta venv-vllm venv-int4 test-int4 test-wheel docs demo demo-s3 demo-data report demo-generate demo-generate-vllm demo-extract demo-extract-vllm demo-extract-endpoint \
 	demo-extract-logs bench-extract bench-extract-vllm demo-recs demo-images demo-images-data lint test \
 	test-vllm bench bench-batching bench-gpu bench-generate bench-generate-width bench-scaling bench-row-keys \
 	bench-small-jobs bench-images bench-resume bench-precision bench-endpoint \
@@ -42,6 +42,10 @@ $(STAMP): requirements.lock requirements-data.lock pyproject.toml
 # (SBI_JARS_DIR): sessions the library builds add them, so sink.writer auto picks the connector.
 jars: $(STAMP)
 	$(PY) -m pipeline.spark.jars fetch
+
+# The Delta connector's jars alone (14 MB): the demos write local Delta tables and need no S3A (690 MB)
+jars-delta: $(STAMP)
+	$(PY) -m pipeline.spark.jars fetch delta
 
 venv: $(STAMP) jars
 	@echo "venv: $(VENV) ($$(du -sh $(VENV) | cut -f1)); $$(cat $(VENV)/.torch-source 2>/dev/null || echo 'torch: ?'); jars in $$($(PY) -m pipeline.spark.jars path)"
@@ -92,7 +96,7 @@ demo-data: warehouse/demo/documents/_delta_log
 # spark-submit's JVM starts before our code: the cached jars go on its command line
 JAR_ARGS = $$($(PY) -m pipeline.spark.jars submit-args)
 
-demo: demo-data jars
+demo: demo-data jars-delta
 	$(VENV)/bin/spark-submit $(JAR_ARGS) --master 'local[*,4]' --driver-memory 2g \
 	  --conf spark.ui.enabled=false --conf spark.ui.showConsoleProgress=false --conf spark.log.level=WARN \
 	  --conf spark.databricks.delta.snapshotPartitions=$$(nproc) \
@@ -127,7 +131,7 @@ demo-generate-vllm: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
 EXTRACT_ROWS ?= 48
 EXTRACT_SUBMIT = --master 'local[*,4]' --driver-memory 2g --conf spark.ui.enabled=false --conf spark.log.level=WARN \
 	  jobs/extract_fields.py --conf conf/extract_fields.yaml --set source.limit=$(EXTRACT_ROWS)
-demo-extract: demo-data jars $(LLM_DIR)/model.safetensors
+demo-extract: demo-data jars-delta $(LLM_DIR)/model.safetensors
 	$(VENV)/bin/spark-submit $(JAR_ARGS) $(EXTRACT_SUBMIT) --set task.backend=transformers $(ARGS)
 
 # The same job on the vllm backend (vLLM's structured outputs), from the vLLM environment.
@@ -144,7 +148,7 @@ demo-extract-endpoint: demo-data $(LLM_DIR)/model.safetensors $(VLLM_STAMP)
 # Log lines: component, severity and error code per line of LOG_FILES (any text logs) into warehouse/demo/log_fields.
 # The default: real logs on any Debian or Ubuntu machine.
 LOG_FILES ?= /var/log/alternatives.log /var/log/dpkg.log
-demo-extract-logs: jars $(LLM_DIR)/model.safetensors
+demo-extract-logs: jars-delta $(LLM_DIR)/model.safetensors
 	mkdir -p warehouse/demo/logs && cp $(LOG_FILES) warehouse/demo/logs/
 	$(VENV)/bin/spark-submit $(JAR_ARGS) --master 'local[*,4]' --driver-memory 2g --conf spark.ui.enabled=false \
 	  --conf spark.log.level=WARN jobs/extract_fields.py --conf conf/extract_log_fields.yaml \
@@ -172,7 +176,7 @@ warehouse/demo/images/pages/_delta_log: | $(STAMP)
 
 demo-images-data: warehouse/demo/images/pages/_delta_log
 
-demo-images: demo-images-data jars
+demo-images: demo-images-data jars-delta
 	$(IMG_SUBMIT) jobs/classify_images.py --conf conf/classify_images.yaml $(ARGS)
 	$(IMG_SUBMIT) jobs/ocr_pages.py --conf conf/ocr_pages.yaml $(ARGS)
 	@command -v tesseract >/dev/null && $(PY) jobs/demo_compare_ocr.py \
