@@ -23,7 +23,6 @@ import datetime as dt
 import io
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -33,23 +32,13 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_TABLE = REPO / "warehouse" / "demo" / "documents"
-FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 
 
 def cpu_info() -> dict[str, Any]:
     """CPU model, the flags that decide the kernels, the cores and the load when the bench starts."""
-    model, flags = platform.processor() or platform.machine(), set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    except OSError:
-        pass
-    return {"model": model, "flags": {f: f in flags for f in FLAGS}, "cores": os.cpu_count(),
-            "load_average": round(os.getloadavg()[0], 2)}
+    from bench_limit import cpu_info as machine, load_average  # bench/ is the script's folder, on sys.path
+
+    return {**machine(), "load_average": load_average()}
 
 
 def demo_table() -> str:
