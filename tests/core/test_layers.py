@@ -31,7 +31,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("run stages", ("pipeline.stages", "pipeline.runs", "pipeline.recorder", "pipeline.tracking", "pipeline.report",
                     "pipeline.small_jobs")),
     ("run", ("pipeline.runner",)),
-    ("faces", ("pipeline.__main__", "pipeline.cli", "pipeline.notebook", "pipeline.docs", "pipeline.demo")),
+    ("faces", ("pipeline.__main__", "pipeline.cli", "pipeline.notebook", "pipeline.docs", "pipeline.demo",
+               "pipeline.dataframe", "pipeline._scoring")),
 ]
 # the package's own __init__ is on the top floor by itself: as a prefix, "pipeline" would cover every module,
 # and a module added to no floor would sit, unnoticed, where no import of it can run up a floor
