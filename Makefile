@@ -25,7 +25,7 @@ export HF_HUB_OFFLINE := 1
 	demo-extract-logs bench-extract bench-extract-vllm demo-recs demo-images demo-images-data lint test \
 	test-vllm bench bench-batching bench-gpu bench-generate bench-generate-width bench-scaling bench-row-keys \
 	bench-small-jobs bench-images bench-resume bench-precision bench-endpoint \
-	bench-feed bench-score-df lock lock-vllm \
+	bench-feed bench-profile bench-score-df lock lock-vllm \
 	clean
 
 $(STAMP): requirements.lock requirements-data.lock pyproject.toml
@@ -305,6 +305,13 @@ bench-small-jobs: demo-data jars
 FEED_ROWS ?= 2000
 bench-feed: demo-data
 	PYTHONPATH=. $(PY) bench/bench_feed.py --rows $(FEED_ROWS) $(BENCH_ARGS)
+
+# What the output profile and the drift gate cost (docs/operations/quality.md): the demo job with run.quality on
+# against off, interleaved, medians of 3 with ranges, CPU flags printed -> bench/results_profile.json.
+# PROFILE_ROWS documents of the demo corpus per run; BENCH_ARGS="--repeats 5" passes options through.
+PROFILE_ROWS ?= 5000
+bench-profile: demo-data
+	PYTHONPATH=. $(PY) bench/bench_profile.py --rows $(PROFILE_ROWS) --json bench/results_profile.json $(BENCH_ARGS)
 
 # Image benchmark (docs/benchmarks_images.md): images/s of the pipeline vs a single-process loop, and the
 # OCR recogniser's padding with and without width bucketing.

@@ -59,7 +59,7 @@ class Scoring:
         plan = InferencePlan.for_job(self.config, model_path=self.model.path, task_class=self.kind.task,
                                      input_columns=tuple(self.task.input_columns),
                                      faults=tuple(faults.from_env().items()), journal_requests=False,
-                                     rate_share=rate_share)
+                                     rate_share=rate_share, model_revision=self.model.revision)
         return ColumnPlan(plan, with_id=with_id, lineage=tuple(self.lineage.items()))
 
 

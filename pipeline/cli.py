@@ -154,6 +154,9 @@ def add_job_arguments(parser: argparse.ArgumentParser, *, positional: bool = Tru
     parser.add_argument("--allow-empty", action="store_true",
                         help="replace the day even when the source gives far fewer rows than it holds, or none "
                              "(same as --set run.allow_empty=true; see run.min_rows_fraction)")
+    parser.add_argument("--accept-drift", action="store_true",
+                        help="publish a run the drift gate flagged; a rerun of a refused run publishes its staged "
+                             "rows without scoring again (same as --set run.accept_drift=true; see run.quality)")
     parser.add_argument("--retry-quarantined", action="store_true",
                         help="with --incremental: score again the rows quarantined earlier with the same content "
                              "and fingerprint (same as --set run.retry_quarantined=true)")
@@ -181,6 +184,8 @@ def config_from_args(args: argparse.Namespace):
         overrides.append("run.retry_quarantined=true")
     if getattr(args, "allow_empty", False):
         overrides.append("run.allow_empty=true")
+    if getattr(args, "accept_drift", False):
+        overrides.append("run.accept_drift=true")
     if getattr(args, "log_json", False):
         overrides.append("run.log_format=json")
     return load_config(path, overrides=overrides, overlays=args.overlay)
@@ -250,9 +255,11 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m pipeline")
         run_job(config)
         return 0
     except PipelineError as exc:  # every deliberate error: its message says what to change
-        from pipeline.errors import RunStopped
+        from pipeline.errors import DriftRefused, RunStopped
 
         _print_error(exc, verbose=getattr(args, "verbose", False), secrets=secrets)
+        if isinstance(exc, DriftRefused):
+            return 3  # the output moved: a quality alert (as `pipeline report --fail-on-deviation`), nothing published
         return 143 if isinstance(exc, RunStopped) else 2  # 128 + SIGTERM, as a shell reports a stopped job
     except Exception as exc:  # a failure Spark reports (e.g. a worker's exception): one line, not pages of Java
         from pipeline.error_text import is_spark_error

@@ -19,6 +19,7 @@ __all__ = [
     "ConfigError",
     "DataFetchError",
     "DemoDataError",
+    "DriftRefused",
     "EngineError",
     "InjectedFaultError",
     "InstallError",
@@ -113,6 +114,18 @@ class MissingExtraError(InstallError, ImportError):
 
 class JobError(PipelineError, RuntimeError):
     """A job could not run or did not write what it should; the message says why and what to change."""
+
+
+class DriftRefused(JobError):
+    """The run's output moved against the job's recent runs and ``run.quality.on_drift`` is ``refuse``: nothing
+    was committed, the scored rows stay staged, and ``--accept-drift`` publishes them.
+
+    ``quality``: the run's profile and the drift verdict (``{"profile": ..., "drift": ...}``), for the runs table.
+    """
+
+    def __init__(self, message: str, *, quality: dict | None = None) -> None:
+        super().__init__(message)
+        self.quality = quality or {}
 
 
 class RunStopped(PipelineError, RuntimeError):

@@ -37,10 +37,23 @@ SLOWEST_PER_RUN = 20
 
 
 def merge_counts(into: Counts, other: Mapping[str, Any]) -> Counts:
-    """Add ``other`` into ``into`` key by key (numbers sum, dicts merge recursively); returns ``into``."""
+    """Add ``other`` into ``into`` key by key (numbers sum, dicts merge recursively, lists of numbers of one
+    length add element by element: a sum of vectors); returns ``into``.
+
+    >>> merge_counts({"rows": 1, "vec": {"sum": [1.0, 2.0]}}, {"rows": 2, "vec": {"sum": [0.5, 0.5]}})
+    {'rows': 3, 'vec': {'sum': [1.5, 2.5]}}
+    """
     for key, value in other.items():
         if isinstance(value, Mapping):
             merge_counts(into.setdefault(key, {}), value)
+        elif isinstance(value, list):
+            mine = into.get(key)
+            if mine is None:
+                into[key] = list(value)
+            elif len(mine) != len(value):
+                raise ValueError(f"cannot add counts {key!r}: a list of {len(value)} numbers to one of {len(mine)}")
+            else:
+                into[key] = [a + b for a, b in zip(mine, value)]
         else:
             into[key] = into.get(key, 0) + value
     return into
@@ -124,7 +137,7 @@ WORK_KEYS = frozenset({
     "slow_batches", "rows_per_worker", "model_loads", "load_seconds", "infer_seconds", "torch_threads",
     "task_retries", "tasks_per_worker", "precision_used", "precision_fallbacks", "precision_checks",
     "precision_auto", "generation_backend",
-    "progress_rows", "oom_splits", "adaptive_splits", "poison_bisections", "endpoint",
+    "progress_rows", "oom_splits", "adaptive_splits", "poison_bisections", "endpoint", "profile_seconds",
 })
 
 

@@ -78,15 +78,16 @@ class RunRecorder:
         self.fields.update(fields)
 
     def end(self, *, summary: "RunSummary | None" = None, error: BaseException | None = None) -> None:
-        """Write the final row (``ok``; ``failed`` with ``error``; ``stopped`` when a SIGTERM stopped it), then the
-        report and MLflow if configured."""
-        from pipeline.errors import RunStopped
+        """Write the final row (``ok``; ``failed`` with ``error``; ``stopped`` when a SIGTERM stopped it; ``refused``
+        when the drift gate did), then the report and MLflow if configured."""
+        from pipeline.errors import DriftRefused, RunStopped
 
         summary = summary or self.summary
         # a run stopped by SIGTERM or by its token budget is resumable, not broken: "stopped"
         stopped = isinstance(error, RunStopped) or (error is not None and type(error).__name__ == "TokenBudgetReached")
-        self._write("stopped" if stopped else "failed" if error is not None else "ok", summary=summary, error=error,
-                    ended_at=dt.datetime.now(dt.timezone.utc))
+        outcome = ("refused" if isinstance(error, DriftRefused) else "stopped" if stopped
+                   else "failed" if error is not None else "ok")
+        self._write(outcome, summary=summary, error=error, ended_at=dt.datetime.now(dt.timezone.utc))
         if self.row is None:
             return
         if self.version is not None and summary is not None:

@@ -72,6 +72,8 @@ class RunCounts:
     model_loads: dict[str, int] = field(default_factory=dict)
     load_seconds: float = 0.0
     infer_seconds: float = 0.0
+    # sketching the output as it was scored (pipeline.sketches), summed over tasks: what the profile costs
+    profile_seconds: float = 0.0
     precision_used: dict[str, int] = field(default_factory=dict)
     precision_fallbacks: dict[str, int] = field(default_factory=dict)
     precision_checks: dict[str, int] = field(default_factory=dict)
@@ -93,6 +95,8 @@ class RunCounts:
     generate_batch_failures: int = 0
     finish_reasons: dict[str, int] = field(default_factory=dict)
     endpoint: dict[str, float] = field(default_factory=dict)
+    # the output's profile: mergeable sketches of what the rows say (pipeline.sketches), compared before the commit
+    profile: dict[str, Any] = field(default_factory=dict)
     # the kind's own counters (a TaskCounts subclass; the base has none)
     task: TaskCounts = field(default_factory=TaskCounts)
 

@@ -4,7 +4,8 @@ A nightly job is judged over many nights, so each run leaves a row in the
 runs table (``run.runs_path``, default ``<sink.path>_runs``): who ran what,
 on which ``ds``, with which resolved config (secrets redacted) and model, how
 it ended (``ok``, or ``failed`` with the error class and message), its counts,
-throughput, padding, per-batch metrics and the Delta version it wrote.
+throughput, padding, per-batch metrics, the Delta version it wrote, and the profile of its output with
+the drift verdict against the job's recent runs (which later runs read as their history).
 
 The row is written twice from the driver with ``deltalake`` (no Spark job), on a local or
 mounted path or on S3 (``s3://``, ``s3a://``: delta-rs's object store with the settings of
@@ -50,7 +51,9 @@ _WRITE_ATTEMPTS = 4
 _TS = pa.timestamp("us", tz="UTC")
 RUNS_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("job", pa.string()), ("ds", pa.date32()),
-    ("outcome", pa.string()),  # started | ok | failed | stopped (SIGTERM or run.max_tokens: nothing committed, resumable)
+    # started | ok | failed | stopped (SIGTERM or run.max_tokens: nothing committed, resumable) | refused (the drift
+    # gate: nothing committed, the scored rows staged for --accept-drift)
+    ("outcome", pa.string()),
     ("started_at", _TS), ("ended_at", _TS), ("seconds", pa.float64()),
     ("error_class", pa.string()), ("error_message", pa.string()),
     ("config_json", pa.string()), ("config_hash", pa.string()), ("task_kind", pa.string()),
@@ -66,6 +69,9 @@ RUNS_SCHEMA = pa.schema([
     ("summary_json", pa.string()),  # JSON: the rest of the RunSummary (retries, fallbacks, backend, ...)
     # JSON: what the driver ran with (pipeline.compat.runtime_versions); a table from before gains the column
     ("versions", pa.string()),
+    # JSON: the output's profile (pipeline.sketches) and its drift verdict against the job's history
+    # (pipeline.drift); a table from before gains the columns on its next write
+    ("profile", pa.string()), ("drift", pa.string()),
 ])
 
 
@@ -96,11 +102,13 @@ def run_row(
         row["error_message"] = message if len(message) <= _MESSAGE_CHARS else message[:_MESSAGE_CHARS] + "…"
         if getattr(error, "tokens", None) is not None:  # a run its token budget stopped: what it spent
             row["tokens"] = int(error.tokens)
+        _quality_columns(row, getattr(error, "quality", None))  # a run the drift gate refused: what moved
     if summary is not None:
         s = summary
         rest = s.to_dict()
-        for key in ("samples", "batch_metrics", "status", "config"):
+        for key in ("samples", "batch_metrics", "status", "config", "quality"):
             rest.pop(key, None)
+        _quality_columns(row, s.quality)
         row.update(
             model_name=s.model_name, model_revision=s.model_revision,
             precision=",".join(sorted(s.precision_used)) or config.model.precision,
@@ -114,6 +122,13 @@ def run_row(
             summary_json=json.dumps(rest, default=str, sort_keys=True),
         )
     return row
+
+
+def _quality_columns(row: dict[str, Any], quality: Mapping[str, Any] | None) -> None:
+    """The ``profile`` and ``drift`` columns of ``row`` from a run's quality record (left as they are without one)."""
+    if quality:
+        row["profile"] = json.dumps(quality.get("profile") or {}, sort_keys=True)
+        row["drift"] = json.dumps(quality.get("drift") or {}, sort_keys=True)
 
 
 # ------------------------------------------------------------------ the table
@@ -142,7 +157,8 @@ def write_run_row(path: str, row: Mapping[str, Any]) -> int:
                                 storage_options=options, commit_properties=CommitProperties(max_commit_retries=0))
                 return open_table(path, options=options or {}).version()
             table = open_table(path, options=options or {})
-            # merge_schema: a runs table written by an older version gains the columns added since (versions)
+            # merge_schema: a runs table written by an older version gains the columns added since (versions,
+            # profile, drift)
             (table.merge(source=data, predicate="t.run_id = s.run_id", source_alias="s", target_alias="t",
                          merge_schema=True)
              .when_matched_update_all().when_not_matched_insert_all().execute())

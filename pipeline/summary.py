@@ -54,6 +54,8 @@ class RunSummary:
     # seconds summed over workers: loading models, and running the task on chunks
     load_seconds: float = 0.0
     infer_seconds: float = 0.0
+    # of which sketching the output's profile (run.quality), summed over workers
+    profile_seconds: float = 0.0
     # what does not add up (the task kind's completeness check), None when every input row is accounted for
     incomplete: str | None = None
     # set when this run's committed rows are no longer in the latest snapshot, e.g. "replaced by run b (version 3)"
@@ -90,6 +92,9 @@ class RunSummary:
     # a streaming job's run: the trigger, the checkpoint, the query id, its micro-batches (how many, the first
     # and last batch id, those an earlier try had committed) and the source offsets it read (start, end)
     stream: dict[str, Any] = field(default_factory=dict)
+    # the output's profile and its drift verdict against the job's recent runs ({"profile": ..., "drift": ...},
+    # pipeline.sketches and pipeline.drift); empty when run.quality is off
+    quality: dict[str, Any] = field(default_factory=dict)
 
     @property
     def rows_flagged(self) -> int:
@@ -157,7 +162,8 @@ class RunSummary:
             lines.append(f"rows per worker         : {_spread(self.rows_per_worker)} in {self.tasks:,} task(s)")
         if self.load_seconds or self.infer_seconds:
             lines.append(f"worker time             : model load {self.load_seconds:,.1f} s, inference "
-                         f"{self.infer_seconds:,.1f} s (summed over workers)")
+                         f"{self.infer_seconds:,.1f} s" + (f", output profile {self.profile_seconds:,.2f} s"
+                                                          if self.profile_seconds else "") + " (summed over workers)")
         if self.precision_used:
             used = ", ".join(f"{p} x{n}" for p, n in sorted(self.precision_used.items()))
             lines.append(f"precision               : {used} (model loads)")
@@ -199,6 +205,7 @@ class RunSummary:
             lines.append(f"stream                  : {_stream_line(self.stream)}")
         if self.retries:
             lines.append("batch retries           : " + ", ".join(f"{k}={v}" for k, v in self.retries.items()))
+        lines += _quality_lines(self.quality)
         for row in self.samples:
             lines.append("sample                  : " + _short(row))
         return "\n".join(lines)
@@ -222,6 +229,26 @@ def _stream_line(facts: Mapping[str, Any]) -> str:
         text += (f"; {len(facts['replayed'])} committed by an earlier try: "
                  + ", ".join(str(b) for b in facts["replayed"]))
     return text
+
+
+def _quality_lines(quality: Mapping[str, Any]) -> list[str]:
+    """The drift gate's verdict: one line, then one per measure that moved.
+
+    >>> drift = {"findings": [{"measure": "status", "test": "PSI", "value": 2.1, "limit": 0.25, "p_value": 0.0,
+    ...          "change": "skipped_empty 0.0% -> 33.3%", "flagged": True}], "history": ["a", "b"], "action": "warned"}
+    >>> print("\\n".join(_quality_lines({"drift": drift})))
+    quality                 : 1 of 1 measure(s) against the last 2 run(s) moved (warned: published)
+    drift                   : status: PSI 2.1 > 0.25 (p < 1e-12): skipped_empty 0.0% -> 33.3%
+    """
+    if not quality.get("drift"):
+        return []
+    from pipeline.drift import Verdict
+
+    verdict = Verdict.from_dict(quality["drift"])
+    action = {"warned": " (warned: published)", "accepted": " (accepted with --accept-drift: published)",
+              "refused": " (refused: nothing published)"}.get(verdict.action, "")
+    return ([f"quality                 : {verdict.headline()}{action}"]
+            + [f"drift                   : {f.line()}" for f in verdict.measures_moved()])
 
 
 def _endpoint_line(stats: Mapping[str, float]) -> str:

@@ -43,8 +43,9 @@ def log_run(row: Mapping[str, Any], config: "MlflowConfig", *, report_path: str 
     """Log one runs-table row to MLflow as a finished (or failed) run; returns the MLflow run id.
 
     Params: identity, model and the redacted config flattened (``config.batching.batch_size``);
-    metrics: counts, throughput, padding and ``status.<name>`` row counts;
-    artifacts: ``config.json``, ``batch_metrics.json`` and the HTML report.
+    metrics: counts, throughput, padding, ``status.<name>`` row counts and the drift gate's statistics
+    (``quality.<measure>.<test>``, ``quality.moved``; tag ``sbi.quality``: passed, warned, refused, accepted);
+    artifacts: ``config.json``, ``batch_metrics.json``, ``drift.json`` and the HTML report.
     Returns ``None`` (nothing logged) when mlflow is not installed.
     """
     try:
@@ -66,14 +67,20 @@ def log_run(row: Mapping[str, Any], config: "MlflowConfig", *, report_path: str 
     params.update(_flatten(json.loads(row.get("config_json") or "{}"), "config"))
     metrics = {k: float(row[k]) for k in _METRICS if isinstance(row.get(k), (int, float))}
     metrics.update({f"status.{k}": float(v) for k, v in json.loads(row.get("status_counts") or "{}").items()})
+    drift = json.loads(row.get("drift") or "{}")
+    metrics.update(quality_metrics(drift))
     now = int(time.time() * 1000)
     items = [Param(k, str(v)[:6000]) for k, v in params.items()]
     for start in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
         client.log_batch(run_id, params=items[start : start + 100])
-    client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()],
-                     tags=[RunTag("sbi.model", f"{row.get('model_name')}@{row.get('model_revision')}")])
+    tags = [RunTag("sbi.model", f"{row.get('model_name')}@{row.get('model_revision')}")]
+    if drift:
+        tags.append(RunTag("sbi.quality", str(drift.get("action") or "passed")))
+    client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()], tags=tags)
     client.log_text(run_id, row.get("config_json") or "{}", "config.json")
     client.log_text(run_id, row.get("batch_metrics") or "{}", "batch_metrics.json")
+    if drift:
+        client.log_text(run_id, json.dumps(drift, indent=1), "drift.json")
     if report_path and is_local(report_path):
         client.log_artifact(run_id, local_path(report_path))
     elif report_path:  # an object (s3://): its text, under its own name
@@ -82,6 +89,21 @@ def log_run(row: Mapping[str, Any], config: "MlflowConfig", *, report_path: str 
     client.set_terminated(run_id, status="FINISHED" if row.get("outcome") == "ok" else "FAILED",
                           end_time=int(ended.timestamp() * 1000) if ended else None)
     return run_id
+
+
+def quality_metrics(drift: Mapping[str, Any]) -> dict[str, float]:
+    """The drift verdict as MLflow metrics: each test's statistic, and how many measures moved.
+
+    >>> quality_metrics({"findings": [{"measure": "status", "test": "PSI", "value": 1.8, "flagged": True},
+    ...                               {"measure": "embedding", "test": "centroid shift", "value": 0.1}]})
+    {'quality.status.psi': 1.8, 'quality.embedding.centroid_shift': 0.1, 'quality.moved': 1.0}
+    """
+    findings = drift.get("findings") or []
+    out = {f"quality.{f['measure']}.{f['test'].lower().replace(' ', '_')}": float(f["value"]) for f in findings
+           if isinstance(f.get("value"), (int, float)) and abs(float(f["value"])) != float("inf")}
+    if findings:
+        out["quality.moved"] = float(len({f["measure"] for f in findings if f.get("flagged") and not f.get("ignored")}))
+    return out
 
 
 def _experiment_id(client: Any, name: str, tracking_uri: str) -> str:

@@ -25,7 +25,7 @@ from pipeline.config.inference import AccuracyGateConfig, BatchingConfig, Int8Co
 from pipeline.config.inference import __all__ as _inference_names
 from pipeline.config.loading import build_config, load_config, merged_config_data, parse_overrides
 from pipeline.config.models import (
-    DELTA_CONNECTOR_CONF, RUN_ID_PATTERN, JobConfig, MlflowConfig, RunConfig, SparkConfig, TaskConfig,
+    DELTA_CONNECTOR_CONF, RUN_ID_PATTERN, JobConfig, MlflowConfig, QualityConfig, RunConfig, SparkConfig, TaskConfig,
 )
 from pipeline.config.models import __all__ as _model_names
 from pipeline.errors import ConfigError

@@ -22,7 +22,7 @@ from pipeline.config.inference import BatchingConfig, ModelConfig
 from pipeline.config.kinds import known_kinds, task_config_class
 from pipeline.config.redaction import redact_config
 
-__all__ = ["DELTA_CONNECTOR_CONF", "JobConfig", "MlflowConfig", "RunConfig", "SparkConfig", "TaskConfig"]
+__all__ = ["DELTA_CONNECTOR_CONF", "JobConfig", "MlflowConfig", "QualityConfig", "RunConfig", "SparkConfig", "TaskConfig"]
 
 
 # A session this library builds says in this setting whether it has the Delta connector ("true"/"false"), so
@@ -95,6 +95,31 @@ class MlflowConfig(ConfigSection):
     registry_uri: str | None = Field(None, description="model registry URI; none: the tracking URI")
 
 
+class QualityConfig(ConfigSection):
+    """Each run's output profiled on the executors and compared with the job's recent runs before its commit."""
+
+    enabled: bool = Field(True, description="profile the output while it is scored and compare it with the job's "
+                          "recent runs before the commit (`pipeline.sketches`, `pipeline.drift`)")
+    on_drift: Literal["warn", "refuse"] = Field(
+        "warn", description="a measure that moved: `warn` publishes and flags it (summary, runs table, report, "
+        "MLflow); `refuse` commits nothing and keeps the scored rows staged: `--accept-drift` publishes them "
+        "without scoring again")
+    history: int = Field(7, ge=1, le=100, description="compare with the job's last N ok runs that have a profile "
+                         "(from the last run published with `--accept-drift` on)")
+    psi: float = Field(0.25, gt=0, description="population stability index above which a measure moved")
+    ks: float = Field(0.2, gt=0, le=1, description="Kolmogorov-Smirnov distance above which a histogram moved")
+    centroid: float = Field(0.5, gt=0, description="embeddings: the centroid's shift, in units of the history's "
+                            "spread, above which they moved")
+    overlap_drop: float = Field(0.5, gt=0, le=1, description="recommend: the drop of the mean top-K overlap with the "
+                                "night before, as a share of the history's, above which the lists moved")
+    p_value: float = Field(0.001, gt=0, le=1, description="a measure moved only when its test's p-value is also "
+                           "below this (a small night's noise stays quiet)")
+    min_rows: int = Field(30, ge=1, description="a measure with fewer values in the run or in its history is not "
+                          "compared")
+    ignore: list[str] = Field(default_factory=list, description="measures shown but never flagged, e.g. "
+                              "`[input_chars]` for a job whose inputs vary by design")
+
+
 class RunConfig(ConfigSection):
     """Per-run values: the logical date, the run id, reporting."""
 
@@ -149,6 +174,12 @@ class RunConfig(ConfigSection):
         None, gt=0, description="endpoint backend: the most tokens (prompt + completion) this try may spend on the "
         "server; once the next request could pass it the run stops, commits nothing and keeps what it was answered "
         "(staged tasks, the request journal), so a rerun pays only for the rest; none: no budget")
+    quality: QualityConfig = Field(default_factory=QualityConfig,
+                                   description="the output's profile and the drift gate before the commit")
+    accept_drift: bool = Field(
+        False, description="also `--accept-drift`: publish a run the drift gate flagged (`run.quality.on_drift: "
+        "refuse`); a rerun of a refused run publishes its staged rows without scoring them again, and starts the "
+        "history later runs are compared with")
     staging_max_age_hours: float = Field(
         72.0, gt=0, description="staged output of other runs older than this is removed at the start of a run "
                                 "and by `pipeline vacuum`")

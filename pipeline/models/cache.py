@@ -12,7 +12,7 @@ import socket
 import threading
 from typing import Any, Callable, Hashable
 
-__all__ = ["clear", "discard", "get_or_load", "load_count", "note_unreported", "take_unreported", "worker_id"]
+__all__ = ["clear", "discard", "discard_keys", "get_or_load", "load_count", "note_unreported", "take_unreported", "worker_id"]
 
 _models: dict[Hashable, Any] = {}
 _loads: dict[Hashable, int] = {}
@@ -60,6 +60,16 @@ def discard(match: Callable[[Any], bool]) -> int:
     """Drop the cached objects for which ``match(obj)`` is true (a failed engine, one being replaced)."""
     with _lock:
         keys = [k for k, obj in _models.items() if match(obj)]
+        for key in keys:
+            del _models[key]
+            _unreported.pop(key, None)
+        return len(keys)
+
+
+def discard_keys(match: Callable[[Hashable], bool]) -> int:
+    """Drop the cached objects whose key ``match`` is true for (an older revision of a model being replaced)."""
+    with _lock:
+        keys = [k for k in _models if match(k)]
         for key in keys:
             del _models[key]
             _unreported.pop(key, None)

@@ -7,11 +7,12 @@ plots (:mod:`pipeline.report.page`, :mod:`pipeline.report.plots`).
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-__all__ = ["Thresholds", "find_deviations", "flagged_share"]
+__all__ = ["Thresholds", "drift_reasons", "find_deviations", "flagged_share"]
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,8 @@ def find_deviations(runs: Sequence[Mapping[str, Any]], thresholds: Thresholds = 
 
     Rows in dropped by more than ``rows_drop``, docs/s by more than
     ``throughput_drop``, or the flagged share of rows rose by more than
-    ``flagged_rise``; a failed run is always flagged.
+    ``flagged_rise``; a failed run is always flagged, and so is a run whose output the drift gate
+    found moved (refused, or published with a warning or ``--accept-drift``: :mod:`pipeline.drift`).
 
     >>> runs = [{"run_id": str(i), "outcome": "ok", "rows_in": 100, "docs_per_s": 10.0, "rows_flagged": 1}
     ...         for i in range(3)]
@@ -40,7 +42,7 @@ def find_deviations(runs: Sequence[Mapping[str, Any]], thresholds: Thresholds = 
     out: dict[str, list[str]] = {}
     previous: list[Mapping[str, Any]] = []
     for run in runs:
-        reasons = []
+        reasons = drift_reasons(run)
         if run.get("outcome") == "failed":
             reasons.append(f"failed: {run.get('error_class') or 'error'}")
         elif run.get("outcome") == "ok" and len(previous) >= thresholds.min_previous:
@@ -64,6 +66,24 @@ def find_deviations(runs: Sequence[Mapping[str, Any]], thresholds: Thresholds = 
         if run.get("outcome") == "ok":
             previous.append(run)
     return out
+
+
+def drift_reasons(run: Mapping[str, Any]) -> list[str]:
+    """What moved in a run's output, as its drift verdict says (empty when nothing did or none was recorded).
+
+    >>> drift = {"action": "refused", "findings": [{"measure": "status", "test": "PSI", "value": 1.8, "limit": 0.25,
+    ...          "p_value": 0.0, "change": "skipped_empty 0.0% -> 33.3%", "flagged": True}]}
+    >>> drift_reasons({"drift": json.dumps(drift)})
+    ['drift (refused): status PSI 1.8 > 0.25: skipped_empty 0.0% -> 33.3%']
+    """
+    from pipeline.drift import Verdict
+
+    try:
+        verdict = Verdict.from_dict(json.loads(run.get("drift") or "{}"))
+    except (ValueError, TypeError):
+        return []
+    return [f"drift ({verdict.action}): {f.measure} {f.test} {f.value:.3g} > {f.limit:g}: {f.change}"
+            for f in verdict.measures_moved()]
 
 
 def flagged_share(run: Mapping[str, Any]) -> float:

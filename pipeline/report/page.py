@@ -16,6 +16,7 @@ from pipeline.report.deviations import Thresholds, find_deviations
 from pipeline.report.plots import (
     plot_generation, plot_history, plot_lengths, plot_slowest, plot_status, plot_throughput,
 )
+from pipeline.report.quality import quality_section
 
 __all__ = ["render_report"]
 
@@ -24,7 +25,7 @@ _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;color:#222;max-width:1000px}
 h1{font-size:22px;margin-bottom:4px} h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;font-size:13px;margin:8px 0} td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}
-th{background:#f4f4f4} .ok{color:#2e7d32;font-weight:600} .failed,.flag{color:#c62828;font-weight:600}
+th{background:#f4f4f4} .ok{color:#2e7d32;font-weight:600} .failed,.flag,.refused{color:#c62828;font-weight:600}
 .started{color:#ef6c00;font-weight:600} figure{margin:12px 0} figcaption{font-size:12px;color:#555}
 img{max-width:100%} .muted{color:#777;font-size:12px} tr.flagged td{background:#fdecea}
 """
@@ -100,6 +101,7 @@ def render_report(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]] =
         parts.append("<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"
                      + "".join("<tr>" + "".join(f"<td>{_cell(b.get(h))}</td>" for h in head) + "</tr>"
                                for b in slowest[:10]) + "</table>")
+    parts += quality_section(run)
 
     if history:
         deviations = find_deviations(history, thresholds)

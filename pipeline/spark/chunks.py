@@ -8,6 +8,7 @@ names, the task's :class:`~pipeline.metrics.WorkerCounts`), never the plan:
 - :func:`task_results`, :func:`join_results`: the task's results, beside each chunk's kept columns, in
   input order (the flagged rows back in their places: a column function's output is matched to its
   input row by position);
+- :func:`profile_chunk`: each output chunk sketched into the task's profile (:mod:`pipeline.sketches`);
 - :func:`with_metrics`: the metrics column that carries the task's counts on its last row (so run metrics
   work on Spark Connect, which has no accumulators);
 - :func:`digesting`, :func:`finish_stage`, :func:`replay_staged`: the worker side of staging
@@ -28,8 +29,8 @@ import pyarrow as pa
 from pipeline.metrics import WorkerCounts
 from pipeline.rows import INVALID_ID, MALFORMED_COLUMN
 
-__all__ = ["Taken", "digesting", "each_hook", "finish_stage", "in_input_order", "join_results", "replay_staged",
-           "split_null_ids", "task_results", "with_metrics"]
+__all__ = ["Taken", "digesting", "each_hook", "finish_profile", "finish_stage", "in_input_order", "join_results",
+           "profile_chunk", "replay_staged", "split_null_ids", "task_results", "with_metrics"]
 
 # one chunk as split_null_ids left it: rows with an id, the rows without one already flagged (or None), and
 # the mask of which rows those were (or None)
@@ -72,6 +73,27 @@ def replay_staged(table: pa.Table, stored: dict[str, Any], *, metrics_column: st
         else:
             last = n == len(chunks) - 1
             yield with_metrics(batch, metrics_column, json.dumps(counts) if last else None)
+
+
+def profile_chunk(task: Any, out: pa.RecordBatch, profile: Any) -> None:
+    """Add an output chunk to the task's :class:`~pipeline.sketches.Profile` (None: not profiling): the kind's
+    ``profile_output``, else every kind's part (statuses and tokens)."""
+    if profile is None:
+        return
+    started = time.perf_counter()
+    hook = getattr(task, "profile_output", None)
+    if hook is not None:
+        hook(out, profile)
+    else:
+        profile.rows(out)
+    profile.seconds += time.perf_counter() - started
+
+
+def finish_profile(profile: Any, counts: WorkerCounts) -> None:
+    """The task's profile into its counts (``profile``), and the seconds it cost (``profile_seconds``)."""
+    if profile is not None:
+        counts.merge({"profile": profile.data})
+        counts.add("profile_seconds", profile.seconds)
 
 
 def each_hook(*hooks: Any) -> Any:

@@ -29,8 +29,9 @@ import pyarrow as pa
 
 from pipeline.config import BatchingConfig, ModelConfig
 from pipeline.metrics import WorkerCounts, WorkerProgress
-from pipeline.spark.chunks import (Taken, digesting, each_hook, finish_stage, join_results, replay_staged,
-                                   split_null_ids, task_results, with_metrics)
+from pipeline.sketches import Profile
+from pipeline.spark.chunks import (Taken, digesting, each_hook, finish_profile, finish_stage, join_results,
+                                   profile_chunk, replay_staged, split_null_ids, task_results, with_metrics)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -76,6 +77,11 @@ class InferencePlan:
     # a task that sends rows to a server journals every answer in the staging folder (run_job: no row is paid
     # for twice); False: no journal, a retried task sends its rows again (score(df): Spark's semantics)
     journal_requests: bool = True
+    # sketch the output as it is scored (pipeline.sketches): the task's profile rides in its counts
+    profile: bool = False
+    # the model's revision (a hash of its weights, checked on the driver): part of the worker cache's key, so
+    # a folder whose weights were replaced is loaded again by a reused worker, never served from its cache
+    model_revision: str = ""
 
     @classmethod
     def for_job(cls, config: Any, *, model_path: str, task_class: Any, **fields: Any) -> "InferencePlan":
@@ -152,6 +158,7 @@ def score_partition(
     if progress is not None:
         progress.restart()  # rates from the first batch on, not from the model load
     task_schema = task.output_schema()
+    profile = Profile() if plan.profile else None
     # (rows with an id, rows without one already flagged or None, which rows) per chunk, in input order
     taken: deque[Taken] = deque()
 
@@ -161,8 +168,11 @@ def score_partition(
                                                      counts=counts)
             taken.append((valid, invalid, missing))  # its id and kept columns join its results, in order
             if valid.num_rows or invalid is None:  # a chunk of rows without ids only never reaches the model
-                yield pa.RecordBatch.from_arrays([valid.column(c) for c in plan.input_columns],
-                                                 names=list(plan.input_columns))
+                inputs = pa.RecordBatch.from_arrays([valid.column(c) for c in plan.input_columns],
+                                                    names=list(plan.input_columns))
+                if profile is not None:
+                    profile.inputs(inputs.column(0))
+                yield inputs
 
     results = task_results(task, loaded, task_inputs(), counts, ctx.cpus() if ctx else 1)
     held: pa.RecordBatch | None = None
@@ -171,6 +181,7 @@ def score_partition(
             counts.merge({"rows_per_worker": {counts.worker: out.num_rows}})
             if plan.faults and ctx is not None:
                 out = faults.on_output(out, ctx.partitionId(), n)
+            profile_chunk(task, out, profile)
             if stage is not None:
                 stage.add(out)
             if plan.metrics_column is None:
@@ -184,6 +195,7 @@ def score_partition(
                 held = out
             if n == 0 and plan.faults and ctx is not None:
                 faults.on_task_start(ctx.partitionId(), ctx.attemptNumber())
+        finish_profile(profile, counts)
         finish_stage(stage, digest, counts)
     except BaseException:
         if stage is not None:
@@ -284,7 +296,9 @@ def load_model(task: Any, plan: InferencePlan, ctx: Any, *, defer: bool = False)
     threads = task_threads(ctx.cpus() if ctx else None, override=plan.model.torch_threads)
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
-    key = (task.cache_key(), device)
+    key = (task.cache_key(), device, plan.model_revision)
+    # a folder whose weights were replaced: the worker keeps the new revision only
+    cache.discard_keys(lambda k: isinstance(k, tuple) and len(k) == 3 and k[:2] == key[:2] and k != key)
     started = time.perf_counter()
     loaded, fresh = cache.get_or_load(key, lambda: _load(task, plan.model, device))
     if not fresh:

@@ -65,10 +65,12 @@ def start_warm_up(spark: "SparkSession", plan: InferencePlan, *, labels: Any = N
     return thread
 
 
-def warm_up_plan(config: Any, *, model_path: str, task_class: Any) -> InferencePlan | None:
+def warm_up_plan(config: Any, *, model_path: str, task_class: Any,
+                 model_revision: str = "") -> InferencePlan | None:
     """The plan whose model the job's inference tasks will load (the cache key is the task's), or None when
     that key is only known with the job's rows (an accuracy gate drawing calibration rows from them)."""
     gate = config.model.accuracy_gate
     if config.model.precision != "fp32" and gate.enabled and gate.sample_rows:
         return None
-    return InferencePlan.for_job(config, model_path=model_path, task_class=task_class)
+    return InferencePlan.for_job(config, model_path=model_path, task_class=task_class,
+                                 model_revision=model_revision)

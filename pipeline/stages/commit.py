@@ -1,7 +1,8 @@
 """Score and commit: inference, the checks before any commit, the quarantine commit, then the output's.
 
-Nothing is committed unless every input row came back exactly once and the failed rows stay within the
-error budget (``run.max_error_fraction``, ``run.max_errors``). The quarantine commits first, then the
+Nothing is committed unless every input row came back exactly once, the failed rows stay within the
+error budget (``run.max_error_fraction``, ``run.max_errors``) and the drift gate lets the output through
+(:mod:`pipeline.stages.quality`). The quarantine commits first, then the
 output; an append is keyed on its rows (``plan.key_columns``), so an overlapping run's keys are written once.
 """
 
@@ -16,6 +17,7 @@ from pipeline.config import JobConfig
 from pipeline.errors import JobError
 from pipeline.rows import QUARANTINED_STATUSES
 from pipeline.stages.plan import AlreadyCommitted, Checkpoint, Committed, Prepared, ReadBack, RunPlan
+from pipeline.stages.quality import check_quality
 from pipeline.stages.quarantine import check_quarantine_pair, commit_quarantine, say_swept
 from pipeline.stages.resume import remove_staging
 from pipeline.stages.verify import read_back
@@ -89,6 +91,7 @@ def score_and_commit(prep: Prepared, plan: RunPlan, checkpoint: Checkpoint) -> t
     try:
         try:
             errors, counts = _score_and_check(prep, plan, scored, in_keys)
+            quality = check_quality(prep, plan, counts)  # a refused run ends here: nothing committed, staging kept
             checkpoint.committing = True
             result, quarantine = _commit_both(prep, plan, scored, errors=errors)
         finally:
@@ -96,7 +99,7 @@ def score_and_commit(prep: Prepared, plan: RunPlan, checkpoint: Checkpoint) -> t
         if isinstance(result, AlreadyCommitted):
             return result
         committed = Committed(result=result, counts=counts, seconds=time.perf_counter() - started,
-                              quarantine_version=quarantine[0], quarantine_run=quarantine[1])
+                              quarantine_version=quarantine[0], quarantine_run=quarantine[1], quality=quality)
         return committed, read_back(prep, plan, committed, in_keys)
     finally:
         in_keys.unpersist()

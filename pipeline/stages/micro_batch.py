@@ -5,7 +5,9 @@ A streaming job (``source.stream``) hands each micro-batch to :meth:`MicroBatche
 (``foreachBatch(batch_df, batch_id)``). The micro-batch runs the stages of a run on its rows: keys and
 content hashes (:func:`pipeline.stages.inputs.hashed_inputs`), tasks planned for its row count
 (:func:`pipeline.stages.scoring.plan_inference_tasks`), the UDF (:func:`pipeline.stages.scoring.score_inputs`),
-the checks and the error budget, the quarantine commit (only when rows failed), the output commit and the
+the checks and the error budget, the drift gate (:mod:`pipeline.stages.quality`: each micro-batch's
+profile against the job's recent runs, so ``run.quality.on_drift: refuse`` stops the stream before a
+micro-batch that moved is committed), the quarantine commit (only when rows failed), the output commit and the
 read-back by key (:func:`pipeline.stages.commit.score_and_commit`). Its commits carry the Delta transaction
 ``(sbi-<job>-stream-<query id>, batch id)`` (:meth:`pipeline.identity.RunIdentity.micro_batch`): Spark
 replays the micro-batch a crash interrupted with the same id and the same rows, and a commit the table
@@ -59,6 +61,8 @@ class BatchResult:
     seconds: float = 0.0
     counts: dict[str, Any] = field(default_factory=dict)
     replayed: str | None = None
+    # the drift gate's record of this micro-batch ({"profile": ..., "drift": ...}); empty when run.quality is off
+    quality: dict[str, Any] = field(default_factory=dict)
 
     def line(self) -> str:
         """The micro-batch's line in the run's output."""
@@ -114,7 +118,8 @@ def score_micro_batch(prep: Prepared, identity: RunIdentity, batch: "DataFrame",
     return BatchResult(batch_id, identity.run_id, identity.ds.isoformat(), rows_in=rows_in, rows_out=read.rows_out,
                        rows_quarantined=read.rows_quarantined, tasks=tasks, version=committed.result.version,
                        quarantine_version=committed.quarantine_version, output=committed.result.output,
-                       writer=committed.result.writer, seconds=seconds, counts=dict(committed.counts))
+                       writer=committed.result.writer, seconds=seconds, counts=dict(committed.counts),
+                       quality=dict(committed.quality or {}))
 
 
 class MicroBatches:

@@ -148,13 +148,15 @@ class AlreadyCommitted:
 
 @dataclass(frozen=True)
 class Committed:
-    """What the commits left: the output's write result, the quarantine's version and run, the counts."""
+    """What the commits left: the output's write result, the quarantine's version and run, the counts, the quality."""
 
     result: Any
     counts: Any
     seconds: float
     quarantine_version: int | None
     quarantine_run: str
+    # the output's profile and the drift verdict ({"profile": ..., "drift": ...}); None: run.quality off
+    quality: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,8 @@ def prepare(config: JobConfig, *, spark: "SparkSession | None", log: RunLog, rec
     if small:  # the model loads in a worker while the driver plans (pipeline.spark.warmup)
         from pipeline.spark.warmup import start_warm_up, warm_up_plan
 
-        if (warm := warm_up_plan(config, model_path=model.path, task_class=kind.task)) is not None:
+        if (warm := warm_up_plan(config, model_path=model.path, task_class=kind.task,
+                                     model_revision=model.revision)) is not None:
             start_warm_up(spark, warm, labels=labels)
     if is_connect(spark):  # a Connect client may talk to a server of another Spark line
         check_spark(spark.version, where="the Spark Connect server")

@@ -72,11 +72,13 @@ def score_inputs(
     plan = InferencePlan.for_job(
         config, model_path=model.path, task_class=kind.task,
         keep_columns=("content_hash", *config.source.keep_columns),
-        input_columns=(*task.input_columns, *malformed_input(inputs)),
+        input_columns=(*task.input_columns, *malformed_input(inputs),
+                       *(c for c in getattr(task, "optional_input_columns", ()) if c in inputs.columns)),
         progress_interval_s=config.run.progress_interval_s if config.run.progress else None,
         faults=tuple((faults or {}).items()), metrics_column=METRICS_COLUMN,
         progress_dir=progress_dir, staging_dir=staging_dir, calibration_rows=calibration_rows(inputs, config, task),
-        try_id=try_id, max_tokens=max_tokens, rate_share=rate_share,
+        try_id=try_id, max_tokens=max_tokens, rate_share=rate_share, profile=config.run.quality.enabled,
+        model_revision=model.revision,
     )
     scored = apply_inference(_deal(inputs, tasks, task), plan).withColumnRenamed("id", config.source.id_column)
     lineage = model.lineage(fingerprint or task_fingerprint(config, revision=model.revision))

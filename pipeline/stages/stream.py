@@ -8,6 +8,9 @@ once (:mod:`pipeline.stages.micro_batch`), and the run on the record.
   summary) per ``stream.record_every_s`` of micro-batches, each under a run id of its own (the first is the
   run's, then ``<run id>.2``, ``.3``...), and one for the last stretch when it stops.
 
+Each micro-batch goes through the drift gate (``run.quality``); a record's runs-table row carries the profile
+of all its micro-batches and the verdict of the last one that moved.
+
 SIGTERM stops the query after the micro-batch that runs (its commits included); the next one is never
 started, and a restart from the checkpoint reads it. A micro-batch that fails (its error budget
 exceeded, a failed commit) stops the query with its error; a source whose schema changed, or a Delta
@@ -207,8 +210,25 @@ def stream_summary(prep: Prepared, results: list[BatchResult], watch: _Watch) ->
         batch_metrics=batch_metrics(merged), rows_scored=sum(r.rows_in for r in written),
         precision_used=counts.precision_used, precision_fallbacks=counts.precision_fallbacks,
         prompt_tokens=int(counts.prompt_tokens), completion_tokens=int(counts.completion_tokens),
+        profile_seconds=float(counts.profile_seconds), quality=_stream_quality(merged, written),
         stream=_stream_facts(config, results, watch),
     )
+
+
+def _stream_quality(merged: dict[str, Any], written: list[BatchResult]) -> dict[str, Any]:
+    """The record's quality: the profile of all its micro-batches (the sketches add up, so the next runs are
+    compared with the whole run or interval) and the drift verdict of its last micro-batch that moved (else of
+    its last one); empty when no micro-batch went through the gate (``run.quality`` off).
+
+    >>> batch = lambda action: BatchResult(0, "r", "2026-01-01", quality={"drift": {"action": action}})
+    >>> _stream_quality({"profile": {"cat": {}}}, [batch("warned"), batch("passed")])
+    {'profile': {'cat': {}}, 'drift': {'action': 'warned'}}
+    """
+    gated = [r.quality for r in written if r.quality]
+    if not gated:
+        return {}
+    moved = [q for q in gated if (q.get("drift") or {}).get("action") not in (None, "passed")]
+    return {"profile": merged.get("profile") or {}, "drift": (moved or gated)[-1].get("drift") or {}}
 
 
 def _stream_facts(config: Any, results: list[BatchResult], watch: _Watch) -> dict[str, Any]:

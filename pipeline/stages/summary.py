@@ -87,6 +87,7 @@ def summarize(prep: Prepared, plan: RunPlan, *, committed: Committed, read: Read
         precision_checks=counts.precision_checks, precision_auto=counts.precision_auto,
         generation_backend=counts.generation_backend,
         load_seconds=float(counts.load_seconds), infer_seconds=float(counts.infer_seconds),
+        profile_seconds=float(counts.profile_seconds),
         tasks=plan.tasks, rows_per_worker={w: int(n) for w, n in counts.rows_per_worker.items()},
         incomplete=incomplete, details=details, replaced=replaced,
         batch_metrics=batch_metrics(merged), resumed_tasks=int(counts.resumed_tasks),
@@ -94,6 +95,7 @@ def summarize(prep: Prepared, plan: RunPlan, *, committed: Committed, read: Read
         resume_note=plan.resume_note, source_snapshot=plan.identity.source_snapshot, source_note=plan.source_note,
         prompt_tokens=int(counts.prompt_tokens), completion_tokens=int(counts.completion_tokens),
         endpoint={k: (round(v, 3) if isinstance(v, float) else v) for k, v in counts.endpoint.items()},
+        quality=committed.quality or {},
     )
 
 

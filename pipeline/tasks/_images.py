@@ -66,12 +66,7 @@ class ImageTask:
         self.input_columns: tuple[str, ...] = (config.image_column,)
 
     # the wheel's extras every image task needs (decoding, OpenCV, onnxruntime); a torch model adds transformers
-    needs: ClassVar[tuple[str, ...]] = ("images",)
-
-    @classmethod
-    def extras(cls, config: Any, model: ModelConfig) -> tuple[str, ...]:
-        """The wheel's extras this task needs on the driver and every executor (:mod:`pipeline.extras`)."""
-        return cls.needs
+    needs_extras: ClassVar[tuple[str, ...]] = ("images",)
 
     # -- protocol ------------------------------------------------------------------------------
     def output_schema(self) -> pa.Schema:
@@ -82,6 +77,14 @@ class ImageTask:
 
     def result_fields(self) -> list[pa.Field]:
         raise NotImplementedError
+
+    def profile_output(self, out: pa.RecordBatch, profile: Any) -> None:
+        """Statuses, and where the kind has them the top label's share and score and the embeddings."""
+        from pipeline.tasks._profile import profile_embedding, profile_labels
+
+        profile.rows(out)
+        profile_labels(out, profile)
+        profile_embedding(out, profile)
 
     def group_size(self) -> int:
         """Decoded images handed to :meth:`run_group` at once."""

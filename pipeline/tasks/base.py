@@ -171,6 +171,10 @@ class TextTask:
     def build_columns(self, loaded: Any, results: dict[str, np.ndarray | None], valid: np.ndarray) -> list[pa.Array]:
         raise NotImplementedError
 
+    def profile_output(self, out: pa.RecordBatch, profile: Any) -> None:
+        """Add an output chunk to the run's profile (:mod:`pipeline.sketches`): statuses and tokens; kinds add theirs."""
+        profile.rows(out)
+
     # -- the chunk loop -----------------------------------------------------------------------
     def process(self, loaded: Any, chunk: pa.RecordBatch, counts: WorkerCounts, *, cpus: int = 1) -> pa.RecordBatch:
         """Results for every row of ``chunk``, in order: prepare (CPU), run the batches (model), finish (CPU)."""

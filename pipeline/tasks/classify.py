@@ -41,6 +41,13 @@ class ClassifyTask(TextTask):
             pa.field("scores", pa.map_(pa.string(), pa.float32())),
         ]
 
+    def profile_output(self, out: pa.RecordBatch, profile: Any) -> None:
+        """Statuses and tokens, each top label's share and the top score's quantiles."""
+        from pipeline.tasks._profile import profile_labels
+
+        profile.rows(out)
+        profile_labels(out, profile)
+
     @staticmethod
     def label_names(model: Any) -> list[str]:
         id2label = model.config.id2label or {}

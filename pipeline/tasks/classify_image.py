@@ -122,7 +122,7 @@ class ImageClassifyTask(ImageTask):
     """Decode, resize + centre-crop to one shape, classify in fixed-size batches, keep the top k."""
 
     kind = "classify_image"
-    needs = ("transformers", "images")  # EfficientNet-Lite runs on torch
+    needs_extras = ("transformers", "images")  # EfficientNet-Lite runs on torch
 
     def result_fields(self) -> list[pa.Field]:
         fields = [

@@ -126,6 +126,15 @@ class EmbedTask(TextTask):
                     pa.array(status.tolist(), pa.string()), pa.array(error.tolist(), pa.string())]
         return pa.RecordBatch.from_arrays(columns, schema=self.output_schema())
 
+    def profile_output(self, out: pa.RecordBatch, profile: Any) -> None:
+        """Statuses and tokens, the labels' shares and scores, the embeddings' centroid and spread (and norms,
+        unless normalised)."""
+        from pipeline.tasks._profile import profile_embedding, profile_labels
+
+        profile.rows(out)
+        profile_labels(out, profile)
+        profile_embedding(out, profile, norms=not self.config.normalize)
+
     def result_fields(self) -> list[pa.Field]:
         fields = []
         if self.config.store_embedding:

@@ -87,6 +87,13 @@ class ExtractTask(GenerateTask):
     def output_schema(self) -> pa.Schema:
         return pa.schema([pa.field("fields", self.fields_type), *RESULT_FIELDS, *STATUS_FIELDS])
 
+    def profile_output(self, out: pa.RecordBatch, profile: Any) -> None:
+        """As ``generate``, and the share of answers valid against the output schema."""
+        from pipeline.tasks._profile import profile_schema_valid
+
+        super().profile_output(out, profile)
+        profile_schema_valid(out, profile)
+
     def system_prompt(self) -> str | None:
         base = self.config.system_prompt
         if not self.config.schema_in_prompt:

@@ -168,6 +168,13 @@ class GenerateTask:
     def cache_key(self) -> Hashable:
         return (self.kind, self.model.path, self.model.precision, self.model.device, repr(self.config))
 
+    def profile_output(self, out: pa.RecordBatch, profile: Any) -> None:
+        """Statuses and prompt tokens, completion lengths and finish reasons (:mod:`pipeline.sketches`)."""
+        from pipeline.tasks._profile import profile_generation
+
+        profile.rows(out)
+        profile_generation(out, profile)
+
     # -- the endpoint backend: no local model; each task attempt gets its journal and budget ---------
     @property
     def journals_requests(self) -> bool:

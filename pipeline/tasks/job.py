@@ -74,7 +74,9 @@ class TaskJob:
         """The wheel's extras a job of this kind needs (:mod:`pipeline.extras`): its task's (backend and
         precision decide), plus ``report`` for ``run.report_path`` and ``mlflow`` for ``run.mlflow`` or a
         ``models:/`` model."""
-        needs = list(task_class.extras(config.task, config.model)) if hasattr(task_class, "extras") else []
+        # a kind whose needs depend on its settings says so in ``extras``; the others name them in ``needs_extras``
+        needs = (list(task_class.extras(config.task, config.model)) if hasattr(task_class, "extras")
+                 else list(getattr(task_class, "needs_extras", ())))
         if config.run.report_path:
             needs.append("report")
         if config.run.mlflow is not None or config.model.path.startswith("models:/"):

@@ -115,6 +115,13 @@ class OcrTask(ImageTask):
             fields.append(pa.field("cer", pa.float32()))
         return fields
 
+    def profile_output(self, out: pa.RecordBatch, profile: Any) -> None:
+        """Statuses, lines per page and the recogniser's confidence per line."""
+        from pipeline.tasks._profile import profile_ocr
+
+        profile.rows(out)
+        profile_ocr(out, profile)
+
     def process(self, loaded: Any, chunk: pa.RecordBatch, counts: WorkerCounts) -> pa.RecordBatch:
         """As every image task, plus the character error rate against ``reference_column`` when set."""
         from pipeline.images.ocr_text import char_error_rate, normalize_text

@@ -42,6 +42,8 @@ from pipeline.metrics import WorkerCounts
 from pipeline.registry import register_task
 from pipeline.rows import STATUS_FIELDS, Status
 from pipeline.run_counts import RunCounts, TaskCounts
+from pipeline.tasks._recommend_arrow import ragged_lists, seen_lists
+from pipeline.tasks._recommend_profile import PREVIOUS_COLUMN, overlap_profile, profile_recommendations, with_previous
 from pipeline.tasks.job import ModelInfo, TaskJob
 
 if TYPE_CHECKING:
@@ -106,6 +108,11 @@ class RecommendTask:
     """Scores Arrow chunks of users against the whole catalog; see the module docstring."""
 
     kind: ClassVar[str] = "recommend"
+    # each user's list of the night before, when the run profiles its output (pipeline.tasks._recommend_profile)
+    optional_input_columns: ClassVar[tuple[str, ...]] = (PREVIOUS_COLUMN,)
+    # shown, never gated: a nightly retrain rescales the cosine scores (two normal retrains of the synthetic
+    # refresh: score PSI up to 0.8); what the lists hold (items, overlap with the night before) is what moves
+    ungated_measures: ClassVar[frozenset[str]] = frozenset({"score", "top_score"})
 
     def __init__(self, config: RecommendTaskConfig, *, model: ModelConfig,
                  batching: BatchingConfig | None = None) -> None:
@@ -114,10 +121,7 @@ class RecommendTask:
         self.config = config
         self.model = model
 
-    @classmethod
-    def extras(cls, config: RecommendTaskConfig, model: ModelConfig) -> tuple[str, ...]:
-        """The two-tower model runs on torch (:mod:`pipeline.extras`)."""
-        return ("transformers",)
+    needs_extras: ClassVar[tuple[str, ...]] = ("transformers",)  # the two-tower model runs on torch
 
     def resolve_model_dir(self, spec: str) -> Path:
         """A revision folder: ``spec`` itself, or the one ``spec/LATEST`` names (the driver passes a revision)."""
@@ -167,7 +171,7 @@ class RecommendTask:
         user_col = chunk.column(chunk.schema.get_field_index("user_id"))
         valid = ~np.asarray(user_col.is_null().to_numpy(zero_copy_only=False), dtype=bool)
         rows = np.flatnonzero(valid)
-        seen = _seen_lists(chunk.column(chunk.schema.get_field_index(self.config.seen_column)), rows)
+        seen = seen_lists(chunk.column(chunk.schema.get_field_index(self.config.seen_column)), rows)
         spec = loaded.model.spec
         user_ids = pc.cast(user_col, pa.int64()).to_numpy(zero_copy_only=False)[rows].astype(np.int64)
         features = {c: chunk.column(chunk.schema.get_field_index(c)).to_numpy(zero_copy_only=False)[rows]
@@ -196,9 +200,12 @@ class RecommendTask:
         counts.add_status({str(s): int(c) for s, c in zip(*np.unique(status.astype(str), return_counts=True))})
         keep = positions >= 0
         counts.add("recommendations", int(keep.sum()))
+        if PREVIOUS_COLUMN in chunk.schema.names:  # the overlap with last night's lists, sketched as they are scored
+            previous = chunk.column(chunk.schema.get_field_index(PREVIOUS_COLUMN)).take(pa.array(rows))
+            counts.merge({"profile": overlap_profile([ids[k] for ids, k in zip(item_ids, keep)], previous)})
         columns = [
-            _ragged(item_ids, keep, rows, n, pa.int64()),
-            _ragged(scores, keep, rows, n, pa.float32()),
+            ragged_lists(item_ids, keep, rows, n, pa.int64()),
+            ragged_lists(scores, keep, rows, n, pa.float32()),
             pa.array(n_history, pa.int32()),
             pa.array(truncated, pa.bool_()),
             pa.array(status.tolist(), pa.string()),
@@ -206,29 +213,9 @@ class RecommendTask:
         ]
         return pa.RecordBatch.from_arrays(columns, schema=self.output_schema())
 
-
-def _seen_lists(column: pa.Array, rows: np.ndarray) -> list[np.ndarray]:
-    """The list column's values for ``rows`` as int64 arrays (a null list is empty), without Python lists."""
-    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
-        raise TypeError(f"seen column must be a list of item ids, got {column.type}")
-    column = column.cast(pa.list_(pa.int64()))
-    lengths = pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    flat = pc.list_flatten(column).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    starts = np.concatenate([[0], np.cumsum(lengths)])
-    # Null item ids become -1, which no catalog knows, so encode_users drops them.
-    return [flat[starts[i]:starts[i + 1]] for i in rows]
-
-
-def _ragged(values: np.ndarray, keep: np.ndarray, rows: np.ndarray, n: int, value_type: pa.DataType) -> pa.Array:
-    """A list array of length ``n``: row ``rows[j]`` gets ``values[j][keep[j]]``, other rows are null."""
-    lengths = np.zeros(n, dtype=np.int32)
-    lengths[rows] = keep.sum(axis=1)
-    offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    mask = np.ones(n, dtype=bool)
-    mask[rows] = False
-    flat = pa.array(values[keep], value_type)  # row-major: each row's kept slots, best first
-    return pa.ListArray.from_arrays(pa.array(offsets), flat, mask=pa.array(mask))
+    def profile_output(self, out: pa.RecordBatch, profile: Any) -> None:
+        """Statuses, history lengths, items recommended, scores, full lists (:mod:`pipeline.tasks._recommend_profile`)."""
+        profile_recommendations(out, profile, k=self.config.k)
 
 
 @dataclass(frozen=True)
@@ -280,7 +267,10 @@ class RecommendJob(TaskJob):
         if missing:
             raise SourceError(f"source.keep_columns {missing} are not in the users table ({users.columns})")
         kept = users.select(F.col(config.source.id_column).cast("bigint").alias("id"), *config.source.keep_columns)
-        return rows.join(kept, "id", "left") if config.source.keep_columns else rows
+        rows = rows.join(kept, "id", "left") if config.source.keep_columns else rows
+        if not config.run.quality.enabled:
+            return rows
+        return with_previous(rows, spark, path=config.sink.path, table=config.sink.table, ds=config.run.resolved_ds())
 
     def shape_output(self, scored: "DataFrame", config: JobConfig) -> "DataFrame":
         """One row per (user, recommended item): ``OUTPUT_COLUMNS``, rank 1 = best."""

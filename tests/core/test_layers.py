@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "pipeline"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("pipeline.errors", "pipeline.error_text", "pipeline.compat", "pipeline.extras", "pipeline.sessions",
               "pipeline.locations", "pipeline.rows", "pipeline.batching", "pipeline.metrics", "pipeline.summary",
-              "pipeline.run_counts", "pipeline.faults", "pipeline.logs")),
+              "pipeline.run_counts", "pipeline.faults", "pipeline.logs", "pipeline.sketches", "pipeline.drift")),
     ("config", ("pipeline.config", "pipeline.fingerprint", "pipeline.identity")),
     ("registry", ("pipeline.registry",)),
     # engines and platform share a floor: each may use the other, never in a circle (checked below)

@@ -8,6 +8,7 @@ user names: an import no extra declares is a ``ModuleNotFoundError`` on an execu
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import re
@@ -63,8 +64,13 @@ def _third_party_imports() -> dict[str, set[str]]:
     return where
 
 
+@functools.lru_cache(maxsize=1)
+def _installed() -> dict[str, list[str]]:
+    return packages_distributions()  # reads every installed distribution's files: once per session
+
+
 def _distributions(module: str) -> set[str]:
-    dists = {d.lower().replace("_", "-") for d in packages_distributions().get(module, [])}
+    dists = {d.lower().replace("_", "-") for d in _installed().get(module, [])}
     if module in NOT_INSTALLED_HERE:
         dists.add(NOT_INSTALLED_HERE[module])
     return dists

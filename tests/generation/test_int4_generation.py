@@ -65,7 +65,15 @@ def _llama(llm_dir, slots):
     return load_llama_cpp(llm_dir, gguf=None, slots=slots, max_seq_len=256, threads=1)
 
 
-def test_continuous_batching_on_llama_cpp_equals_each_row_alone(llm_dir):
+def _logit_gap(llm_dir, prompt, best, other):
+    """How far ``best`` led ``other`` after ``prompt``, on a fresh one-sequence model."""
+    model = _llama(llm_dir, slots=1)
+    model.min_prefix = 10**9
+    _, logits = LlamaSlotBatch.prefill(model, [0], [prompt], pad_id=0)
+    return float(logits[0, best] - logits[0, other])
+
+
+def test_continuous_batching_on_llama_cpp_matches_each_row_alone(llm_dir):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(llm_dir))
@@ -76,7 +84,15 @@ def test_continuous_batching_on_llama_cpp_equals_each_row_alone(llm_dir):
     assert model.prefix and len(model.prefix) >= 16  # the system prompt: computed once, shared into every row
     assert sorted(model.free_seqs) == [0, 1]  # every row that left gave its sequence back
     alone = [batched.one_at_a_time().generate([r])[0] for r in requests]
-    assert [r.token_ids for r in together] == [r.token_ids for r in alone]
+    # llama.cpp's kernels round by the batch's shape (on AVX-512 CPUs two rows decoded together are not bit for
+    # bit one row alone), so a near-tie may fall the other way; a row that took another row's sequence, position
+    # or cache goes wrong by far more: where a row's tokens part from its tokens alone, both choices must have
+    # been a near-tie in the row alone
+    assert sum(t.token_ids == a.token_ids for t, a in zip(together, alone)) >= len(requests) - 2
+    for t, a, request in zip(together, alone, requests):
+        if t.token_ids != a.token_ids:
+            at = next(i for i, (x, y) in enumerate(zip(t.token_ids, a.token_ids)) if x != y)
+            assert _logit_gap(llm_dir, list(request.prompt_ids) + a.token_ids[:at], a.token_ids[at], t.token_ids[at]) < 0.5
     assert all(r.finish_reason in ("stop", "length") and r.completion for r in together)
     assert batched.stats["prefill_tokens"] < sum(len(r.prompt_ids) for r in requests)  # the prefix was shared
 

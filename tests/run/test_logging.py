@@ -22,7 +22,7 @@ from tests.support.jobs import job_config
 
 # the driver's stages, as StageClock laps them and as the run's Spark jobs are described
 STAGES = {"runs table", "model check", "session", "pre-flight", "idempotency", "planning", "inference and check",
-          "quarantine commit", "commit", "read-back", "summary"}
+          "quality gate", "quarantine commit", "commit", "read-back", "summary"}
 
 
 def _events(text: str) -> list[dict]:

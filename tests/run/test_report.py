@@ -17,7 +17,7 @@ from pipeline.report import Thresholds, find_deviations, render_report
 from pipeline.runs import read_runs, run_row, write_run_row
 
 from tests.support.data import make_documents, write_delta
-from tests.support.runs import job_config, summary
+from tests.support.runs import job_config, quality_record, summary
 
 NIGHT = dt.datetime(2026, 11, 26, 2, 0, tzinfo=dt.timezone.utc)
 
@@ -189,3 +189,16 @@ def test_three_nights_in_spark_then_history_flags_the_short_one(spark, tmp_path:
     if chromium():
         result = load_in_chromium(out, tmp_path)
         assert result["errors"] == [] and result["decoded"] == result["images"] >= 3
+
+
+def test_the_report_plots_the_profile_against_its_history_and_flags_the_drift(tmp_path: Path) -> None:
+    row = read_runs(nightly_runs(tmp_path, [10]))[0]
+    quality = quality_record("refused")
+    page = render_report({**row, "outcome": "refused", "profile": json.dumps(quality["profile"]),
+                          "drift": json.dumps(quality["drift"])})
+    assert "Output quality: the profile against the job's recent runs" in page
+    assert "<span class='failed'>refused</span>" in page and "skipped_empty 0.0% -&gt; 33.3%" in page
+    assert "alt='status'" in page and "alt='input_chars'" in page  # one plot per measure, this run against history
+    assert len(images(page)) == 4 + 2
+    [reason] = find_deviations([{**row, "outcome": "refused", "drift": json.dumps(quality["drift"])}])[row["run_id"]]
+    assert reason.startswith("drift (refused): status PSI 1.99 > 0.25: skipped_empty 0.0% -> 33.3%")

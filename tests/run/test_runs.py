@@ -13,7 +13,7 @@ from pipeline.config import load_config
 from pipeline.metrics import WorkerCounts, batch_metrics
 from pipeline.recorder import RunRecorder
 from pipeline.runs import RUNS_SCHEMA, read_runs, redact_config, run_row, write_run_row
-from tests.support.runs import job_config, summary
+from tests.support.runs import job_config, quality_record, summary
 
 
 def test_started_row_is_replaced_by_the_final_row(tmp_path: Path) -> None:
@@ -227,6 +227,37 @@ def test_two_first_runs_create_one_runs_table_and_keep_both_rows(tmp_path: Path,
         creates = [f.name for f in log if any("metaData" in json.loads(line) for line in f.read_text().splitlines())]
         assert creates == [f"{0:020d}.json"], f"trial {trial}: the table's metadata set in {creates}"
         assert DeltaTable(path).version() == 1
+
+
+def test_a_runs_table_from_before_gains_the_profile_and_drift_columns(tmp_path: Path) -> None:
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    path = str(tmp_path / "scores_runs")
+    old_schema = pa.schema([f for f in RUNS_SCHEMA if f.name not in ("profile", "drift")])
+    old = run_row(config=job_config(tmp_path), run_id="old", ds=dt.date(2026, 11, 29),
+                  started_at=dt.datetime(2026, 11, 29, tzinfo=dt.timezone.utc), outcome="ok", summary=summary("old"))
+    write_deltalake(path, pa.Table.from_pylist([{k: old[k] for k in old_schema.names}], schema=old_schema))
+    new = summary("new")
+    new.quality = quality_record()
+    write_run_row(path, run_row(config=job_config(tmp_path), run_id="new", ds=dt.date(2026, 11, 30),
+                                started_at=dt.datetime(2026, 11, 30, tzinfo=dt.timezone.utc), outcome="ok",
+                                summary=new))
+    rows = {r["run_id"]: r for r in read_runs(path)}
+    assert rows["old"]["profile"] is None and rows["old"]["drift"] is None
+    assert json.loads(rows["new"]["drift"])["action"] == "warned"
+    assert json.loads(rows["new"]["profile"])["cat"]["status"]["skipped_empty"] == 133
+    assert "quality" not in json.loads(rows["new"]["summary_json"]), "kept once, in its own columns"
+
+
+def test_a_refused_run_is_recorded_refused_with_what_moved(tmp_path: Path) -> None:
+    from pipeline.errors import DriftRefused
+
+    recorder = RunRecorder.begin(job_config(tmp_path), run_id="n2", ds=dt.date(2026, 11, 30))
+    recorder.end(error=DriftRefused("refused to publish: status moved", quality=quality_record("refused")))
+    [row] = read_runs(str(tmp_path / "scores_runs"))
+    assert row["outcome"] == "refused" and row["error_class"] == "pipeline.errors.DriftRefused"
+    assert json.loads(row["drift"])["action"] == "refused" and json.loads(row["profile"])["cat"]["status"]
 
 
 def test_every_row_records_what_the_run_ran_with_and_an_older_table_gains_the_column(tmp_path: Path) -> None:

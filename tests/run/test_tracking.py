@@ -19,7 +19,7 @@ from pipeline.runs import run_row  # noqa: E402
 from pipeline.tracking import log_run, parse_registry_uri, pin_registry_model  # noqa: E402
 
 from tests.support.data import make_documents, write_delta  # noqa: E402
-from tests.support.runs import job_config, summary  # noqa: E402
+from tests.support.runs import job_config, quality_record, summary  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +105,22 @@ def test_log_run_params_metrics_and_report(store: str, tmp_path: Path) -> None:
     assert run.data.metrics["docs_per_s"] == pytest.approx(9.9)
     assert {a.path for a in client.list_artifacts(run_id)} == {"report.html", "config.json", "batch_metrics.json"}
     assert client.get_experiment(run.info.experiment_id).name == "nightly"
+
+
+def test_a_refused_night_logs_what_moved(store: str, tmp_path: Path) -> None:
+    from mlflow import MlflowClient
+
+    from pipeline.errors import DriftRefused
+
+    start = dt.datetime(2026, 12, 1, 2, 0, tzinfo=dt.timezone.utc)
+    refused = DriftRefused("refused to publish: status moved", quality=quality_record("refused"))
+    row = run_row(config=job_config(tmp_path), run_id="r2", ds=start.date(), started_at=start, outcome="refused",
+                  ended_at=start + dt.timedelta(seconds=10), error=refused)
+    client = MlflowClient(store)
+    run = client.get_run(log_run(row, MlflowConfig(tracking_uri=store, experiment="nightly")))
+    assert run.info.status == "FAILED" and run.data.tags["sbi.quality"] == "refused"
+    assert run.data.metrics["quality.moved"] == 1 and run.data.metrics["quality.status.psi"] > 1.5
+    assert "drift.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
 
 
 def test_run_job_from_an_alias_logs_to_mlflow(spark, store: str, tmp_path: Path, tiny_embed_model: Path) -> None:

@@ -80,6 +80,35 @@ def build_tiny_bert(folder: Path, *, kind: str = "embed", seed: int = 0, num_lab
     return folder
 
 
+def shuffle_weights(folder: Path, *, seed: int = 1) -> Path:
+    """Replace a model folder's weights with the same tensors, each element permuted: the same architecture,
+    the same tokenizer and config, another model (a wrong checkpoint dropped into the folder)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(folder / "model.safetensors"))
+    generator = torch.Generator().manual_seed(seed)
+    shuffled = {name: t.flatten()[torch.randperm(t.numel(), generator=generator)].reshape(t.shape).contiguous()
+                for name, t in weights.items()}
+    save_file(shuffled, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+def make_corpus(n: int, *, seed: int, start: int = 0, empty_share: float = 0.0) -> pa.Table:
+    """``doc_id``, ``text``, ``source``: ``n`` documents of 2 to 60 random words of :data:`WORDS` (lengths
+    log-uniform), ids from ``start``: one night's rows of a corpus, another seed another night's. With
+    ``empty_share`` that share of the texts is empty (an upstream job that stopped sending them)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    texts: list[str] = [" ".join(rng.choice(WORDS, int(np.exp(rng.uniform(np.log(2), np.log(60))))))
+                        for _ in range(n)]
+    for i in rng.choice(n, int(round(n * empty_share)), replace=False):
+        texts[int(i)] = ""
+    return pa.table({"doc_id": pa.array([f"d{start + i:05d}" for i in range(n)], pa.string()),
+                     "text": pa.array(texts, pa.string()), "source": pa.array(["corpus"] * n, pa.string())})
+
+
 SENTENCES = [
     "this movie was very good",
     "an awful, boring film",

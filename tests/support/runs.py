@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from pipeline.config import build_config
+from pipeline.drift import Verdict, compare
 from pipeline.metrics import WorkerCounts, batch_metrics
+from pipeline.sketches import Profile
 from pipeline.summary import RunSummary
 
-__all__ = ["job_config", "summary"]
+__all__ = ["job_config", "quality_record", "summary"]
 
 
 def job_config(tmp_path: Path, **run: object):
@@ -33,3 +37,16 @@ def summary(run_id: str, *, rows: int = 100, seconds: float = 10.0) -> RunSummar
         model_revision="abc123", output="/out", delta_version=4, writer="deltalake", rows_quarantined=1,
         precision_used={"fp32": 2}, batch_metrics=batch_metrics(counts.counts),
     )
+
+
+def quality_record(action: str = "warned") -> dict:
+    """A run's quality record as the drift gate makes it: a profile, and a verdict with one measure moved."""
+    def night(empty: float) -> dict:
+        p = Profile()
+        p.tally("status", {"ok": int(400 * (1 - empty)), "skipped_empty": int(400 * empty)})
+        p.histogram("input_chars", np.random.default_rng(int(empty * 10)).lognormal(4, 1, 400), bins="log")
+        return p.data
+
+    history = night(0.0)
+    findings = compare(night(1 / 3), [history])
+    return {"profile": night(1 / 3), "drift": Verdict(tuple(findings), ("n1",), None, history, action).to_dict()}
