@@ -92,6 +92,10 @@ def test_available_now_scores_each_arrival_once_and_records_each_run(spark, tmp_
         [("night-1", "ok", 22), ("night-2", "ok", 5), ("night-3", "ok", 0)]
     recorded = json.loads(runs[0]["summary_json"])["stream"]
     assert recorded["sources"] == first.stream["sources"] and recorded["checkpoint"] == str(tmp_path / "checkpoint")
+    # the drift gate ran on each micro-batch; the run's row profiles both together (22 statuses), and the next
+    # night was compared with it
+    assert sum(json.loads(runs[0]["profile"])["cat"]["status"].values()) == 22, runs[0]["profile"]
+    assert json.loads(runs[1]["drift"])["history"] == ["night-1"], runs[1]["drift"]
 
     # the error budget holds per micro-batch: one over it stops the stream with nothing of it committed, and
     # the same micro-batch is read again once the budget allows it
