@@ -88,6 +88,9 @@ def run_stream(prep: Prepared, *, recorder: Any, stop: Any, fixed_ds: bool) -> R
     except BaseException as exc:
         _stop_quietly(query)
         summary = recorder.summary = stream_summary(prep, batches.take_results(), watch)
+        if getattr(exc, "quality", None):  # the drift gate refused a micro-batch: its verdict is the record's
+            summary.quality = {"profile": summary.quality.get("profile") or exc.quality.get("profile") or {},
+                               "drift": exc.quality.get("drift") or {}}
         if isinstance(exc, RunStopped):  # what it committed is on the record, and said
             prep.log.summary(summary.render(), summary.to_dict())
             raise RunStopped(_stopped_line(summary)) from None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
 import threading
 import time
@@ -18,11 +19,11 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from pipeline.errors import JobError, RunStopped, SourceError
+from pipeline.errors import DriftRefused, JobError, RunStopped, SourceError
 from pipeline.runner import run_job
 from pipeline.runs import read_runs
 
-from tests.support.data import make_documents, write_delta
+from tests.support.data import make_corpus, make_documents, shuffle_weights, write_delta
 from tests.support.jobs import job_config, read_scores
 
 POISON = "POISON"
@@ -200,3 +201,34 @@ def test_a_source_schema_change_stops_the_stream_naming_it_and_a_restart_reads_o
                     spark=spark, out=io.StringIO())
     assert rerun.rows_in == 3 and rerun.complete
     assert sorted(r["doc_id"] for r in read_scores(tmp_path).to_pylist()) == [f"d{i:05d}" for i in range(9)]
+
+
+@pytest.mark.slow  # three runs of 240 rows on a tiny encoder
+def test_a_micro_batch_that_moved_is_refused_before_its_commit_and_accept_drift_publishes_it(spark, tmp_path,
+                                                                                            tiny_embed_model):
+    """The drift gate runs on each micro-batch: with on_drift refuse, an arrival scored by a swapped encoder stops
+    the stream with nothing of it committed (the runs-table row refused, with what moved); the same job with
+    --accept-drift reads that micro-batch again and publishes it."""
+    model = Path(shutil.copytree(tiny_embed_model, tmp_path / "encoder"))
+    nights = [make_corpus(240, seed=1), make_corpus(240, seed=3, start=240)]
+    ids = [i for night in nights for i in night["doc_id"].to_pylist()]
+    write_delta(tmp_path / "docs", nights[0])
+
+    def night(run_id: str, **run):
+        return _stream_config(tmp_path, model, {"starting_version": 0},
+                              run={"run_id": run_id, "quality": {"on_drift": "refuse"}, **run})
+
+    first = run_job(night("n1"), spark=spark, out=io.StringIO())
+    assert first.rows_out == 240 and first.quality["drift"]["action"] == "passed", first.quality
+    shuffle_weights(model)  # the wrong checkpoint dropped into the model folder
+    write_delta(tmp_path / "docs", nights[1], mode="append")
+    with pytest.raises(DriftRefused, match="embedding: centroid shift"):
+        run_job(night("n2"), spark=spark, out=io.StringIO())
+    _each_once(tmp_path, ids[:240], quarantined=set())
+    refused = {r["run_id"]: r for r in read_runs(str(tmp_path / "scores_runs"))}["n2"]
+    assert refused["outcome"] == "refused" and json.loads(refused["drift"])["action"] == "refused"
+
+    accepted = run_job(night("n3", accept_drift=True), spark=spark, out=io.StringIO())
+    assert accepted.stream["batch_ids"] == [1, 1] and accepted.rows_out == 240
+    assert accepted.quality["drift"]["action"] == "accepted"
+    _each_once(tmp_path, ids, quarantined=set())
