@@ -68,11 +68,12 @@ def run_stream(prep: Prepared, *, recorder: Any, stop: Any, fixed_ds: bool) -> R
     check_streamable(prep)
     prep.stage("stream")
     from pipeline.io.streams import read_stream
+    from pipeline.locations import resolve_location
 
     identity = run_identity(config, model_revision=prep.model.revision, source_snapshot=None)
     batches = MicroBatches(prep, identity, fixed_ds=fixed_ds, on_batch=lambda result: prep.say(result.line()))
     writer = (read_stream(prep.spark, config.source).writeStream.foreachBatch(batches)
-              .option("checkpointLocation", stream.checkpoint_path))
+              .option("checkpointLocation", resolve_location(stream.checkpoint_path)))
     trigger = ({"availableNow": True} if stream.trigger == "available_now"
                else {"processingTime": f"{int(stream.interval_s * 1000)} milliseconds"})
     query = writer.trigger(**trigger).start()
