@@ -25,7 +25,7 @@ export HF_HUB_OFFLINE := 1
 	demo-extract-logs bench-extract bench-extract-vllm demo-recs demo-images demo-images-data lint test \
 	test-vllm bench bench-batching bench-gpu bench-generate bench-generate-width bench-scaling bench-row-keys \
 	bench-small-jobs bench-images bench-resume bench-precision bench-endpoint \
-	bench-feed bench-profile bench-score-df lock lock-vllm \
+	bench-feed bench-profile bench-streaming bench-score-df lock lock-vllm \
 	clean
 
 $(STAMP): requirements.lock requirements-data.lock pyproject.toml
@@ -316,6 +316,13 @@ bench-feed: demo-data
 PROFILE_ROWS ?= 5000
 bench-profile: demo-data
 	PYTHONPATH=. $(PY) bench/bench_profile.py --rows $(PROFILE_ROWS) --json bench/results_profile.json $(BENCH_ARGS)
+
+# A streaming job against the batch job (docs/streaming.md): available_now over STREAM_ROWS rows arriving in 20
+# appends (a micro-batch each) against one batch run over the same table, in one session, interleaved, medians
+# of 3 with ranges, CPU flags printed -> bench/results_streaming.json. BENCH_ARGS="--repeats 5" passes options.
+STREAM_ROWS ?= 100000
+bench-streaming: demo-data
+	PYTHONPATH=. $(PY) bench/bench_streaming.py --rows $(STREAM_ROWS) --json bench/results_streaming.json $(BENCH_ARGS)
 
 # Image benchmark (docs/benchmarks_images.md): images/s of the pipeline vs a single-process loop, and the
 # OCR recogniser's padding with and without width bucketing.

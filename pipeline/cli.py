@@ -205,8 +205,9 @@ def undated_run_warning(config) -> str | None:
     >>> undated_run_warning(build_config({**raw, "run": {"ds": "2026-11-29"}})) is None
     True
     """
-    if config.run.ds is not None or not (config.run.incremental or config.sink.mode == "append"):
-        return None
+    if config.run.ds is not None or config.source.stream is not None \
+            or not (config.run.incremental or config.sink.mode == "append"):
+        return None  # a stream's micro-batches are kept once by their transaction, whatever the day
     what = "run.incremental" if config.run.incremental else f"sink.mode {config.sink.mode}"
     return (f"{what} without --ds: the run date is today in UTC; a retry after midnight UTC becomes a new day "
             "and writes its rows again. Pass the scheduled date (--ds 2026-11-29, or {{ ds }} in Airflow)")

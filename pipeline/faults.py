@@ -37,6 +37,8 @@ executor's environment after Spark started would not). Keys:
                            waits so right before that call
 ``quarantine_barrier``     the same, for the driver right after its quarantine commit (``<dir>/<run id>.ready``):
                            overlapping runs interleave their quarantine and output commits
+``output_barrier``         the same, for the driver right after its output commit landed (``<dir>/<run id>.ready``),
+                           before anything records it (a stream's checkpoint): a driver killed there has committed
 
 Example: ``SBI_FAULTS='{"fail_infer_partitions": [0], "fail_write_partitions": [1]}'``.
 
@@ -53,7 +55,8 @@ from typing import Any, Mapping, Sequence
 
 from pipeline.errors import InjectedFaultError, SimulatedOutOfMemoryError
 
-__all__ = ["InjectedFaultError", "SimulatedOutOfMemoryError", "activate", "after_quarantine_commit", "before_commits",
+__all__ = ["InjectedFaultError", "SimulatedOutOfMemoryError", "activate", "after_output_commit",
+           "after_quarantine_commit", "before_commits",
            "lost_at_output_commit",
            "check_batch", "from_env", "on_commit", "on_output", "on_task_start", "on_write"]
 
@@ -163,6 +166,13 @@ def after_quarantine_commit(faults: Mapping[str, Any], *, version: int | None, r
     if faults.get("fail_after_quarantine_commit"):
         raise InjectedFaultError(f"injected driver failure after the quarantine commit (version {version}), "
                                  "before the output commit")
+
+
+def after_output_commit(faults: Mapping[str, Any], *, run_id: str = "") -> None:
+    """Driver-side drill right after the output commit landed (``output_barrier``): the driver waits there, so
+    a test can kill it with its commit made and nothing after it done."""
+    if faults.get("output_barrier"):
+        _wait_at(faults["output_barrier"], run_id or "run")
 
 
 def lost_at_output_commit(faults: Mapping[str, Any]) -> Any:

@@ -142,6 +142,9 @@ class RunIdentity:
     ``app_id`` is the Delta transaction id its commits carry: the run key, or, once the rows a landed
     commit of this run stood for are gone from the output (:meth:`retry_of_gone_rows`), the run key
     with this try's run id, so the missing rows are committed rather than skipped as already there.
+    ``txn_version`` is the transaction's version: 0 for a run; a stream's micro-batch carries its query's
+    app id and its batch id (:meth:`micro_batch`), so a micro-batch run again after a crash commits nothing
+    twice.
     """
 
     job: str
@@ -152,9 +155,24 @@ class RunIdentity:
     task_fingerprint: str
     source_snapshot: str | None
     try_id: str
+    txn_version: int = 0
 
     def retry_of_gone_rows(self) -> RunIdentity:
         return dataclasses.replace(self, app_id=f"{self.run_key}-{self.run_id}")
+
+    def micro_batch(self, *, app_id: str, batch_id: int, run_id: str, ds: dt.date) -> RunIdentity:
+        """Micro-batch ``batch_id`` of a stream whose query commits as ``app_id``, recorded under ``run_id``.
+
+        >>> from pipeline.config import build_config
+        >>> raw = {"job": "j", "source": {"path": "/d"}, "model": {"path": "/m"}, "task": {"kind": "embed"},
+        ...        "sink": {"path": "/out"}}
+        >>> stream = run_identity(build_config(raw), model_revision="r1", source_snapshot=None, try_id="t1")
+        >>> b = stream.micro_batch(app_id="sbi-j-stream-q1", batch_id=7, run_id="r", ds=dt.date(2026, 12, 1))
+        >>> b.app_id, b.txn_version, b.run_key, b.task_fingerprint == stream.task_fingerprint
+        ('sbi-j-stream-q1', 7, 'sbi-j-stream-q1-7', True)
+        """
+        return dataclasses.replace(self, app_id=app_id, txn_version=batch_id, run_key=f"{app_id}-{batch_id}",
+                                   run_id=run_id, ds=ds)
 
 
 def run_identity(config: JobConfig, *, model_revision: str, source_snapshot: str | None,

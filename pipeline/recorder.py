@@ -61,6 +61,14 @@ class RunRecorder:
         recorder._write("started")
         return recorder
 
+    def next_run(self, run_id: str) -> None:
+        """Record the next run of the same job from now on (a streaming job's next interval of micro-batches):
+        its ``started`` row, under ``run_id``; what :meth:`note` learnt (the model, the session) carries over."""
+        self.run_id, self.started_at = run_id, dt.datetime.now(dt.timezone.utc)
+        self.summary, self.row, self.version = None, None, None
+        self.log.run_id = run_id
+        self._write("started")
+
     def note(self, *, spark: Any = None, **fields: Any) -> None:
         """Remember what becomes known during the run (``model_name``, ``model_revision``, the session)."""
         if spark is not None:

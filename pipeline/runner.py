@@ -46,7 +46,9 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
     from pipeline.recorder import RunRecorder
     from pipeline.spark.job_labels import JobLabels
 
-    # the run id and ds resolved once, here: the record, the identity and every stage read these
+    # the run id and ds resolved once, here: the record, the identity and every stage read these (a stream's
+    # micro-batches take the day they start on, unless run.ds was given)
+    fixed_ds = config.run.ds is not None
     run = config.run.model_copy(update={"run_id": config.run.resolved_run_id(), "ds": config.run.resolved_ds()})
     config = config.model_copy(update={"run": run})
     log = RunLog(job=config.job, run_id=run.run_id, out=out, fmt=config.run.log_format)
@@ -61,11 +63,12 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
         try:
             from pipeline.spark.stopping import stop_on_sigterm
 
-            with stop_on_sigterm(lambda: recorder.session) as stop:
+            # a stream is not cancelled: it stops once the micro-batch that runs has committed
+            with stop_on_sigterm(lambda: recorder.session, cancel_jobs=config.source.stream is None) as stop:
                 clock.between = stop.check
                 try:
                     summary = _run_job(config, spark=spark, log=log, recorder=recorder, clock=clock, stop=stop,
-                                       labels=labels)
+                                       labels=labels, fixed_ds=fixed_ds)
                 finally:
                     clock.between = lambda: None
                     labels.release()  # a notebook's session keeps no label of this run
@@ -83,11 +86,13 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
 
 
 def _run_job(config: JobConfig, *, spark: "SparkSession | None", log: RunLog, recorder: Any,
-             clock: StageClock, stop: Any = False, labels: Any = None) -> RunSummary:
-    """The stages of one run, in order: prepare, identify, plan, score and commit, read back, summary.
+             clock: StageClock, stop: Any = False, labels: Any = None, fixed_ds: bool = True) -> RunSummary:
+    """The stages of one run, in order: prepare, identify, plan, score and commit, read back, summary; a
+    streaming job (``source.stream``): prepare, then its query (:func:`pipeline.stages.stream.run_stream`).
 
     ``stop``: true once a SIGTERM asked the run to stop (``pipeline.spark.stopping.StopRequest``);
-    ``labels``: what names the run's Spark jobs (``pipeline.spark.job_labels.JobLabels``)."""
+    ``labels``: what names the run's Spark jobs (``pipeline.spark.job_labels.JobLabels``); ``fixed_ds``:
+    ``run.ds`` was given (a stream's micro-batches take the day they start on otherwise)."""
     from pipeline.errors import RunStopped
     from pipeline.stages.commit import score_and_commit
     from pipeline.stages.identify import identify
@@ -96,6 +101,10 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", log: RunLog, re
     from pipeline.stages.summary import already_committed, finish, summarize
 
     prep = prepare(config, spark=spark, log=log, recorder=recorder, clock=clock, labels=labels)
+    if config.source.stream is not None:
+        from pipeline.stages.stream import run_stream
+
+        return run_stream(prep, recorder=recorder, stop=stop, fixed_ds=fixed_ds)
     checkpoint = Checkpoint()
     try:
         identified = identify(prep)

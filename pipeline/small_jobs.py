@@ -91,6 +91,8 @@ def _refusal(config: JobConfig, *, spark: Any, env: Mapping[str, str], active_se
         return "spark.small_job_rows is 0"
     if spark is not None:
         return "a session was passed in"
+    if config.source.stream is not None:
+        return "a stream (its rows arrive while it runs)"
     if config.spark.remote or env.get("SPARK_REMOTE"):
         return "a Spark Connect session"
     if env.get("PYSPARK_GATEWAY_PORT"):

@@ -89,6 +89,9 @@ class RunSummary:
     endpoint: dict[str, float] = field(default_factory=dict)
     # what the run ran with: this library, Python, pyspark, torch, transformers (pipeline.compat.runtime_versions)
     versions: dict[str, str] = field(default_factory=dict)
+    # a streaming job's run: the trigger, the checkpoint, the query id, its micro-batches (how many, the first
+    # and last batch id, those an earlier try had committed) and the source offsets it read (start, end)
+    stream: dict[str, Any] = field(default_factory=dict)
     # the output's profile and its drift verdict against the job's recent runs ({"profile": ..., "drift": ...},
     # pipeline.sketches and pipeline.drift); empty when run.quality is off
     quality: dict[str, Any] = field(default_factory=dict)
@@ -198,12 +201,34 @@ class RunSummary:
             lines.append(f"not resumed             : {self.resume_note}")
         if self.source_note:
             lines.append(f"source                  : {self.source_note}")
+        if self.stream:
+            lines.append(f"stream                  : {_stream_line(self.stream)}")
         if self.retries:
             lines.append("batch retries           : " + ", ".join(f"{k}={v}" for k, v in self.retries.items()))
         lines += _quality_lines(self.quality)
         for row in self.samples:
             lines.append("sample                  : " + _short(row))
         return "\n".join(lines)
+
+
+def _stream_line(facts: Mapping[str, Any]) -> str:
+    """One line for a streaming run's micro-batches and what they read.
+
+    >>> _stream_line({"trigger": "available_now", "micro_batches": 3, "batch_ids": [4, 6], "replayed": [4],
+    ...               "sources": [{"start_offset": {"version": 3}, "end_offset": {"version": 9}}]})
+    '3 micro-batch(es) 4-6 (available_now), read {"version": 3} -> {"version": 9}; 1 committed by an earlier try: 4'
+    """
+    ids = facts.get("batch_ids") or []
+    text = f"{facts.get('micro_batches', 0)} micro-batch(es)" + (f" {ids[0]}-{ids[1]}" if ids else "")
+    text += f" ({facts.get('trigger')})"
+    for source in facts.get("sources") or []:
+        start, end = (json.dumps(source.get(k)) if isinstance(source.get(k), dict) else str(source.get(k))
+                      for k in ("start_offset", "end_offset"))
+        text += f", read {start} -> {end}"
+    if facts.get("replayed"):
+        text += (f"; {len(facts['replayed'])} committed by an earlier try: "
+                 + ", ".join(str(b) for b in facts["replayed"]))
+    return text
 
 
 def _quality_lines(quality: Mapping[str, Any]) -> list[str]:

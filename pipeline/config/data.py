@@ -14,10 +14,42 @@ from pydantic import Field, SecretStr, field_serializer, model_validator
 from pipeline.config.base import ConfigSection
 from pipeline.config.redaction import REDACTED
 
-__all__ = ["SinkConfig", "SourceConfig", "StorageConfig"]
+__all__ = ["SinkConfig", "SourceConfig", "StorageConfig", "StreamConfig"]
 
 
 SourceFormat = Literal["delta", "table", "parquet", "json", "text", "binary_file"]
+# the source formats a stream reads: new Delta versions, or new files in a folder
+STREAM_FORMATS = ("delta", "parquet", "json")
+
+
+class StreamConfig(ConfigSection):
+    """Read the source as a stream (Structured Streaming): each micro-batch scores only what arrived since the
+    last one, and commits once (see docs/streaming.md)."""
+
+    checkpoint_path: str = Field(
+        description="the query's checkpoint folder (a local path or any URI Spark reaches): what was read, "
+        "micro-batch by micro-batch; one folder per job, kept between runs (a new folder reads the source from "
+        "its start again)")
+    trigger: Literal["available_now", "processing_time"] = Field(
+        "available_now", description="`available_now`: score what is there and stop (a nightly job); "
+        "`processing_time`: keep running, a micro-batch every `interval_s` (stopped by SIGTERM)")
+    interval_s: float = Field(
+        60.0, gt=0, description="`processing_time`: seconds between the starts of micro-batches")
+    max_files_per_trigger: int | None = Field(
+        None, gt=0, description="the most new files (Delta: data files) one micro-batch reads; none: Spark's "
+        "default (1,000 for Delta and file sources)")
+    max_bytes_per_trigger: int | None = Field(
+        None, gt=0, description="Delta source with the connector: the most bytes one micro-batch reads (a soft "
+        "limit); none: no limit")
+    starting_version: int | None = Field(
+        None, ge=0, description="Delta source: the first table version read (its rows and the later versions'); "
+        "none: the whole table as it is when the stream first starts, then every version after it")
+    schema_ddl: str | None = Field(
+        None, description="file sources: the rows' schema as DDL (`doc_id string, text string`); none: taken "
+        "from the files in the folder when the stream starts (an empty folder then needs it)")
+    record_every_s: float = Field(
+        3600.0, gt=0, description="`processing_time`: one runs-table row per this many seconds of micro-batches "
+        "(and one when the stream stops); `available_now` records one row per run")
 
 
 class SourceConfig(ConfigSection):
@@ -40,6 +72,9 @@ class SourceConfig(ConfigSection):
         None, gt=0, description="inference tasks (rows dealt evenly by input length); none: planned from the row count "
         "(see `spark.rows_per_task`)")
     unique_ids: bool = Field(False, description="fail before work on null or duplicate ids")
+    stream: StreamConfig | None = Field(
+        None, description="read the source as a stream: only what arrived since the last micro-batch "
+        "(`delta`, `parquet`, `json`); none: a batch over the whole source")
 
     @model_validator(mode="before")
     @classmethod
@@ -56,6 +91,18 @@ class SourceConfig(ConfigSection):
                 raise ValueError("format 'table' needs 'table: catalog.schema.name'")
         elif not self.path:
             raise ValueError(f"format {self.format!r} needs 'path'")
+        if self.stream is not None:
+            if self.format not in STREAM_FORMATS:
+                raise ValueError(f"stream: format {self.format!r} cannot be read as a stream; use one of "
+                                 f"{', '.join(STREAM_FORMATS)}, or drop 'stream' to score it as a batch")
+            if self.limit is not None:
+                raise ValueError(f"stream: 'limit' {self.limit} has no meaning for a stream (each micro-batch "
+                                 "reads what arrived); drop it, or use stream.max_files_per_trigger")
+            if self.stream.starting_version is not None and self.format != "delta":
+                raise ValueError("stream.starting_version is for a delta source; a folder of files is read "
+                                 "from the files not read before")
+            if self.stream.schema_ddl is not None and self.format == "delta":
+                raise ValueError("stream.schema_ddl is for file sources; a Delta table has its own schema")
         return self
 
 

@@ -277,6 +277,31 @@ class JobConfig(ConfigSection):
         sink = {"quarantine_path": f"{root}/quarantine", **{k: v for k, v in sink.items() if v is not None}}
         return {**data, "run": run, "sink": sink}
 
+    @model_validator(mode="before")
+    @classmethod
+    def _a_stream_appends(cls, data: Any) -> Any:
+        """A streaming source's micro-batches append: ``sink.mode`` defaults to ``append`` for a stream."""
+        if not isinstance(data, dict):
+            return data
+        source, sink = data.get("source"), data.get("sink")
+        if isinstance(source, dict) and source.get("stream") is not None and isinstance(sink, dict) \
+                and sink.get("mode") is None:
+            return {**data, "sink": {**sink, "mode": "append"}}
+        return data
+
+    @model_validator(mode="after")
+    def _stream_fits_job(self) -> "JobConfig":
+        if self.source.stream is None:
+            return self
+        if self.sink.mode != "append":
+            raise ValueError(f"source.stream: each micro-batch appends its rows, but sink.mode is "
+                             f"{self.sink.mode!r}; set sink.mode: append (the default for a stream)")
+        if self.run.incremental:
+            raise ValueError("source.stream reads only what arrived since the last micro-batch, and run.incremental "
+                             "compares every source row with the output: choose one (docs/streaming.md says when "
+                             "to use which)")
+        return self
+
     @field_validator("task", mode="before")
     @classmethod
     def _task_of_its_kind(cls, value: Any) -> Any:

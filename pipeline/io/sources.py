@@ -198,10 +198,10 @@ def _read_delta_with_deltalake(spark: "SparkSession", path: str, *, version: int
     if store.remote:  # Spark has no s3a:// file system without the connector's jars: pyarrow reads the files
         from urllib.parse import unquote
 
-        from pipeline.io.delta.reader import read_snapshot
+        from pipeline.io.delta.reader import log_string, read_snapshot
 
         files = [{"path": unquote(a["path"]),
-                  "partition_values": {c: _log_string(a.get(f"partition.{c}")) for c in partition_cols}}
+                  "partition_values": {c: log_string(a.get(f"partition.{c}")) for c in partition_cols}}
                  for a in actions]
         return read_snapshot(spark, store, files, arrow_schema, spark_schema)
     root = table.table_uri.rstrip("/")
@@ -219,15 +219,6 @@ def _read_delta_with_deltalake(spark: "SparkSession", path: str, *, version: int
     for df in frames[1:]:
         result = result.unionByName(df)
     return result
-
-
-def _log_string(value: Any) -> str | None:
-    """A typed partition value as the Delta log writes it (``2026-11-28``, ``true``), for a cast back."""
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, bool):
-        return str(value).lower()
-    return value.isoformat() if hasattr(value, "isoformat") else str(value)
 
 
 def _join(root: str, rel: str) -> str:

@@ -294,6 +294,17 @@ class TableStore:
         with self.fs.open_output_stream(self.full(rel)) as out:
             out.write(text)
 
+    def read_bytes(self, rel: str) -> bytes | None:
+        """A whole file's bytes; None when there is no such file."""
+        try:
+            if not self.remote:
+                with open(self.full(rel), "rb") as src:
+                    return src.read()
+            with self.fs.open_input_stream(self.full(rel)) as src:
+                return src.read()
+        except FileNotFoundError:
+            return None
+
     def read_json(self, rel: str) -> dict[str, Any]:
         try:
             if not self.remote:

@@ -50,10 +50,11 @@ class StopRequest:
 
 
 @contextmanager
-def stop_on_sigterm(session: Callable[[], Any]) -> Iterator[StopRequest]:
+def stop_on_sigterm(session: Callable[[], Any], *, cancel_jobs: bool = True) -> Iterator[StopRequest]:
     """While the block runs, SIGTERM marks the returned :class:`StopRequest` and cancels the jobs of
-    ``session()`` (the run's session, once it has one). Outside the main thread (a notebook's worker thread,
-    a test's thread) nothing is installed: only the main thread may handle signals."""
+    ``session()`` (the run's session, once it has one). ``cancel_jobs`` False: only marks it (a streaming job
+    lets its running micro-batch finish its commits, then stops). Outside the main thread (a notebook's worker
+    thread, a test's thread) nothing is installed: only the main thread may handle signals."""
     stop = StopRequest()
     if threading.current_thread() is not threading.main_thread():
         yield stop
@@ -62,7 +63,7 @@ def stop_on_sigterm(session: Callable[[], Any]) -> Iterator[StopRequest]:
     def on_sigterm(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGTERM, previous if callable(previous) else signal.SIG_DFL)  # a second one ends it
         stop.signal = "SIGTERM"
-        spark = session()
+        spark = session() if cancel_jobs else None
         if spark is not None:
             threading.Thread(target=_cancel, args=(spark,), name="sbi-stop", daemon=True).start()
 

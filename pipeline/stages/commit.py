@@ -155,6 +155,7 @@ def _commit_both(prep: Prepared, plan: RunPlan, scored: "DataFrame", *,
                               when="this run committed no output, so the pair agrees once that run's output "
                                    "commit lands")
     result = _commit_output(prep, plan, scored, metadata=metadata)
+    fault_hooks.after_output_commit(prep.faults, run_id=ident.run_id)
     if pairs and not isinstance(result, AlreadyCommitted):
         check_quarantine_pair(prep, plan, version=quarantine_version,
                               when=f"this run's output (version {result.version}) and that quarantine now hold "
@@ -181,7 +182,7 @@ def _commit_output(prep: Prepared, plan: RunPlan, scored: "DataFrame", *, metada
     result = write_sink(
         prep.kind.job.shape_output(to_write, config), plan.sink,
         partition_values={"ds": ident.ds}, commit_metadata=metadata, faults=prep.faults, txn_app_id=ident.app_id,
-        key_columns=plan.key_columns, read_version=plan.read_version, in_driver=prep.small,
+        txn_version=ident.txn_version, key_columns=plan.key_columns, read_version=plan.read_version, in_driver=prep.small,
     )
     prep.clock.lap("commit", version=result.version)
     if result.already_committed:  # a concurrent try of this very run committed first

@@ -22,8 +22,8 @@ from pipeline.stages.plan import kind_and_task
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["NewInputs", "append_key_filter", "content_hash", "malformed_input", "malformed_originals",
-           "prepare_inputs", "read_new_inputs"]
+__all__ = ["NewInputs", "append_key_filter", "content_hash", "hashed_inputs", "malformed_input",
+           "malformed_originals", "prepare_inputs", "read_new_inputs"]
 
 
 @dataclass(frozen=True)
@@ -168,13 +168,19 @@ def read_new_inputs(spark: "SparkSession", config: JobConfig, *, fingerprint: st
     only rows that are new, changed, or were scored with another task ``fingerprint`` remain.
     """
     kind, task = kind_and_task(config, task)
-    inputs = kind.job.read_inputs(spark, config, task)
-    if config.source.unique_ids:
-        _check_ids(_parsed_rows(inputs), config.source.id_column)
-    inputs = _key_malformed_lines(inputs.withColumn("content_hash", content_hash(tuple(task.input_columns))))
+    inputs = hashed_inputs(kind.job.read_inputs(spark, config, task), config, task)
     if config.run.incremental:
         return _incremental_filter(spark, inputs, config, fingerprint)
     return NewInputs(inputs)
+
+
+def hashed_inputs(inputs: "DataFrame", config: JobConfig, task: Any) -> "DataFrame":
+    """``inputs`` (``id``, the task's input columns, the kept columns) with each row's ``content_hash``, the ids
+    checked first when ``source.unique_ids`` is set; a malformed line is keyed on its raw text. A batch run's
+    rows and a stream's micro-batch get their keys here alike."""
+    if config.source.unique_ids:
+        _check_ids(_parsed_rows(inputs), config.source.id_column)
+    return _key_malformed_lines(inputs.withColumn("content_hash", content_hash(tuple(task.input_columns))))
 
 
 def prepare_inputs(spark: "SparkSession", config: JobConfig, *, revision: str, task: Any = None) -> "DataFrame":

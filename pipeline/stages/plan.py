@@ -118,6 +118,9 @@ class RunPlan:
     staging_dir: str | None = None
     staged_before: int = 0
     resume_note: str | None = None
+    # a stream's micro-batch (its batch id; None: a batch run): its commits carry the query's transaction at
+    # this version, its quarantine is written only when rows failed, and its rows are read back by scored_at
+    micro_batch: int | None = None
 
     @property
     def quarantine_path(self) -> str:

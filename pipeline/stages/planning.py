@@ -23,7 +23,7 @@ from pipeline.stages.scoring import plan_inference_tasks, score_inputs
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["plan_run"]
+__all__ = ["check_output_columns", "plan_run"]
 
 
 def plan_run(prep: Prepared, identified: Identified) -> RunPlan:
@@ -50,7 +50,7 @@ def plan_run(prep: Prepared, identified: Identified) -> RunPlan:
     scored = score_inputs(new.rows, config, tasks=tasks, run_id=ident.run_id, ds=ident.ds, scored_at=prep.scored_at,
                           model=prep.model, faults=prep.faults, task=prep.task, progress_dir=rows_dir,
                           staging_dir=staging.folder, fingerprint=ident.task_fingerprint, **requests)
-    _check_output_schema(prep, scored, sink)
+    check_output_columns(prep, scored, sink)
     mode_note = " incremental" if config.run.incremental else ""
     prep.say(f"scoring {rows_in:,}{mode_note} rows in {tasks} tasks with {prep.model.name} @ {prep.model.revision} "
              f"-> {sink.path or sink.table} (ds {ident.ds}, mode {sink.mode})", ident)
@@ -87,7 +87,7 @@ def _check_shrink(prep: Prepared, ds: dt.date, rows: int) -> None:
             "or rerun with --allow-empty (run.allow_empty: true) to replace it anyway")
 
 
-def _check_output_schema(prep: Prepared, scored: "DataFrame", sink: SinkConfig) -> None:
+def check_output_columns(prep: Prepared, scored: "DataFrame", sink: SinkConfig) -> None:
     """Before any row is scored: the output table can take this job's columns (a column someone else added
     stays and gets nulls; one of ours that the table holds with another type is refused, named)."""
     from pipeline.io.delta.schema import check_output_schema, delta_schema_of, existing_schema

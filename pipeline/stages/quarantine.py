@@ -80,11 +80,12 @@ def commit_quarantine(prep: Prepared, plan: RunPlan, scored: "DataFrame", *, err
     quarantine_version = None
     quarantine_run = ident.run_id
     # quarantine first: a crash before the output commit leaves a partition a rerun replaces
-    if errors or is_delta_table(spark, quarantine_path):
-        # written even when empty once it exists, so a rerun replaces that day's failures too
+    if errors or (plan.micro_batch is None and is_delta_table(spark, quarantine_path)):
+        # a run's is written even when empty once it exists, so a rerun replaces that day's failures too (a
+        # micro-batch appends, and a replay of it finds its transaction: it commits only failed rows)
         q = write_sink(_quarantine_rows(scored, plan.inputs, config, tuple(prep.task.input_columns)), sink,
                        partition_values={"ds": ident.ds}, commit_metadata=metadata, path=quarantine_path,
-                       txn_app_id=ident.app_id, in_driver=prep.small)
+                       txn_app_id=ident.app_id, txn_version=ident.txn_version, in_driver=prep.small)
         say_swept(prep, q)
         quarantine_version = q.version
         if q.already_committed:  # an earlier try of this run committed them: read back its rows

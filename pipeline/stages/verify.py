@@ -52,6 +52,16 @@ def _rows_of_keys(spark: "SparkSession", path: str, in_keys: "DataFrame", config
                       how="left_semi")
 
 
+def _scored_at(rows: "DataFrame", scored_at: dt.datetime | None) -> "DataFrame":
+    """A micro-batch's ``rows`` among its run's: those scored at ``scored_at`` (each micro-batch has its own, to the
+    microsecond); None: the latest of them (the micro-batch an earlier try committed last, replayed now)."""
+    from pyspark.sql import functions as F
+
+    if scored_at is None:
+        scored_at = rows.agg(F.max("scored_at")).first()[0]
+    return rows.where(F.col("scored_at") == F.lit(scored_at))
+
+
 def check_written(in_keys: "DataFrame", written: "DataFrame", quarantined: "DataFrame | None",
                    id_column: str) -> Any:
     """The input keys against what the output and quarantine tables hold for this run (None: not keyed by row).
@@ -79,6 +89,8 @@ def read_back(prep: Prepared, plan: RunPlan, committed: Committed, in_keys: "Dat
     prep.stage("read-back")
     partition_ds = plan.partition_ds
     written = rows_written(spark, result.output, ident.run_id, partition_ds, version=result.version)
+    if plan.micro_batch is not None:  # the run's earlier micro-batches are there too: this one's scored_at
+        written = _scored_at(written, prep.scored_at)
     if result.overlapped:  # keys an overlapping run wrote first: their rows stand for this run's
         prep.say(f"{result.overlapped:,} row(s) were committed meanwhile by an overlapping run (key: "
                  f"{', '.join(plan.key_columns)}); written once, by that run", ident)
@@ -86,8 +98,12 @@ def read_back(prep: Prepared, plan: RunPlan, committed: Committed, in_keys: "Dat
                                 fingerprint=ident.task_fingerprint)
     quarantined = None
     if committed.quarantine_version is not None:
-        quarantined = rows_written(spark, plan.quarantine_path, committed.quarantine_run, partition_ds,
+        earlier = committed.quarantine_run != ident.run_id  # a replayed micro-batch: its earlier try's rows
+        quarantined = rows_written(spark, plan.quarantine_path, committed.quarantine_run,
+                                   None if earlier and plan.micro_batch is not None else partition_ds,
                                    version=committed.quarantine_version)
+        if plan.micro_batch is not None:
+            quarantined = _scored_at(quarantined, None if earlier else prep.scored_at)
     written_check = check_written(in_keys, written, quarantined, config.source.id_column)
     if written_check is not None:
         rows_out, rows_quarantined = written_check.rows_out - written_check.errors, written_check.errors

@@ -111,7 +111,7 @@ class DeltaCommit:
         transactions = [Transaction(t, token_version) for t in tokens]
         if self.lake.txn_app_id:
             metadata[APP_ID_KEY] = self.lake.txn_app_id
-            transactions.insert(0, Transaction(self.lake.txn_app_id, 0))
+            transactions.insert(0, Transaction(self.lake.txn_app_id, self.lake.txn_version))
         return CommitProperties(custom_metadata=metadata, app_transactions=transactions or None,
                                 **({"max_commit_retries": 0} if once else {}))
 
@@ -257,8 +257,12 @@ class DeltaCommit:
         return None
 
     def _holds_this_run(self, table: Any) -> bool:
-        """The table already holds this logical run's transaction (an earlier or concurrent try committed it)."""
-        return bool(self.lake.txn_app_id) and table.transaction_version(self.lake.txn_app_id) is not None
+        """The table already holds this logical run's transaction (an earlier or concurrent try committed it):
+        its app id at this write's version or a later one (Delta's rule for ``txnAppId``/``txnVersion``)."""
+        if not self.lake.txn_app_id:
+            return False
+        held = table.transaction_version(self.lake.txn_app_id)
+        return held is not None and held >= self.lake.txn_version
 
     def _rewrite(self, partition_values: dict[str, Any], rows: pa.Table) -> dict[str, Any]:
         """A staged file again, with fewer rows (its old file is swept as an orphan after the commit)."""

@@ -7,7 +7,7 @@ place it becomes strings and :meth:`~DeltaLakeOptions.from_options` the one plac
 so the planner and the writer cannot disagree on a key or an encoding.
 
 >>> o = DeltaLakeOptions(path="/t", partition_by=("ds",), write_id="w1", replace_where={"ds": "2026-11-29"},
-...                      key_columns=("id", "ds"), read_version=3, txn_app_id="sbi-run-1")
+...                      key_columns=("id", "ds"), read_version=3, txn_app_id="sbi-run-1", txn_version=4)
 >>> DeltaLakeOptions.from_options(o.to_options()) == o
 True
 >>> o.to_options()["partition_by"], o.to_options()["read_version"]
@@ -41,7 +41,9 @@ class DeltaLakeOptions:
     """One write of the deltalake-backed data source.
 
     ``replace_where`` (``{column: value}``, with overwrite) replaces only that partition, like Delta's
-    ``replaceWhere``; ``txn_app_id`` (the run key) makes an append idempotent; ``key_columns`` keys an
+    ``replaceWhere``; ``txn_app_id`` (the run key) makes an append idempotent: the commit records the
+    transaction ``(txn_app_id, txn_version)`` and is skipped when the table holds that app id at
+    ``txn_version`` or later (a stream's micro-batches: its query's app id, the batch id as the version); ``key_columns`` keys an
     append on its rows, committing only keys no commit since ``read_version`` wrote (None: there was no
     table); ``require_marker`` makes the write leave the markers a sweep reads; ``storage_options`` are
     the S3 settings resolved on the driver (None: a local table).
@@ -56,6 +58,7 @@ class DeltaLakeOptions:
     leftover_grace_s: float = 900.0
     target_file_rows: int = 1_000_000
     txn_app_id: str | None = None
+    txn_version: int = 0
     replace_where: Mapping[str, Any] = field(default_factory=dict)
     key_columns: tuple[str, ...] = ()
     read_version: int | None = None
@@ -75,6 +78,7 @@ class DeltaLakeOptions:
         }
         if self.txn_app_id:
             options["txn_app_id"] = self.txn_app_id
+            options["txn_version"] = str(self.txn_version)
         if self.replace_where:
             options["replace_where"] = json.dumps(dict(self.replace_where), default=str)
         if self.key_columns:
@@ -102,6 +106,7 @@ class DeltaLakeOptions:
             leftover_grace_s=float(options.get("leftover_grace_s") or "900"),
             target_file_rows=int(options.get("target_file_rows") or "1000000"),
             txn_app_id=options.get("txn_app_id") or None,
+            txn_version=int(options.get("txn_version") or "0"),
             replace_where=json.loads(options.get("replace_where") or "{}"),
             key_columns=tuple(json.loads(options.get("key_columns") or "[]")),
             read_version=int(read_version) if read_version not in ("", "none", "None") else None,

@@ -95,6 +95,7 @@ def plan_write(
     faults: Mapping[str, Any] | None = None,
     write_id: str | None = None,
     txn_app_id: str | None = None,
+    txn_version: int = 0,
     key_columns: tuple[str, ...] = (),
     read_version: int | None = None,
 ) -> WritePlan:
@@ -119,6 +120,8 @@ def plan_write(
     ...                commit_metadata=None, connector=True, write_id="w1", txn_app_id="sbi-run-1")
     >>> p.options["txnAppId"], p.options["txnVersion"]
     ('sbi-run-1', '0')
+
+    (A stream's micro-batches share their query's app id, with the batch id as ``txn_version``.)
 
     ``key_columns`` keys an append on its rows (``("id", "ds")``; an incremental run's
     ``("id", "content_hash", "task_fingerprint")``): only the keys the table lacks at commit time are
@@ -151,20 +154,21 @@ def plan_write(
     metadata = {**(commit_metadata or {}), WRITE_ID_KEY: write_id}
     mode: Literal["append", "overwrite"] = "append" if config.mode == "append" else "overwrite"
     if writer == "delta":
-        return _connector_plan(config, mode=mode, metadata=metadata, txn_app_id=txn_app_id, keyed=keyed,
+        return _connector_plan(config, mode=mode, metadata=metadata, txn_app_id=txn_app_id, txn_version=txn_version,
+                               keyed=keyed,
                                replace=replace, partition_values=partition_values, table=table, location=location,
                                write_id=write_id, faults=faults)
     lake = DeltaLakeOptions(
         path=str(location), write_id=write_id, partition_by=tuple(config.partition_by), commit_metadata=metadata,
         faults=dict(faults or {}), require_marker=True, leftover_grace_s=config.leftover_grace_s,
-        txn_app_id=txn_app_id, replace_where=replace, key_columns=keyed, read_version=read_version if keyed else None,
+        txn_app_id=txn_app_id, txn_version=txn_version, replace_where=replace, key_columns=keyed, read_version=read_version if keyed else None,
     )
     return WritePlan("deltalake", FORMAT_NAME, mode, lake.to_options(), tuple(config.partition_by), None, location,
                      write_id, lake=lake)
 
 
 def _connector_plan(config: SinkConfig, *, mode: Literal["append", "overwrite"], metadata: Mapping[str, Any],
-                    txn_app_id: str | None, keyed: tuple[str, ...], replace: dict[str, Any],
+                    txn_app_id: str | None, txn_version: int, keyed: tuple[str, ...], replace: dict[str, Any],
                     partition_values: Mapping[str, Any] | None, table: str | None, location: str | None,
                     write_id: str, faults: Mapping[str, Any] | None) -> WritePlan:
     """:func:`plan_write` for the Delta connector: its write options, or a keyed MERGE's."""
@@ -175,7 +179,7 @@ def _connector_plan(config: SinkConfig, *, mode: Literal["append", "overwrite"],
     options = {"userMetadata": json.dumps(dict(metadata), default=str), "mergeSchema": "true"}
     if txn_app_id and mode == "append" and not keyed:
         # overwrites stay clean replaces (as with the deltalake writer), so a deliberate rerun still replaces
-        options.update(txnAppId=txn_app_id, txnVersion="0")
+        options.update(txnAppId=txn_app_id, txnVersion=str(txn_version))
     if replace:
         options["replaceWhere"] = " AND ".join(f"{c} = {sql_literal(v)}" for c, v in replace.items())
     scope = {c: v for c, v in (partition_values or {}).items() if c in keyed}

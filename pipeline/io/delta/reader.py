@@ -19,7 +19,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["DeltaFilesDataSource", "READ_FORMAT", "read_snapshot"]
+__all__ = ["DeltaFilesDataSource", "READ_FORMAT", "file_batches", "log_string", "read_snapshot"]
 
 READ_FORMAT = "sbi_delta_files"
 
@@ -54,17 +54,37 @@ class DeltaFilesReader(DataSourceReader):
         return [_File(f["path"], f["partition_values"]) for f in self.files]
 
     def read(self, partition: _File) -> Iterator[pa.RecordBatch]:
-        data = self.store.read_parquet(partition.rel)
-        columns = []
-        for field in self.schema:
-            if field.name in partition.partition_values:
-                value = partition.partition_values[field.name]
-                columns.append(pa.array([value] * data.num_rows, pa.string()).cast(field.type))
-            elif field.name in data.column_names:
-                columns.append(data[field.name].cast(field.type))
-            else:  # a column added to the table after this file was written
-                columns.append(pa.nulls(data.num_rows, field.type))
-        yield from pa.Table.from_arrays(columns, schema=self.schema).to_batches()
+        yield from file_batches(self.store, partition.rel, partition.partition_values, self.schema)
+
+
+def file_batches(store: Any, rel: str, partition_values: dict[str, Any], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """The rows of one data file of a table (``rel``, relative to ``store``'s folder) in the table's ``schema``:
+    its partition columns from ``partition_values`` (the log's strings), a column the file lacks as nulls."""
+    data = store.read_parquet(rel)
+    columns = []
+    for field in schema:
+        if field.name in partition_values:
+            value = partition_values[field.name]
+            columns.append(pa.array([value] * data.num_rows, pa.string()).cast(field.type))
+        elif field.name in data.column_names:
+            columns.append(data[field.name].cast(field.type))
+        else:  # a column added to the table after this file was written
+            columns.append(pa.nulls(data.num_rows, field.type))
+    yield from pa.Table.from_arrays(columns, schema=schema).to_batches()
+
+
+def log_string(value: Any) -> str | None:
+    """A typed partition value as the Delta log writes it (``2026-11-28``, ``true``), for a cast back.
+
+    >>> import datetime as dt
+    >>> log_string(dt.date(2026, 11, 28)), log_string(True), log_string(None), log_string(3)
+    ('2026-11-28', 'true', None, '3')
+    """
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return str(value).lower()
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
 
 
 def read_snapshot(spark: "SparkSession", store: Any, files: list[dict[str, Any]], arrow_schema: pa.Schema,

@@ -95,6 +95,7 @@ def write_sink(
     faults: Mapping[str, Any] | None = None,
     path: str | None = None,
     txn_app_id: str | None = None,
+    txn_version: int = 0,
     key_columns: tuple[str, ...] = (),
     read_version: int | None = None,
     in_driver: bool = False,
@@ -105,7 +106,8 @@ def write_sink(
     with ``mode: overwrite_partition`` exactly that partition is replaced.
     ``path`` writes to another folder with the same settings (the quarantine table).
     ``txn_app_id`` (the run key, :func:`pipeline.identity.run_key`): an append of a run the table already holds adds nothing
-    and returns ``already_committed``. ``key_columns`` and ``read_version``: a keyed append
+    and returns ``already_committed``; ``txn_version`` counts a stream's micro-batches under one app id (the
+    write is skipped when the table holds the app id at that version or a later one). ``key_columns`` and ``read_version``: a keyed append
     (:func:`~pipeline.io.delta.plan.plan_write`); ``overlapped`` in the result counts the rows another run wrote first.
     ``in_driver``: the deltalake writer writes and commits from this process (a small job's few rows,
     :func:`pipeline.io.delta.datasource.write_from_driver`); the connector ignores it.
@@ -113,7 +115,7 @@ def write_sink(
     plan = plan_write(
         config, partition_values=partition_values, commit_metadata=commit_metadata, path=path,
         connector=has_delta_connector(df.sparkSession), faults=faults, txn_app_id=txn_app_id,
-        key_columns=key_columns, read_version=read_version,
+        txn_version=txn_version, key_columns=key_columns, read_version=read_version,
     )
     if in_driver and plan.writer == "deltalake":
         plan = dataclasses.replace(plan, in_driver=True)
