@@ -19,12 +19,14 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["DeltaFilesDataSource", "READ_FORMAT", "file_batches", "log_string", "read_snapshot"]
+__all__ = ["DeltaFilesDataSource", "FilePartition", "READ_FORMAT", "file_batches", "log_string", "read_snapshot"]
 
 READ_FORMAT = "sbi_delta_files"
 
 
-class _File(InputPartition):
+class FilePartition(InputPartition):
+    """One data file of a Delta table (relative to the table's folder) and its partition values: a task's input."""
+
     def __init__(self, rel: str, partition_values: dict[str, Any]) -> None:
         super().__init__(rel)
         self.rel = rel
@@ -50,10 +52,10 @@ class DeltaFilesReader(DataSourceReader):
         self.files = json.loads(options["files"])
         self.schema = pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(options["arrow_schema"])))
 
-    def partitions(self) -> Sequence[_File]:
-        return [_File(f["path"], f["partition_values"]) for f in self.files]
+    def partitions(self) -> Sequence[FilePartition]:
+        return [FilePartition(f["path"], f["partition_values"]) for f in self.files]
 
-    def read(self, partition: _File) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: FilePartition) -> Iterator[pa.RecordBatch]:
         yield from file_batches(self.store, partition.rel, partition.partition_values, self.schema)
 
 

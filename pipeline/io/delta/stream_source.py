@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader
 
 from pipeline.errors import SourceError
-from pipeline.io.delta.reader import file_batches, log_string
+from pipeline.io.delta.reader import FilePartition, file_batches, log_string
 
 __all__ = ["STREAM_FORMAT", "CommitFiles", "DeltaStreamDataSource", "commit_files", "schema_change",
            "stream_options"]
@@ -131,13 +131,6 @@ def stream_options(store: Any, *, arrow_schema: pa.Schema, schema_string: str, s
     return options
 
 
-class _File(InputPartition):
-    def __init__(self, rel: str, partition_values: dict[str, Any]) -> None:
-        super().__init__(rel)
-        self.rel = rel
-        self.partition_values = partition_values
-
-
 class DeltaStreamDataSource(DataSource):
     """``format("sbi_delta_stream")``: the rows appended to a Delta table, micro-batch by micro-batch."""
 
@@ -200,13 +193,13 @@ class DeltaStreamReader(DataSourceStreamReader, _AvailableNow):
             end += 1
         return {"version": end, "snapshot": False}
 
-    def partitions(self, start: dict, end: dict) -> Sequence[_File]:
+    def partitions(self, start: dict, end: dict) -> Sequence[FilePartition]:
         if start.get("snapshot"):
-            return [_File(f["path"], f["partition_values"]) for f in self._snapshot(end["version"])]
-        return [_File(f["path"], f["partition_values"])
+            return [FilePartition(f["path"], f["partition_values"]) for f in self._snapshot(end["version"])]
+        return [FilePartition(f["path"], f["partition_values"])
                 for version in range(start["version"] + 1, end["version"] + 1) for f in self._commit(version).files]
 
-    def read(self, partition: _File) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: FilePartition) -> Iterator[pa.RecordBatch]:
         yield from file_batches(self.store, partition.rel, partition.partition_values, self.schema)
 
     def commit(self, end: dict) -> None:
