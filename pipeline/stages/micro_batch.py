@@ -30,6 +30,7 @@ from pipeline.errors import JobError, RunStopped
 from pipeline.identity import RunIdentity
 from pipeline.metrics import StageClock
 from pipeline.run_counts import RunCounts
+from pipeline.spark.checks import observe_input_tally
 from pipeline.stages.commit import score_and_commit
 from pipeline.stages.inputs import hashed_inputs
 from pipeline.stages.plan import AlreadyCommitted, Checkpoint, Prepared, RunPlan
@@ -93,12 +94,14 @@ def score_micro_batch(prep: Prepared, identity: RunIdentity, batch: "DataFrame",
         if not rows_in:
             return BatchResult(batch_id, identity.run_id, identity.ds.isoformat(), output=str(sink.path or sink.table))
         tasks = plan_inference_tasks(prep.spark, config, rows_in, prep.task)
-        scored = score_inputs(inputs, config, tasks=tasks, run_id=identity.run_id, ds=identity.ds,
+        observed, input_tally = observe_input_tally(inputs)
+        scored = score_inputs(observed, config, tasks=tasks, run_id=identity.run_id, ds=identity.ds,
                               scored_at=prep.scored_at, model=prep.model, faults=prep.faults, task=prep.task,
-                              fingerprint=identity.task_fingerprint)
+                              fingerprint=identity.task_fingerprint, carry_failed=True)
         check_output_columns(prep, scored, sink)
         plan = RunPlan(identity=identity, sink=sink, key_columns=(), read_version=None, source_note=None,
-                       inputs=inputs, scored=scored, rows_in=rows_in, tasks=tasks, known_bad=0, micro_batch=batch_id)
+                       inputs=inputs, scored=scored, rows_in=rows_in, tasks=tasks, known_bad=0, micro_batch=batch_id,
+                       input_tally=input_tally)
         outcome = score_and_commit(prep, plan, Checkpoint())
     finally:
         inputs.unpersist()

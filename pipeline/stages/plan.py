@@ -27,7 +27,7 @@ The pure rules of the plan (:func:`effective_sink`, :func:`commit_keys`) are her
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pipeline.config import JobConfig, SinkConfig
@@ -121,6 +121,12 @@ class RunPlan:
     # a stream's micro-batch (its batch id; None: a batch run): its commits carry the query's transaction at
     # this version, its quarantine is written only when rows failed, and its rows are read back by scored_at
     micro_batch: int | None = None
+    # the input's key tally, observed as the scoring pass reads the rows (pipeline.spark.checks.InputTally)
+    input_tally: Any = None
+    # what the plan read of the output and quarantine tables, once (pipeline.io.delta.state.TableState; None:
+    # no such table, or not read)
+    sink_state: Any = None
+    quarantine_state: Any = None
 
     @property
     def quarantine_path(self) -> str:
@@ -155,15 +161,23 @@ class Committed:
     seconds: float
     quarantine_version: int | None
     quarantine_run: str
+    # the quarantine write's result (None: no quarantine commit)
+    quarantine_result: Any = None
     # the output's profile and the drift verdict ({"profile": ..., "drift": ...}); None: run.quality off
     quality: dict[str, Any] | None = None
+    # the key tallies (pipeline.rows.KeyTally) of the rows sent to the output and to the quarantine, from the
+    # scoring pass (None: the exact check ran, and the read-back reads the tables); a few rows for the summary
+    written: Any = None
+    quarantined: Any = None
+    samples: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class ReadBack:
-    """The committed rows read back at their versions, and the counts they add up to."""
+    """The counts the commits add up to, from their own log entries or from the rows read back at their
+    versions (``written``: those rows; None when the log entries agreed and nothing was read)."""
 
-    written: "DataFrame"
+    written: "DataFrame | None"
     rows_out: int
     rows_quarantined: int
     incomplete: str | None

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.config import SinkConfig
 from pipeline.errors import JobError
 from pipeline.identity import RunIdentity
+from pipeline.spark.checks import observe_input_tally
 from pipeline.stages.identify import Identified
 from pipeline.stages.inputs import append_key_filter, read_new_inputs
 from pipeline.stages.plan import Prepared, RunPlan, commit_keys, effective_sink
@@ -47,9 +48,11 @@ def plan_run(prep: Prepared, identified: Identified) -> RunPlan:
     rows_dir = rows_folder(spark) if config.run.progress and rows_in else None  # workers' rows done, same host
     staging = open_staging(prep, ident, rows=rows_in, tasks=tasks)
     requests = _request_settings(prep, ident, staging_dir=staging.folder, tasks=tasks, rows=rows_in)
-    scored = score_inputs(new.rows, config, tasks=tasks, run_id=ident.run_id, ds=ident.ds, scored_at=prep.scored_at,
+    observed, input_tally = observe_input_tally(new.rows)  # the input's keys tallied as the scoring pass reads them
+    scored = score_inputs(observed, config, tasks=tasks, run_id=ident.run_id, ds=ident.ds, scored_at=prep.scored_at,
                           model=prep.model, faults=prep.faults, task=prep.task, progress_dir=rows_dir,
-                          staging_dir=staging.folder, fingerprint=ident.task_fingerprint, **requests)
+                          staging_dir=staging.folder, fingerprint=ident.task_fingerprint, carry_failed=True,
+                          **requests)
     check_output_columns(prep, scored, sink)
     mode_note = " incremental" if config.run.incremental else ""
     prep.say(f"scoring {rows_in:,}{mode_note} rows in {tasks} tasks with {prep.model.name} @ {prep.model.revision} "
@@ -61,7 +64,7 @@ def plan_run(prep: Prepared, identified: Identified) -> RunPlan:
                    key_columns=commit_keys(sink, id_column=config.source.id_column, incremental=config.run.incremental),
                    read_version=new.read_version, source_note=identified.source_note, inputs=new.rows, scored=scored,
                    rows_in=rows_in, tasks=tasks, known_bad=known_bad, rows_dir=rows_dir, staging_dir=staging.folder,
-                   staged_before=staging.staged_before, resume_note=staging.resume_note)
+                   staged_before=staging.staged_before, resume_note=staging.resume_note, input_tally=input_tally)
 
 
 def _check_shrink(prep: Prepared, ds: dt.date, rows: int) -> None:
@@ -91,12 +94,12 @@ def check_output_columns(prep: Prepared, scored: "DataFrame", sink: SinkConfig) 
     """Before any row is scored: the output table can take this job's columns (a column someone else added
     stays and gets nulls; one of ours that the table holds with another type is refused, named)."""
     from pipeline.io.delta.schema import check_output_schema, delta_schema_of, existing_schema
-    from pipeline.spark.udf import METRICS_COLUMN
+    from pipeline.spark.udf import internal_columns
 
     existing = existing_schema(prep.spark, path=sink.path, table=sink.table)
     if existing is None:
         return
-    ours = delta_schema_of(prep.kind.job.shape_output(scored.drop(METRICS_COLUMN), prep.config).schema)
+    ours = delta_schema_of(prep.kind.job.shape_output(scored.drop(*internal_columns(scored)), prep.config).schema)
     check_output_schema(existing, ours, target=sink.path or sink.table)
 
 

@@ -47,13 +47,16 @@ def write_with_connector(df: "DataFrame", plan: WritePlan) -> WriteResult:
         w.saveAsTable(plan.table) if plan.table else w.save(plan.path)
     except Exception as exc:  # noqa: BLE001
         raise SinkError(_connector_failure(spark, plan, exc)) from exc
-    version = connector_version(spark, plan.table, plan.target, WRITE_ID_KEY, plan.write_id)
+    # the commit's version and what it added (its operation metrics) from one bounded history read
+    committed = connector_commit(spark, plan.table, plan.target, WRITE_ID_KEY, plan.write_id)
     app_id = plan.options.get("txnAppId")
-    if version is None and app_id:
+    if committed is None and app_id:
         # Delta skipped the write: the table already holds this transaction (an earlier try committed)
         found = connector_version(spark, plan.table, plan.target, APP_ID_KEY, app_id)
         return WriteResult(plan.target, plan.writer, found, plan.write_id, already_committed=True)
-    return WriteResult(plan.target, plan.writer, version, plan.write_id)
+    version, metrics = committed if committed else (None, {})
+    return WriteResult(plan.target, plan.writer, version, plan.write_id,
+                       rows_added=_metric(metrics, "numOutputRows"))
 
 
 def _merge_keyed(df: "DataFrame", plan: WritePlan) -> WriteResult:
@@ -77,8 +80,10 @@ def _merge_keyed(df: "DataFrame", plan: WritePlan) -> WriteResult:
             w = source.write.format("delta").mode("append").options(**plan.options)
             w = w.partitionBy(*plan.partition_by) if plan.partition_by else w
             w.saveAsTable(plan.table) if plan.table else w.save(plan.path)
-            version = connector_version(spark, plan.table, plan.target, WRITE_ID_KEY, plan.write_id)
-            return WriteResult(plan.target, plan.writer, version, plan.write_id)
+            created = connector_commit(spark, plan.table, plan.target, WRITE_ID_KEY, plan.write_id)
+            version, metrics = created if created else (None, {})
+            return WriteResult(plan.target, plan.writer, version, plan.write_id,
+                               rows_added=_metric(metrics, "numOutputRows"))
         except Exception as exc:  # noqa: BLE001 - another run created it meanwhile: merge into it
             if not _connector_table_exists(spark, name):
                 raise SinkError(_connector_failure(spark, plan, exc)) from exc
@@ -106,7 +111,8 @@ def _merge_keyed(df: "DataFrame", plan: WritePlan) -> WriteResult:
     # the commit's version and its operation metrics from one bounded history read
     found = connector_commit(spark, plan.table, plan.target, WRITE_ID_KEY, plan.write_id)
     version, metrics = found if found else (None, {})
-    return WriteResult(plan.target, plan.writer, version, plan.write_id, overlapped=_merge_left_out(metrics))
+    return WriteResult(plan.target, plan.writer, version, plan.write_id, overlapped=_merge_left_out(metrics),
+                       rows_added=_metric(metrics, "numTargetRowsInserted"))
 
 
 def _connector_source(df: "DataFrame", plan: WritePlan) -> "DataFrame":
@@ -158,6 +164,19 @@ def _connector_table_exists(spark: Any, name: str) -> bool:
         return True
     except Exception:  # noqa: BLE001 - no table there (or none readable)
         return False
+
+
+def _metric(metrics: Mapping[str, Any], name: str) -> int | None:
+    """An operation metric of a commit as an int (None when the commit info has none).
+
+    >>> _metric({"numOutputRows": "12"}, "numOutputRows"), _metric({}, "numOutputRows")
+    (12, None)
+    """
+    value = metrics.get(name)
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _merge_left_out(metrics: Mapping[str, Any]) -> int:
