@@ -42,7 +42,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_profile import REPO, cpu_info, demo_table  # noqa: E402
-from driver_counts import counting_reads, spark_jobs, sweep_log_entries  # noqa: E402
+from driver_counts import counting_reads, job_names, spark_jobs, sweep_log_entries  # noqa: E402
 
 BATCH_STAGES = ["pre-flight", "idempotency", "planning", "inference and check", "quality gate", "quarantine commit",
                 "commit", "read-back", "summary"]
@@ -89,6 +89,9 @@ def batch(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                   "spark_jobs": spark_jobs(spark, job=JOB, run_id=run_id, stages=BATCH_STAGES),
                   "reads": reads.snapshot(), "sweeps": sweep_log_entries(sink, f"{sink}_quarantine")}
         result["spark_jobs_total"] = sum(result["spark_jobs"].values())
+        if args.list_jobs:
+            result["jobs"] = [f"{i} {d.split(': ', 1)[-1]} <- {name}" for i, d, name in
+                              job_names(spark, run_id=run_id)]
         runs.append(result)
         print(json.dumps(result), flush=True)
     for r in runs:
@@ -182,6 +185,7 @@ def main() -> int:
     parser.add_argument("--writer", choices=("delta", "deltalake"), default=None,
                         help="sink.writer (default: the connector when the session has it)")
     parser.add_argument("--set", action="append", default=[], help="more config overrides, key=value")
+    parser.add_argument("--list-jobs", action="store_true", help="batch: each Spark job's stage and call site")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["Reads", "counting_reads", "spark_jobs", "sweep_log_entries"]
+__all__ = ["Reads", "counting_reads", "job_names", "spark_jobs", "sweep_log_entries"]
 
 
 class Reads:
@@ -107,6 +107,23 @@ def spark_jobs(spark: Any, *, job: str, run_id: str, stages: list[str]) -> dict[
     if every - staged:
         by_stage["(no stage)"] = len(every - staged)
     return by_stage
+
+
+def job_names(spark: Any, *, run_id: str) -> list[tuple[int, str, str]]:
+    """``(job id, description, call site)`` of every Spark job of run ``run_id``, oldest first (a classic session)."""
+    from pipeline.spark.job_labels import run_tag
+
+    sc = spark.sparkContext._jsc.sc()
+    sc.listenerBus().waitUntilEmpty()
+    wanted = set(sc.statusTracker().getJobIdsForTag(run_tag(run_id)))
+    jobs = sc.statusStore().jobsList(None)
+    found = []
+    for i in range(jobs.size()):
+        job = jobs.apply(i)
+        if job.jobId() in wanted:
+            description = job.description()
+            found.append((job.jobId(), description.get() if description.isDefined() else "", job.name()))
+    return sorted(found)
 
 
 def sweep_log_entries(*tables: str | Path) -> dict[str, int]:

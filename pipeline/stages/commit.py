@@ -147,7 +147,7 @@ def _score_and_check(prep: Prepared, plan: RunPlan, scored: "DataFrame") -> _Che
         remove_staging(prep, plan.identity.run_key)  # rows judged bad: a rerun scores them again, never replays them
         raise
     errors = totals.errors if check is None else check.errors
-    samples = _samples(prep, scored)
+    samples = _samples(prep, plan, scored)
     prep.clock.lap("inference and check", rows=totals.total.rows, errors=errors, exact=check is not None)
     if check is not None:
         return _Checked(errors, counts, samples=samples)
@@ -162,12 +162,12 @@ def _exact_check(prep: Prepared, plan: RunPlan, scored: "DataFrame") -> Any:
                           key_counts(scored, id_column=prep.config.source.id_column, status_column="status"))
 
 
-def _samples(prep: Prepared, scored: "DataFrame") -> list[dict[str, Any]]:
+def _samples(prep: Prepared, plan: RunPlan, scored: "DataFrame") -> list[dict[str, Any]]:
     """The summary's sample rows, from the scored rows in hand (cached): written rows, their id and results."""
     from pyspark.sql import functions as F
 
     config = prep.config
-    n = config.run.sample_rows
+    n = config.run.sample_rows if plan.micro_batch is None else 0  # a stream's summary shows none
     columns = [c for c in (config.source.id_column, "label", "score", "completion", "finish_reason", "n_tokens",
                            "status") if c in scored.columns]
     if not n or not columns:

@@ -40,7 +40,7 @@ from pipeline.stages.scoring import plan_inference_tasks, score_inputs
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["BatchResult", "MicroBatches", "score_micro_batch"]
+__all__ = ["BatchResult", "MicroBatches", "StreamMemo", "score_micro_batch"]
 
 
 @dataclass(frozen=True)
@@ -74,13 +74,29 @@ class BatchResult:
         rate = self.rows_in / self.seconds if self.seconds > 0 else 0.0
         quarantined = f", {self.rows_quarantined:,} quarantined (version {self.quarantine_version})" \
             if self.rows_quarantined else ""
+        infer = float(self.counts.get("infer_seconds", 0.0))  # summed over the micro-batch's tasks
         return (f"micro-batch {self.batch_id}: {self.rows_in:,} rows in, {self.rows_out:,} out{quarantined} -> "
-                f"{self.output} version {self.version} in {self.seconds:,.1f} s ({rate:,.1f} docs/s)")
+                f"{self.output} version {self.version} in {self.seconds:,.2f} s ({infer:,.2f} s inference in its "
+                f"tasks; {rate:,.1f} docs/s)")
 
 
-def score_micro_batch(prep: Prepared, identity: RunIdentity, batch: "DataFrame", batch_id: int) -> BatchResult:
+class StreamMemo:
+    """What a stream reads once and its micro-batches share: whether the output's columns were checked (the
+    first micro-batch checks them against the table's schema; a later change is the commit's to refuse) and
+    the drift gate's history of the job's runs (:class:`pipeline.stages.quality.RunsHistory`)."""
+
+    def __init__(self) -> None:
+        from pipeline.stages.quality import RunsHistory
+
+        self.columns_checked = False
+        self.history = RunsHistory()
+
+
+def score_micro_batch(prep: Prepared, identity: RunIdentity, batch: "DataFrame", batch_id: int,
+                      memo: StreamMemo | None = None) -> BatchResult:
     """Score and commit micro-batch ``batch_id`` (``batch``: its rows as read) under ``identity`` (its
-    :meth:`~pipeline.identity.RunIdentity.micro_batch`); ``prep`` is the stream's, on the micro-batch's session."""
+    :meth:`~pipeline.identity.RunIdentity.micro_batch`); ``prep`` is the stream's, on the micro-batch's session;
+    ``memo``: what the stream read once (None: read here)."""
     from pyspark import StorageLevel
 
     from pipeline.io.sources import select_input
@@ -98,10 +114,13 @@ def score_micro_batch(prep: Prepared, identity: RunIdentity, batch: "DataFrame",
         scored = score_inputs(observed, config, tasks=tasks, run_id=identity.run_id, ds=identity.ds,
                               scored_at=prep.scored_at, model=prep.model, faults=prep.faults, task=prep.task,
                               fingerprint=identity.task_fingerprint, carry_failed=True)
-        check_output_columns(prep, scored, sink)
+        memo = memo or StreamMemo()
+        if not memo.columns_checked:  # once per stream: the schema read once, not at every micro-batch
+            check_output_columns(prep, scored, sink)
+            memo.columns_checked = True
         plan = RunPlan(identity=identity, sink=sink, key_columns=(), read_version=None, source_note=None,
                        inputs=inputs, scored=scored, rows_in=rows_in, tasks=tasks, known_bad=0, micro_batch=batch_id,
-                       input_tally=input_tally)
+                       input_tally=input_tally, runs_history=memo.history)
         outcome = score_and_commit(prep, plan, Checkpoint())
     finally:
         inputs.unpersist()
@@ -146,6 +165,7 @@ class MicroBatches:
         self.idle.set()
         self.stopping = False
         self._ready = threading.Event()
+        self.memo = StreamMemo()  # the output's schema and the drift history, read once for the stream
 
     def begin(self, query_id: str) -> None:
         """The query started with id ``query_id`` (kept in its checkpoint: the same after a restart)."""
@@ -192,4 +212,4 @@ class MicroBatches:
         prep = dataclasses.replace(self.prep, spark=batch.sparkSession, scored_at=now, clock=StageClock())
         assert self.app_id is not None
         identity = self.identity.micro_batch(app_id=self.app_id, batch_id=batch_id, run_id=run_id, ds=ds)
-        return score_micro_batch(prep, identity, batch, batch_id)
+        return score_micro_batch(prep, identity, batch, batch_id, self.memo)

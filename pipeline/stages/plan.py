@@ -127,6 +127,9 @@ class RunPlan:
     # no such table, or not read)
     sink_state: Any = None
     quarantine_state: Any = None
+    # the drift gate's history of the job's runs, read once for a stream (pipeline.stages.quality.RunsHistory;
+    # None: read when the gate runs)
+    runs_history: Any = None
 
     @property
     def quarantine_path(self) -> str:

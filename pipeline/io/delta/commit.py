@@ -24,8 +24,8 @@ from typing import Any, Mapping, Sequence
 import pyarrow as pa
 
 from pipeline.io.delta import markers
-from pipeline.io.delta.files import (TALLY_KEY, PartFile, add_action, check_partitioning, delete_files,
-                                     partition_string, sweep_orphans)
+from pipeline.io.delta.files import (TALLY_KEY, PartFile, add_action, attempt_of, check_partitioning,
+                                     delete_files, partition_string, sweep_orphans)
 from pipeline.io.delta.options import APP_ID_KEY, KEYS_KEY, WRITE_ID_KEY, DeltaLakeOptions
 
 __all__ = ["DeltaCommit", "commit_write"]
@@ -59,6 +59,7 @@ class DeltaCommit:
         from deltalake.exceptions import TableNotFoundError
 
         facts = self.facts
+        received = [a["path"] for a in adds]
         try:
             try:
                 table = self.store.table()
@@ -89,18 +90,37 @@ class DeltaCommit:
             raise
         finally:
             markers.finish_marker(self.store, self.write_id, **facts)
-            sweep_orphans(self.store, self.write_id, keep={a["path"] for a in adds} if "error" not in facts else set())
+            self._sweep_own(received, [a["path"] for a in adds], failed="error" in facts)
         markers.finish_marker(self.store, self.write_id, swept=self._sweep())
 
+    def _sweep_own(self, received: list[str], committed: list[str], *, failed: bool) -> None:
+        """Delete this write's files no commit references: all of them after a failure; else, where some
+        can be (a retried task attempt's, a keyed append's left out or rewritten ones), in the folders its
+        files went to. A write whose every task succeeded at its first attempt and whose files all went into
+        the commit has none, and lists nothing (its table's size does not matter)."""
+        if failed:
+            sweep_orphans(self.store, self.write_id, keep=set())
+            return
+        retried = any((attempt_of(p) or 0) > 0 for p in received)
+        if retried or set(received) != set(committed):
+            folders = {p.rsplit("/", 1)[0] if "/" in p else "" for p in (*received, *committed)}
+            sweep_orphans(self.store, self.write_id, keep=set(committed), folders=folders)
+
     def _sweep(self) -> dict[str, Any]:
-        """Sweep dead writes' leftovers; what went, as the finished marker records it."""
-        from pipeline.io.delta.sweep import sweep_leftovers
+        """Sweep dead writes' leftovers when the markers ask for it (:func:`~pipeline.io.delta.sweep.sweep_due`);
+        what went, as the finished marker records it ({}: no sweep was due)."""
+        from pipeline.io.delta.sweep import stamp_swept, sweep_due, sweep_leftovers
 
         try:
+            why = sweep_due(self.store, own=self.write_id, grace_s=self.lake.leftover_grace_s)
+            if why is None:
+                return {}
             report = sweep_leftovers(self.store, grace_s=self.lake.leftover_grace_s)
+            stamp_swept(self.store)
         except Exception as exc:  # noqa: BLE001 - the commit landed; a failed sweep is retried by the next job
             return {"error": f"{type(exc).__name__}: {exc}"[:300]}
-        return {"files": len(report.files), "bytes": report.bytes, "markers": len(report.markers),
+        return {"files": len(report.files), "bytes": report.bytes, "markers": len(report.markers), "why": why,
+                "log_entries": report.log_entries,
                 **({"skipped": report.skipped} if report.skipped else {}),
                 **({"left_alone": report.unproven[:20], "left_alone_count": len(report.unproven)}
                    if report.unproven else {})}

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-__all__ = ["TALLY_KEY", "PartFile", "add_action", "check_partitioning", "delete_files", "partition_string", "split_partitions",
+__all__ = ["TALLY_KEY", "PartFile", "add_action", "attempt_of", "check_partitioning", "delete_files", "partition_string", "split_partitions",
            "sweep_orphans", "to_delta_schema", "to_delta_types"]
 
 
@@ -112,15 +112,28 @@ def add_action(add: dict[str, Any]) -> Any:
     return AddAction(**{k: v for k, v in add.items() if k != TALLY_KEY})
 
 
+def attempt_of(rel: str) -> int | None:
+    """The task attempt a data file of this writer came from (by its name), else None.
+
+    >>> attempt_of("ds=1/part-00003-a1-3f2a9c-0123456789ab.snappy.parquet"), attempt_of("part-keyed-x.parquet")
+    (1, None)
+    """
+    import re
+
+    match = re.match(r"^part-\d{5}-a(\d+)-", rel.rsplit("/", 1)[-1])
+    return int(match.group(1)) if match else None
+
+
 def delete_files(store: Any, adds: Iterable[dict[str, Any]]) -> None:
     """Delete the files of these add actions (a write's own, never committed)."""
     for add in adds:
         store.remove(add["path"])
 
 
-def sweep_orphans(store: Any, write_id: str, keep: set[str]) -> None:
-    """Delete files this write made that no commit references (failed or speculative attempts)."""
-    for rel in list(store.files(containing=write_id)):
+def sweep_orphans(store: Any, write_id: str, keep: set[str], *, folders: Iterable[str] | None = None) -> None:
+    """Delete files this write made that no commit references (failed or speculative attempts): anywhere in
+    the table folder, or only in ``folders`` (where its files went)."""
+    for rel in list(store.files(containing=write_id, folders=folders)):
         if rel not in keep and _unquote_rel(rel) not in keep:
             store.remove(rel)
 
