@@ -210,7 +210,10 @@ def observe_input_tally(inputs: "DataFrame", *, id_column: str = "id",
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
-    observation = Observation("sbi_input_tally")
+    import uuid
+
+    # one name per observation: a plan holding two (the rows to write, observed again above the input's) needs both
+    observation = Observation(f"sbi_tally_{uuid.uuid4().hex[:12]}")
     observed = inputs.observe(observation, *_tally_columns(F.col(id_column), F.col(hash_column)))
     return observed, InputTally(observation)
 

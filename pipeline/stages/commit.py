@@ -21,7 +21,7 @@ from pipeline.stages.plan import AlreadyCommitted, Checkpoint, Committed, Prepar
 from pipeline.stages.quality import check_quality
 from pipeline.stages.quarantine import check_quarantine_pair, commit_quarantine, say_swept
 from pipeline.stages.resume import remove_staging
-from pipeline.stages.verify import read_back
+from pipeline.stages.verify import read_back, write_tallied
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -211,19 +211,20 @@ def _commit_output(prep: Prepared, plan: RunPlan, scored: "DataFrame", *, metada
     from pipeline import faults as fault_hooks
     from pyspark.sql import functions as F
 
-    from pipeline.io.delta.sink import write_sink
     from pipeline.spark.udf import internal_columns
 
     config, ident = prep.config, plan.identity
     prep.stage("commit")
     to_write = scored.drop(*internal_columns(scored)).where(~F.col("status").isin(*QUARANTINED_STATUSES))
+    ids = F.col(config.source.id_column)
     if (lost := fault_hooks.lost_at_output_commit(prep.faults)) is not None:  # a drill: the commit loses a row
-        to_write = to_write.where(~F.col(config.source.id_column).eqNullSafe(F.lit(lost)))
-    result = write_sink(
-        prep.kind.job.shape_output(to_write, config), plan.sink,
+        to_write = to_write.where(~ids.eqNullSafe(F.lit(lost)))
+    if (swap := fault_hooks.swapped_at_output_commit(prep.faults)) is not None:  # a drill: one lost, one twice
+        to_write = to_write.where(~ids.eqNullSafe(F.lit(swap[0]))).unionByName(to_write.where(ids == F.lit(swap[1])))
+    result = write_tallied(
+        prep, prep.kind.job.shape_output(to_write, config), plan.sink,
         partition_values={"ds": ident.ds}, commit_metadata=metadata, faults=prep.faults, txn_app_id=ident.app_id,
         txn_version=ident.txn_version, key_columns=plan.key_columns, read_version=plan.read_version, in_driver=prep.small,
-        tally_columns=(config.source.id_column, "content_hash"),
     )
     prep.clock.lap("commit", version=result.version)
     if result.already_committed:  # a concurrent try of this very run committed first

@@ -102,6 +102,7 @@ def score_micro_batch(prep: Prepared, identity: RunIdentity, batch: "DataFrame",
     from pipeline.io.sources import select_input
 
     config, started = prep.config, time.perf_counter()
+    prep.stage("planning")  # the micro-batch's own jobs from here on, not the last stage of the one before
     sink = config.sink
     inputs = hashed_inputs(select_input(batch, config.source, tuple(prep.task.input_columns)), config, prep.task)
     inputs = inputs.persist(StorageLevel.MEMORY_AND_DISK)  # counted, scored and checked: the source read once

@@ -12,7 +12,7 @@ from pipeline.errors import JobError
 from pipeline.rows import MALFORMED_COLUMN, QUARANTINED_STATUSES
 from pipeline.stages.inputs import malformed_originals
 from pipeline.stages.plan import LINEAGE_COLUMNS, Prepared, RunPlan
-from pipeline.stages.verify import day_rows
+from pipeline.stages.verify import day_rows, write_tallied
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -65,7 +65,6 @@ def commit_quarantine(prep: Prepared, plan: RunPlan, scored: "DataFrame", *, err
     version and result None when there is nothing to commit and no quarantine table yet."""
     from pipeline import faults as fault_hooks
     from pipeline.io.delta.history import committed_run_via
-    from pipeline.io.delta.sink import write_sink
 
     config, spark, sink, ident = prep.config, prep.spark, plan.sink, plan.identity
     quarantine_path = plan.quarantine_path
@@ -75,10 +74,9 @@ def commit_quarantine(prep: Prepared, plan: RunPlan, scored: "DataFrame", *, err
     if errors or (plan.micro_batch is None and _quarantine_exists(prep, plan)):
         # a run's is written even when empty once it exists, so a rerun replaces that day's failures too (a
         # micro-batch appends, and a replay of it finds its transaction: it commits only failed rows)
-        q = write_sink(_quarantine_rows(scored, config, tuple(prep.task.input_columns)), sink,
-                       partition_values={"ds": ident.ds}, commit_metadata=metadata, path=quarantine_path,
-                       txn_app_id=ident.app_id, txn_version=ident.txn_version, in_driver=prep.small,
-                       tally_columns=(config.source.id_column, "content_hash"))
+        q = write_tallied(prep, _quarantine_rows(scored, config, tuple(prep.task.input_columns)), sink,
+                          partition_values={"ds": ident.ds}, commit_metadata=metadata, path=quarantine_path,
+                          txn_app_id=ident.app_id, txn_version=ident.txn_version, in_driver=prep.small)
         say_swept(prep, q)
         quarantine_version = q.version
         if q.already_committed:  # an earlier try of this run committed them: read back its rows

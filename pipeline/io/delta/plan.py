@@ -37,8 +37,9 @@ class WriteResult:
     swept: Mapping[str, Any] = field(default_factory=dict)
     # a keyed write: rows left out because an overlapping run committed the same keys first
     overlapped: int = 0
-    # what the commit added, from its own log entry: the rows of its add actions (None: not recorded) and
-    # the key tally its writer recorded (pipeline.rows.KeyTally; None: not tallied, e.g. by the connector)
+    # what the commit added, from its own log entry: the rows of its add actions (the connector's: its operation
+    # metrics; None: not recorded) and the key tally (pipeline.rows.KeyTally) its writer recorded there (the
+    # deltalake writer; None: not tallied; the stages put the tally of the rows handed to the connector here)
     rows_added: int | None = None
     keys_added: Any = None
 

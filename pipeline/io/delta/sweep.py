@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from pipeline.io.delta.markers import (MARKER_DIR, MARKER_RETENTION_S, STATES, is_our_marker, local_root, marker_path,
-                                       owner_gone, read_marker, remote_store, write_id_of)
+from pipeline.io.delta.markers import (MARKER_DIR, MARKER_RETENTION_S, STATES, finish_marker, is_our_marker, local_root,
+                                       marker_path, owner_gone, read_marker, remote_store, write_id_of)
 
 from pipeline.io.delta.options import WRITE_ID_KEY
 
@@ -141,6 +141,16 @@ def _writes_found(root: Path, keep_write_ids: frozenset[str]) -> tuple[dict[str,
     return files, markers
 
 
+def _close(root: Path, write_id: str, markers: dict[str, tuple[str, Path]], *, dry_run: bool) -> None:
+    """A dead write's ``claimed`` or ``committing`` marker made ``finished`` (still the proof its files are ours,
+    kept as long): no later commit takes it for a torn write (:func:`sweep_due`) and sweeps again for it."""
+    state = markers.get(write_id, ("", None))[0]
+    if dry_run or state not in ("claimed", "committing"):
+        return
+    finish_marker(root, write_id, closed_by_sweep=state)
+    markers[write_id] = ("finished", marker_path(root, write_id, "finished"))
+
+
 def sweep_due(root: Any, *, own: str, grace_s: float) -> str | None:
     """Why a commit of write ``own`` should sweep the table at ``root`` now; None when nothing asks for it.
 
@@ -238,6 +248,7 @@ def sweep_leftovers(root: Any, *, grace_s: float, dry_run: bool = False,
         else:  # no marker of ours names this write: its files are not proven ours, whatever their name
             report.unproven += [f.relative_to(root).as_posix() for f in files.get(write_id, [])]
     for write_id in sorted(dead):
+        _close(root, write_id, markers, dry_run=dry_run)
         for file in files.get(write_id, []):
             rel = file.relative_to(root).as_posix()
             if rel in referenced or unquote(rel) in referenced:
