@@ -1,23 +1,24 @@
 """The driver's fixed work, counted and timed: per batch run (by driver stage) and per micro-batch of a stream.
 
-    PYTHONPATH=. .venv/bin/python bench/bench_driver.py batch --rows 5000 --runs 2          # the jar-free writer
-    PYTHONPATH=. .venv/bin/spark-submit $(.venv/bin/python -m pipeline.spark.jars submit-args delta) \\
-        --master 'local[*,4]' --driver-memory 2g bench/bench_driver.py batch --rows 5000 --runs 2   # the connector
-    PYTHONPATH=. .venv/bin/python bench/bench_driver.py stream --micro-batches 200 --batch-rows 100
+    make bench-driver                                   # all three below, at the sizes of the goals
+    SBI_NO_JARS=1 PYTHONPATH=. .venv/bin/python bench/bench_driver.py batch --rows 5000 --runs 2 --writer deltalake
+    PYTHONPATH=. .venv/bin/python bench/bench_driver.py batch --rows 5000 --runs 2 --launcher spark-submit
+    SBI_NO_JARS=1 PYTHONPATH=. .venv/bin/python bench/bench_driver.py stream --micro-batches 200 --batch-rows 100
 
 ``batch``: the demo job (``conf/score_documents.yaml``: all-MiniLM-L6-v2, embeddings and two zero-shot labels,
-``overwrite_partition`` by ds) on the first ``--rows`` demo documents, ``--runs`` times in one session (as
-``make demo`` run again: the second run is the one that counts). For each run: the seconds of every driver
-stage (``summary.stage_seconds``), the driver's total (every stage but ``inference and check``), the Spark jobs
-each stage started and the Delta log and table reads (``bench/driver_counts.py``). The goal: the second
-run's driver stages at most 8 s in all, on a quiet 2-core machine.
+``overwrite_partition`` by ds) on the first ``--rows`` demo documents, ``--runs`` times, each in a process of its
+own as ``make demo`` runs it again (``--launcher spark-submit``: through spark-submit with the Delta jars, the
+connector writing; ``python``: ``python`` as ``python -m pipeline run`` does). For each run: the seconds of every
+driver stage (``summary.stage_seconds``), the driver's total (every stage but ``inference and check``), the
+Spark jobs each stage started and the Delta log and table reads (``bench/driver_counts.py``). The goal: the
+second run's driver stages at most 8 s in all, on a quiet 2-core machine, on both.
 
 ``stream``: a ``processing_time`` stream (``max_files_per_trigger: 1``) over a Delta table of
 ``--micro-batches`` appends of ``--batch-rows`` rows each, so each micro-batch reads one append; stopped
-(SIGTERM, as a scheduler would) once every append was committed. For each micro-batch: its wall seconds, the
-workers' inference seconds, the fixed cost (wall less inference over the workers), its Spark jobs and reads. Reported: the
-medians of the first and the last ``--window`` micro-batches. The goals: fixed cost at most 1 s a micro-batch,
-and the last window no slower than the first (nothing grows with the table).
+(SIGTERM, as a scheduler would) once every append was committed. For each micro-batch: its wall seconds, its
+tasks' inference seconds, the fixed cost (wall less inference spread over the workers), its Spark jobs and
+reads. Reported: the medians of the first and the last ``--window`` micro-batches. The goals: fixed cost at most
+1 s a micro-batch, and the last window no slower than the first (nothing grows with the table).
 
 Results: ``--json`` (e.g. ``bench/results_driver.json``).
 """
@@ -62,41 +63,66 @@ def _documents(work: Path, rows: int, parts: int, name: str) -> str:
     return arrivals(work, rows=rows, parts=parts, name=name)
 
 
-def batch(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """``--runs`` runs of the demo job over the same rows and ds: each one's stages, jobs and reads."""
+def one_run(args: argparse.Namespace) -> dict[str, Any]:
+    """One run of the demo job in this process (``one``): its stages, Spark jobs and reads."""
     from pyspark.sql import SparkSession
 
     from pipeline.runner import run_job
 
+    cfg = _config([f"source.path={args.source}", f"sink.path={args.sink}", f"run.run_id={args.run_id}",
+                   "run.ds=2026-11-29", "run.progress=false", "run.summary_path=null",
+                   *([f"spark.master={args.master}"] if args.master else []),
+                   *(["sink.writer=" + args.writer] if args.writer else []), *args.set])
+    with counting_reads() as reads:
+        started = time.perf_counter()
+        summary = run_job(cfg, out=io.StringIO())
+        wall = time.perf_counter() - started
+    spark = SparkSession.getActiveSession()
+    assert summary.complete, summary.incomplete
+    stages = {k: round(v, 3) for k, v in summary.stage_seconds.items()}
+    result = {"run_id": args.run_id, "wall_s": round(wall, 3), "rows": summary.rows_in, "writer": summary.writer,
+              "stage_seconds": stages,
+              "driver_s": round(sum(v for k, v in stages.items() if k != "inference and check"), 3),
+              "spark_jobs": spark_jobs(spark, job=JOB, run_id=args.run_id, stages=BATCH_STAGES),
+              "reads": reads.snapshot(), "sweeps": sweep_log_entries(args.sink, f"{args.sink}_quarantine")}
+    result["spark_jobs_total"] = sum(result["spark_jobs"].values())
+    if args.list_jobs:
+        result["jobs"] = [f"{i} {d.split(': ', 1)[-1]} <- {name}" for i, d, name in
+                          job_names(spark, run_id=args.run_id)]
+    return result
+
+
+def batch(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """``--runs`` runs of the demo job over the same rows and ds, each in a process of its own (as ``make demo``
+    run again): each one's stages, Spark jobs and reads."""
+    import shlex
+    import subprocess
+
     source = _documents(work, args.rows, 1, "documents")
     sink = work / "document_scores"
-    runs, spark = [], None
+    launcher = [sys.executable]
+    if args.launcher == "spark-submit":
+        jars = subprocess.run([sys.executable, "-m", "pipeline.spark.jars", "submit-args"], capture_output=True,
+                              text=True, check=True).stdout
+        launcher = [str(Path(sys.executable).parent / "spark-submit"), *shlex.split(jars), "--master",
+                    args.master or "local[*,4]", "--driver-memory", "2g", "--conf", "spark.ui.enabled=false",
+                    "--conf", "spark.ui.showConsoleProgress=false", "--conf", "spark.log.level=WARN",
+                    "--conf", f"spark.databricks.delta.snapshotPartitions={os.cpu_count() or 2}"]
+    runs = []
     for n in range(args.runs):
-        run_id = f"bench-driver-{n}"
-        cfg = _config([f"source.path={source}", f"sink.path={sink}", f"run.run_id={run_id}", "run.ds=2026-11-29",
-                       "run.progress=false", "run.summary_path=null", f"spark.master={args.master}",
-                       *(["sink.writer=" + args.writer] if args.writer else []), *args.set])
-        with counting_reads() as reads:
-            started = time.perf_counter()
-            summary = run_job(cfg, spark=spark, out=io.StringIO())
-            wall = time.perf_counter() - started
-        spark = spark or SparkSession.getActiveSession()
-        assert summary.complete, summary.incomplete
-        stages = {k: round(v, 3) for k, v in summary.stage_seconds.items()}
-        driver = sum(v for k, v in stages.items() if k != "inference and check")
-        result = {"run": n, "wall_s": round(wall, 3), "rows": summary.rows_in, "writer": summary.writer,
-                  "stage_seconds": stages, "driver_s": round(driver, 3),
-                  "spark_jobs": spark_jobs(spark, job=JOB, run_id=run_id, stages=BATCH_STAGES),
-                  "reads": reads.snapshot(), "sweeps": sweep_log_entries(sink, f"{sink}_quarantine")}
-        result["spark_jobs_total"] = sum(result["spark_jobs"].values())
-        if args.list_jobs:
-            result["jobs"] = [f"{i} {d.split(': ', 1)[-1]} <- {name}" for i, d, name in
-                              job_names(spark, run_id=run_id)]
+        command = [*launcher, str(Path(__file__).resolve()), "one", "--source", source, "--sink", str(sink),
+                   "--run-id", f"bench-driver-{n}", *(["--writer", args.writer] if args.writer else []),
+                   *(["--master", args.master] if args.master and args.launcher == "python" else []),
+                   *(["--list-jobs"] if args.list_jobs else []), *[f"--set={x}" for x in args.set]]
+        done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+        if done.returncode != 0 or "RESULT " not in done.stdout:
+            raise SystemExit(f"run {n} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
+        result = {"run": n, **json.loads(done.stdout.split("RESULT ", 1)[1].splitlines()[0])}
         runs.append(result)
         print(json.dumps(result), flush=True)
     for r in runs:
         print(f"run {r['run']} ({r['writer']}): driver stages {r['driver_s']:.1f} s of {r['wall_s']:.1f} s wall; "
-              f"{r['spark_jobs_total']} Spark jobs {r['spark_jobs']}; reads {r['reads']}")
+              f"{r['spark_jobs_total']} Spark jobs {r['spark_jobs']}; reads {r['reads']}; sweeps {r['sweeps']}")
     return {"runs": runs}
 
 
@@ -110,24 +136,24 @@ class _Lines(io.TextIOBase):
         self.buffer += text
         while "\n" in self.buffer:
             line, self.buffer = self.buffer.split("\n", 1)
-            if (m := re.search(r"micro-batch (\d+): ([\d,]+) rows in.* in ([\d.,]+) s \(([\d.,]+) s inference", line)):
+            # (a line without the inference seconds, as older versions print it, counts them as 0)
+            if (m := re.search(r"micro-batch (\d+): ([\d,]+) rows in.* in ([\d.,]+) s \((?:([\d.,]+) s inference)?",
+                               line)):
                 self.on_batch(int(m[1]), int(m[2].replace(",", "")), float(m[3].replace(",", "")),
-                              float(m[4].replace(",", "")))
+                              float((m[4] or "0").replace(",", "")))
         return len(text)
 
 
 def stream(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """A ``processing_time`` stream of ``--micro-batches`` micro-batches of ``--batch-rows`` rows."""
-    from pyspark.sql import SparkSession
-
     from pipeline.runner import run_job
 
     source = _documents(work, args.micro_batches * args.batch_rows, args.micro_batches, "arrivals")
     run_id = "bench-driver-stream"
-    stages = [*BATCH_STAGES, "stream"]
     cfg = _config([f"source.path={source}", f"sink.path={work / 'scores'}", "sink.mode=append",
                    f"run.run_id={run_id}", "run.ds=2026-11-29", "run.progress=false", "run.summary_path=null",
-                   f"spark.master={args.master}", f"source.stream.checkpoint_path={work / 'checkpoint'}",
+                   *([f"spark.master={args.master}"] if args.master else []),
+                   f"source.stream.checkpoint_path={work / 'checkpoint'}",
                    "source.stream.trigger=processing_time", f"source.stream.interval_s={args.interval_s}",
                    "source.stream.starting_version=0", "source.stream.max_files_per_trigger=1",
                    "source.stream.record_every_s=100000", *(["sink.writer=" + args.writer] if args.writer else []),
@@ -136,8 +162,13 @@ def stream(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     before = {"jobs": 0, "reads": {}}
 
     def on_batch(batch_id: int, rows: int, seconds: float, infer: float) -> None:
-        spark = SparkSession.getActiveSession()
-        jobs = sum(spark_jobs(spark, job=JOB, run_id=run_id, stages=stages).values()) if spark else 0
+        from pyspark import SparkContext
+
+        from pipeline.spark.job_labels import run_tag
+
+        sc = SparkContext._active_spark_context._jsc.sc()  # this runs in the foreachBatch thread
+        sc.listenerBus().waitUntilEmpty()
+        jobs = len(sc.statusTracker().getJobIdsForTag(run_tag(run_id)))
         now = reads.snapshot()
         batches.append({"batch_id": batch_id, "rows": rows, "seconds": seconds, "infer_s": infer,
                         "fixed_s": round(seconds - infer / args.workers, 3), "spark_jobs": jobs - before["jobs"],
@@ -172,7 +203,12 @@ def stream(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=("batch", "stream"))
+    parser.add_argument("what", choices=("batch", "stream", "one"), help="one: a single run, what batch starts")
+    parser.add_argument("--launcher", choices=("python", "spark-submit"), default="python",
+                        help="batch: each run as `python` or as `spark-submit` with the Delta jars (as make demo)")
+    parser.add_argument("--source", help="one: the source table")
+    parser.add_argument("--sink", help="one: the output table")
+    parser.add_argument("--run-id", help="one: the run id")
     parser.add_argument("--rows", type=int, default=5000, help="batch: demo documents (5,000, as make demo)")
     parser.add_argument("--runs", type=int, default=2, help="batch: runs over the same rows and ds (2)")
     parser.add_argument("--micro-batches", type=int, default=200, help="stream: appends, a micro-batch each (200)")
@@ -181,7 +217,8 @@ def main() -> int:
     parser.add_argument("--window", type=int, default=20, help="stream: first and last micro-batches compared (20)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2,
                         help="stream: inference seconds are spread over this many workers (the cores)")
-    parser.add_argument("--master", default="local[*]")
+    parser.add_argument("--master", default=None, help="the session's master (default: the config's local[*]; "
+                        "spark-submit: local[*,4])")
     parser.add_argument("--writer", choices=("delta", "deltalake"), default=None,
                         help="sink.writer (default: the connector when the session has it)")
     parser.add_argument("--set", action="append", default=[], help="more config overrides, key=value")
@@ -191,6 +228,9 @@ def main() -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+    if args.what == "one":
+        print("RESULT " + json.dumps(one_run(args)), flush=True)
+        return 0
     demo_table()
     info = cpu_info()
     flags = ", ".join(f"{f} {'yes' if v else 'no'}" for f, v in info["flags"].items())
