@@ -47,7 +47,7 @@ def identify(prep: Prepared) -> Identified:
 
     config, spark = prep.config, prep.spark
     prep.stage("idempotency")
-    state = _source_state(config)
+    state = prep.source_state
     snapshot = state.snapshot if state is not None else source_snapshot(config.source)
     ident = run_identity(config, model_revision=prep.model.revision, source_snapshot=snapshot)
     note = _rebuilt_source_note(config, snapshot)
@@ -67,16 +67,6 @@ def identify(prep: Prepared) -> Identified:
             ident = ident.retry_of_gone_rows()
     prep.clock.lap("idempotency")
     return Identified(ident, note, source_state=state)
-
-
-def _source_state(config: JobConfig) -> Any:
-    """The Delta source's log, read once (its version pins what the run reads); None for other sources."""
-    from pipeline.io.delta.state import read_state
-
-    if config.source.format != "delta" or not config.source.path:
-        return None
-    state = read_state(str(config.source.path))
-    return state if state is not None and state.exists else None
 
 
 def _run_rows_remain(spark: "SparkSession", config: JobConfig, *, by: str | None, ds: dt.date) -> bool:

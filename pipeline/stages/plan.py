@@ -65,6 +65,8 @@ class Prepared:
     labels: Any = None
     # a small job (pipeline.small_jobs): its session was built light and its commits run in the driver
     small: bool = False
+    # the Delta source's log, read once (pipeline.io.delta.state.TableState; None: not a Delta source read here)
+    source_state: Any = None
 
     def say(self, line: str, identity: RunIdentity | None = None, *, warning: bool = False) -> None:
         """One line of this run's output: ``[job] run <id>: line`` (``[job] line`` without an identity);

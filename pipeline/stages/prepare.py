@@ -24,7 +24,7 @@ from pipeline.tasks.job import checked_model
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["check_partitioning", "prepare", "uses_object_store"]
+__all__ = ["check_partitioning", "prepare", "source_log", "uses_object_store"]
 
 
 def check_partitioning(config: JobConfig) -> None:
@@ -78,6 +78,17 @@ class _Beside:
         return self._value
 
 
+def source_log(config: JobConfig) -> Any:
+    """The Delta source's log, read once (:class:`pipeline.io.delta.state.TableState`; its version pins what the
+    run reads); None for other sources, a stream, or a log this process cannot read."""
+    from pipeline.io.delta.state import read_state
+
+    if config.source.format != "delta" or not config.source.path or config.source.stream is not None:
+        return None
+    state = read_state(str(config.source.path))
+    return state if state is not None and state.exists else None
+
+
 def prepare(config: JobConfig, *, spark: "SparkSession | None", log: RunLog, recorder: Any,
             clock: StageClock, labels: Any = None) -> Prepared:
     """Checks that fail in seconds before any Spark work: partitioning, the model, addresses, locations.
@@ -98,7 +109,8 @@ def prepare(config: JobConfig, *, spark: "SparkSession | None", log: RunLog, rec
     kind, task = kind_and_task(config)
     if spark is None:  # a metastore or object store endpoint nobody answers fails in seconds, not minutes
         check_job_addresses(config, timeout_s=config.spark.connect_timeout_s)
-    small = small_job(config, spark=spark)
+    source_state = source_log(config)  # the source's log, read once: the small job's size, then the identity
+    small = small_job(config, spark=spark, source_state=source_state)
     if small:
         log.line(f"[{config.job}] small job ({small.why}): a light local session, committed from the driver "
                  "(spark.small_job_rows: 0 turns this off)")
@@ -139,5 +151,6 @@ def prepare(config: JobConfig, *, spark: "SparkSession | None", log: RunLog, rec
     check_staging_root(config)
     clock.lap("pre-flight")
     return Prepared(config=config, kind=kind, task=task, model=model, spark=spark, small=small.small,
+                    source_state=source_state,
                     scored_at=dt.datetime.now(dt.timezone.utc).replace(microsecond=0),
                     faults=fault_hooks.from_env(config.run.faults), log=log, clock=clock, labels=labels)

@@ -15,6 +15,8 @@ before.
 (10, 6, 'delta:abc:3')
 >>> TableState("/t", exists=True, version=0, files=(({}, None),)).rows() is None
 True
+>>> TableState("/t", exists=True, files=(({}, 4),), unreadable=("deletionVectors",)).rows() is None
+True
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ __all__ = ["TableState", "read_state"]
 @dataclass(frozen=True)
 class TableState:
     """One read of a table's log. ``files``: each data file's partition values (as the log holds them) and rows
-    (None when the file has no ``numRecords``); ``counted``: the row counts mean rows (no deletion vectors)."""
+    (None when the file has no ``numRecords``; ``files`` None: not read); ``unreadable``: the features the
+    deltalake reader cannot honour (deletion vectors, column mapping: its row counts are not the rows read)."""
 
     location: str
     exists: bool
@@ -38,15 +41,15 @@ class TableState:
     table_id: str | None = None
     schema: Any = None
     partition_columns: tuple[str, ...] = ()
-    files: tuple[tuple[Mapping[str, str | None], int | None], ...] = ()
-    counted: bool = True
+    files: tuple[tuple[Mapping[str, str | None], int | None], ...] | None = ()
+    unreadable: tuple[str, ...] = ()
 
     def rows(self, partition: Mapping[str, Any] | None = None) -> int | None:
         """Rows in the table (in ``partition``, ``{column: value}``) by the log's counts; None when a file's
         count is missing or does not count rows. 0 when there is no table."""
         if not self.exists:
             return 0
-        if not self.counted:
+        if self.files is None or self.unreadable:
             return None
         wanted = {c: _log_string(v) for c, v in (partition or {}).items()}
         total = 0
@@ -101,7 +104,7 @@ def read_state(location: str | None, *, table: str | None = None, files: bool = 
         if not os.path.isdir(os.path.join(local_path(location), "_delta_log")):
             return TableState(location, exists=False)
         if not files:
-            return TableState(location, exists=True, counted=False)
+            return TableState(location, exists=True, files=None)
     try:
         opened = open_table(local_path(location) if is_local(location) else location)
         return _state_of(location, opened)
@@ -123,4 +126,4 @@ def _state_of(location: str, opened: Any) -> TableState:
                    None if a.get("num_records") is None else int(a["num_records"])) for a in actions)
     return TableState(location, exists=True, version=opened.version(), table_id=metadata.id,
                       schema=opened.schema(), partition_columns=partitions, files=files,
-                      counted=not unreadable_features(opened))
+                      unreadable=tuple(unreadable_features(opened)))
