@@ -75,7 +75,12 @@ def counting_reads() -> Iterator[Reads]:
             reads.add("connector snapshot load")
         return saved[(reader, "load")](self, *args, **kwargs)
 
-    table.__init__ = counted("deltalake table load", saved[(table, "__init__")])
+    def table_init(self: Any, table_uri: Any, *args: Any, **kwargs: Any) -> Any:
+        reads.add("deltalake table load")
+        reads.add(f"deltalake table load: {str(table_uri).rstrip('/').rsplit('/', 1)[-1]}")
+        return saved[(table, "__init__")](self, table_uri, *args, **kwargs)
+
+    table.__init__ = table_init
     table.history = counted("deltalake history read", saved[(table, "history")])
     table.get_add_actions = counted("deltalake add-action listing", saved[(table, "get_add_actions")])
     SparkSession.sql, reader.format, reader.load = sql, fmt, load

@@ -44,13 +44,16 @@ _PINNED: "contextvars.ContextVar[Mapping[str, int]]" = contextvars.ContextVar("s
 def pinned_versions(versions: Mapping[str, int | None]) -> Iterator[None]:
     """Within the block, a read of one of these Delta tables (``{location: version}``) without a version reads
     that version, not the latest: a run reads each table at the version its plan read from the log, so what
-    the log counted is what is scored. Per context (thread), so runs side by side in one process do not mix."""
+    the log counted is what is scored. Pin only a table whose log ``deltalake`` read and can honour: a pinned
+    table's files are read from that log, with the connector too (no Spark job to rebuild its snapshot).
+    Per context (thread), so runs side by side in one process do not mix."""
     pinned = {resolve_location(str(k)): int(v) for k, v in versions.items() if v is not None}
     token = _PINNED.set({**_PINNED.get(), **pinned})
     try:
         yield
     finally:
         _PINNED.reset(token)
+
 
 # Reader features whose semantics a plain Parquet read would get wrong.
 _UNSUPPORTED_READER_FEATURES = {
@@ -130,11 +133,12 @@ def read_delta(spark: "SparkSession", path: str, *, version: int | None = None) 
     ``versionAsOf`` would resolve the table's latest version again at every action, so a job that
     reads its own output (an incremental run's anti-join, evaluated again after its commit) would
     see its own new rows. No table at ``path`` raises :class:`SourceError`. Without ``version``, a table
-    pinned for this context (:func:`pinned_versions`) is read at its pinned version.
+    pinned for this context (:func:`pinned_versions`) is read at its pinned version, through deltalake.
     """
-    if version is None:
-        version = _PINNED.get().get(resolve_location(str(path)))
-    if has_delta_connector(spark):
+    pinned = version is None and resolve_location(str(path)) in _PINNED.get()
+    if pinned:
+        version = _PINNED.get()[resolve_location(str(path))]
+    if has_delta_connector(spark) and not pinned:
         location = resolve_location(path)
         if version is None:
             version = latest_version(spark, location)

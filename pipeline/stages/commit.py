@@ -225,6 +225,7 @@ def _commit_output(prep: Prepared, plan: RunPlan, scored: "DataFrame", *, metada
         prep, prep.kind.job.shape_output(to_write, config), plan.sink,
         partition_values={"ds": ident.ds}, commit_metadata=metadata, faults=prep.faults, txn_app_id=ident.app_id,
         txn_version=ident.txn_version, key_columns=plan.key_columns, read_version=plan.read_version, in_driver=prep.small,
+        base_version=_version_read(plan.sink_state),
     )
     prep.clock.lap("commit", version=result.version)
     if result.already_committed:  # a concurrent try of this very run committed first
@@ -232,3 +233,10 @@ def _commit_output(prep: Prepared, plan: RunPlan, scored: "DataFrame", *, metada
                                 output=str(plan.sink.path or plan.sink.table))
     say_swept(prep, result)
     return result
+
+
+def _version_read(state: Any) -> int | None:
+    """The output's version as the plan read its log (-1: no table yet; None: not read)."""
+    if state is None or (state.exists and state.version is None):
+        return None
+    return state.version if state.exists else -1

@@ -74,7 +74,8 @@ def _rows_to_score(prep: Prepared, identified: Identified, sink_state: Any) -> t
     config, spark, ident = prep.config, prep.spark, identified.identity
     source = identified.source_state
     sink_version = None if sink_state is None else (sink_state.version if sink_state.exists else -1)
-    with pinned_versions({str(config.source.path): source.version} if source is not None else {}):
+    readable = source is not None and not source.unreadable  # else the connector reads (and pins) it
+    with pinned_versions({str(config.source.path): source.version} if readable else {}):
         new = read_new_inputs(spark, config, fingerprint=ident.task_fingerprint, task=prep.task,
                               sink_version=sink_version)
     known_bad = new.known_bad.count() if new.known_bad is not None else 0

@@ -50,6 +50,8 @@ class CommitEntry:
     version: int
     rows_added: int | None
     keys_added: Any
+    # the commit's operation metrics (the connector's: numOutputRows, a MERGE's numTargetRowsInserted...)
+    metrics: Mapping[str, Any] | None = None
 
 
 def log_entry(store: Any, version: int) -> list[dict[str, Any]] | None:
@@ -76,7 +78,8 @@ def entry_facts(version: int, actions: list[dict[str, Any]]) -> CommitEntry:
             count = None
         rows = None if rows is None or count is None else rows + int(count)
     info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
-    return CommitEntry(version, rows, KeyTally.from_text(info.get(KEYS_KEY)) if info.get(KEYS_KEY) else None)
+    keys = KeyTally.from_text(info.get(KEYS_KEY)) if info.get(KEYS_KEY) else None
+    return CommitEntry(version, rows, keys, dict(info.get("operationMetrics") or {}))
 
 
 def commit_entry(store: Any, write_id: str, *, after: int | None, limit: int = 50) -> CommitEntry | None:
@@ -89,7 +92,7 @@ def commit_entry(store: Any, write_id: str, *, after: int | None, limit: int = 5
         if actions is None:
             return None
         info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
-        if info.get(WRITE_ID_KEY) == write_id:
+        if commit_metadata(info).get(WRITE_ID_KEY) == write_id:  # either writer's (the connector's userMetadata)
             return entry_facts(version, actions)
         version += 1
     return None

@@ -12,6 +12,7 @@ its Spark options are that object's one translation to strings.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from dataclasses import dataclass, field
@@ -74,6 +75,9 @@ class WritePlan:
     in_driver: bool = False
     # the deltalake writer's write, typed; ``options`` is its ``to_options()`` (the S3 settings join at execution)
     lake: DeltaLakeOptions | None = None
+    # the table's version the run read before this write (-1: no table yet; None: unknown): the connector
+    # finds its commit's log entry from there on instead of reading the table's history
+    base_version: int | None = None
 
     @property
     def target(self) -> str:
@@ -104,6 +108,7 @@ def plan_write(
     key_columns: tuple[str, ...] = (),
     read_version: int | None = None,
     tally_columns: tuple[str, ...] = (),
+    base_version: int | None = None,  # the connector's: where its commit's log entry is looked for from
 ) -> WritePlan:
     """What writing to ``config`` (or to ``path`` with its settings) does; pure, no Spark.
 
@@ -140,7 +145,6 @@ def plan_write(
     (('id', 'ds'), {'ds': '2026-11-29'}, False)
 
     The deltalake writer's plan is typed, and its options are that object's strings:
-
     >>> p = plan_write(SinkConfig(path="/data/scores", mode="append"), partition_values=None,
     ...                commit_metadata=None, connector=False, write_id="w1", txn_app_id="sbi-run-1")
     >>> p.lake.txn_app_id, p.lake.require_marker, p.options == p.lake.to_options()
@@ -158,10 +162,10 @@ def plan_write(
     metadata = {**(commit_metadata or {}), WRITE_ID_KEY: write_id}
     mode: Literal["append", "overwrite"] = "append" if config.mode == "append" else "overwrite"
     if writer == "delta":
-        return _connector_plan(config, mode=mode, metadata=metadata, txn_app_id=txn_app_id, txn_version=txn_version,
-                               keyed=keyed,
-                               replace=replace, partition_values=partition_values, table=table, location=location,
-                               write_id=write_id, faults=faults)
+        plan = _connector_plan(config, mode=mode, metadata=metadata, txn_app_id=txn_app_id, txn_version=txn_version,
+                               keyed=keyed, replace=replace, partition_values=partition_values, table=table,
+                               location=location, write_id=write_id, faults=faults)
+        return dataclasses.replace(plan, base_version=base_version)
     lake = DeltaLakeOptions(
         path=str(location), write_id=write_id, partition_by=tuple(config.partition_by), commit_metadata=metadata,
         faults=dict(faults or {}), require_marker=True, leftover_grace_s=config.leftover_grace_s,

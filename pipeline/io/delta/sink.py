@@ -107,6 +107,7 @@ def write_sink(
     read_version: int | None = None,
     in_driver: bool = False,
     tally_columns: tuple[str, ...] = (),
+    base_version: int | None = None,
 ) -> WriteResult:
     """Write ``df`` as configured; returns where, with which writer, and the Delta version made.
 
@@ -120,11 +121,14 @@ def write_sink(
     ``in_driver``: the deltalake writer writes and commits from this process (a small job's few rows,
     :func:`pipeline.io.delta.datasource.write_from_driver`); the connector ignores it. ``tally_columns``
     (id, content hash): the deltalake writer tallies the keys it writes (``keys_added`` in the result).
+    ``base_version``: the table's version the run read (-1: none yet; None: unknown), from which the connector
+    finds its commit's log entry.
     """
     plan = plan_write(
         config, partition_values=partition_values, commit_metadata=commit_metadata, path=path,
         connector=has_delta_connector(df.sparkSession), faults=faults, txn_app_id=txn_app_id,
         txn_version=txn_version, key_columns=key_columns, read_version=read_version, tally_columns=tally_columns,
+        base_version=base_version,
     )
     if in_driver and plan.writer == "deltalake":
         plan = dataclasses.replace(plan, in_driver=True)
