@@ -48,6 +48,12 @@ def test_the_sql_function_gives_run_jobs_rows(any_spark, tmp_path, tiny_embed_mo
 def test_a_function_is_registered_only_when_its_settings_and_model_hold(spark, tiny_embed_model, name, kwargs,
                                                                          error, message):
     kwargs = {"model": str(tiny_embed_model), **kwargs}
+    before = _user_functions(spark)
     with pytest.raises(error, match=message):
         register_function(spark, name, "embed", **kwargs)
-    assert not spark.catalog.functionExists(name.replace("-", "_"))
+    assert _user_functions(spark) == before, f"{name!r} was registered"
+
+
+def _user_functions(spark) -> set[str]:
+    """The session's own functions (temporary and persistent), by name as Spark lists them."""
+    return {row[0] for row in spark.sql("SHOW USER FUNCTIONS").collect()}
