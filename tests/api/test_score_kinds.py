@@ -98,7 +98,8 @@ def test_each_kind_scores_a_dataframe(spark, kind, models, tiny_embed_model, tin
 def _generated(rows: dict) -> None:
     for row in (rows["r0"], rows["r1"]):
         assert isinstance(row["completion"], str) and row["prompt_tokens"] > 0, row
-        assert 0 < row["completion_tokens"] <= GENERATION["max_new_tokens"] and row["finish_reason"] in ("length", "stop")
+        assert 0 < row["completion_tokens"] <= GENERATION["max_new_tokens"]
+        assert row["finish_reason"] in ("length", "stop")
 
 
 def _extracted(rows: dict) -> None:
