@@ -25,9 +25,9 @@ def _score(df, model, **kwargs):
     return score(df, settings.pop("task"), model={"path": str(model), "name": "tiny-bert"}, **settings)
 
 
-def test_score_gives_run_jobs_rows_through_the_callers_writes(any_spark, tmp_path, tiny_embed_model, writer):
-    parquet = documents(tmp_path)
-    reference = run_job_rows(any_spark, tmp_path, tiny_embed_model)
+def test_score_gives_run_jobs_rows_through_the_callers_writes(embed_reference, any_spark, tmp_path,
+                                                             tiny_embed_model, writer):
+    parquet, reference = embed_reference
 
     docs = any_spark.read.parquet(str(parquet))
     scored = _score(docs, tiny_embed_model, text_column="text", id_column="doc_id")
@@ -51,9 +51,8 @@ def test_score_gives_run_jobs_rows_through_the_callers_writes(any_spark, tmp_pat
     assert no_id["text"] == inputs[None]["text"] == make_documents(40)["text"][NULL_ID_ROW].as_py()
 
 
-def test_classify_gives_run_jobs_rows(any_spark, tmp_path, tiny_classify_model):
-    parquet = documents(tmp_path, n=24)
-    reference = run_job_rows(any_spark, tmp_path, tiny_classify_model, task={"kind": "classify"})
+def test_classify_gives_run_jobs_rows(classify_reference, any_spark, tiny_classify_model):
+    parquet, reference = classify_reference
 
     docs = any_spark.read.parquet(str(parquet))
     scored = score(docs, {"kind": "classify"}, model={"path": str(tiny_classify_model), "name": "tiny-bert"},

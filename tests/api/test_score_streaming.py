@@ -12,7 +12,7 @@ from deltalake import DeltaTable
 
 from pipeline import score
 from tests.support.load_log import loads_by_worker
-from tests.support.scoring import EMBED, SCORE_SETTINGS, assert_same_as_run_job, documents, run_job_rows
+from tests.support.scoring import EMBED, SCORE_SETTINGS, assert_same_as_run_job, documents
 
 
 def _delta_writer(path: str):
@@ -26,9 +26,9 @@ def _delta_writer(path: str):
     return write
 
 
-def test_a_streaming_dataframe_scored_into_the_callers_sinks(any_spark, tmp_path, tiny_embed_model, writer):
-    parquet = documents(tmp_path)
-    reference = run_job_rows(any_spark, tmp_path, tiny_embed_model)
+def test_a_streaming_dataframe_scored_into_the_callers_sinks(embed_reference, any_spark, tmp_path,
+                                                             tiny_embed_model, writer):
+    parquet, reference = embed_reference
     incoming = tmp_path / "incoming"
     incoming.mkdir()
     table = pq.read_table(parquet)
