@@ -42,6 +42,7 @@ def _ids(table: Path) -> list[str]:
     return sorted(pa.table(DeltaTable(str(table)).to_pyarrow_table())["doc_id"].to_pylist())
 
 
+@pytest.mark.drills  # drivers killed
 @pytest.mark.timeout(1500)  # three drivers in JVMs of their own, each killed within 300 s, then the restart
 def test_a_stream_killed_at_each_point_of_its_commits_writes_each_id_once_after_the_restart(
         spark, tmp_path, tiny_embed_model, writer):

@@ -173,6 +173,7 @@ def test_a_stream_on_a_served_model_is_refused_before_its_query_starts(spark, tm
     assert not (tmp_path / "checkpoint").exists() and not (tmp_path / "scores").exists()
 
 
+@pytest.mark.drills  # a processing-time stream, SIGTERM
 def test_processing_time_reads_a_folder_until_sigterm_and_a_restart_reads_on(spark, tmp_path, tiny_embed_model,
                                                                              writer):
     """A folder of JSON lines (with a malformed line), a micro-batch every second, a runs-table row per second of
@@ -236,6 +237,7 @@ def test_processing_time_reads_a_folder_until_sigterm_and_a_restart_reads_on(spa
     _each_once(tmp_path, [*ids, None, *[f"d{i:05d}" for i in range(14, 18)]], quarantined={"d00003", None})
 
 
+@pytest.mark.drills  # a processing-time stream
 def test_a_source_schema_change_stops_the_stream_naming_it_and_a_restart_reads_on(spark, tmp_path, tiny_embed_model,
                                                                                    writer):
     write_delta(tmp_path / "docs", _docs(0, 6))
