@@ -174,6 +174,10 @@ class RunConfig(ConfigSection):
         None, gt=0, description="endpoint backend: the most tokens (prompt + completion) this try may spend on the "
         "server; once the next request could pass it the run stops, commits nothing and keeps what it was answered "
         "(staged tasks, the request journal), so a rerun pays only for the rest; none: no budget")
+    submit_only: bool = Field(
+        False, description="also `--submit-only`: `task.endpoint.mode: batch` only: submit the run's batches and end "
+        "(nothing committed, runs-table outcome `submitted`); the same command later, without it, collects the "
+        "answers and commits")
     quality: QualityConfig = Field(default_factory=QualityConfig,
                                    description="the output's profile and the drift gate before the commit")
     accept_drift: bool = Field(

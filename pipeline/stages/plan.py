@@ -121,6 +121,9 @@ class RunPlan:
     # a stream's micro-batch (its batch id; None: a batch run): its commits carry the query's transaction at
     # this version, its quarantine is written only when rows failed, and its rows are read back by scored_at
     micro_batch: int | None = None
+    # batch mode of a served model (task.endpoint.mode batch): what the provider's batches did (the summary's
+    # batch_api; pipeline.stages.batch), once they ended and ``scored`` reads their answers; None: live
+    batch_api: dict[str, Any] | None = None
 
     @property
     def quarantine_path(self) -> str:
