@@ -71,19 +71,23 @@ class BatchServer(OpenAIServer):
         self._log_lock = threading.Lock()
 
     # -- what the tests read --------------------------------------------------------------------------
-    def uploads(self) -> list[dict[str, Any]]:
-        return [e for e in self.log if e["event"] == "upload"]
+    def mark(self) -> int:
+        """Where the log is now: the calls below count from here when given it (``since``)."""
+        return len(self.log)
 
-    def creates(self) -> list[dict[str, Any]]:
-        return [e for e in self.log if e["event"] == "create"]
+    def uploads(self, since: int = 0) -> list[dict[str, Any]]:
+        return [e for e in self.log[since:] if e["event"] == "upload"]
 
-    def created_keys(self) -> Counter[str]:
+    def creates(self, since: int = 0) -> list[dict[str, Any]]:
+        return [e for e in self.log[since:] if e["event"] == "create"]
+
+    def created_keys(self, since: int = 0) -> Counter[str]:
         """How many created batches held each request key (custom_id)."""
-        return Counter(k for e in self.creates() for k in e["keys"])
+        return Counter(k for e in self.creates(since) for k in e["keys"])
 
-    def created_files(self) -> Counter[str]:
+    def created_files(self, since: int = 0) -> Counter[str]:
         """How many batches were created from each request file's content (its sha256)."""
-        return Counter(e["sha256"] for e in self.creates())
+        return Counter(e["sha256"] for e in self.creates(since))
 
     # -- the API --------------------------------------------------------------------------------------
     def _routes(self) -> list[Any]:

@@ -31,6 +31,11 @@ EXTRACT = {"template": "Review: {text}", "output_schema": EXTRACT_SHORT_SCHEMA, 
 FAST = {"poll_s": 0.05, "max_poll_s": 0.2}
 
 
+def reviews(tag: str, n: int = len(REVIEWS)) -> list[str]:
+    """``n`` reviews of this test's own (the server is shared: what it ran for another test is not counted)."""
+    return [f"{text} ({tag})" for text in REVIEWS[:n]]
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("served")
@@ -98,16 +103,17 @@ def test_batch_mode_rows_equal_live_mode_rows_at_temperature_0(spark, tmp_path, 
     usage, status); each request created in one batch and run once there; the staging folder gone after."""
     from pipeline.runner import run_job
 
-    run_job(job(tmp_path, server, kind="extract", texts=REVIEWS, task=EXTRACT, mode="live", out="live"), spark=spark,
+    texts = reviews(f"equal {writer}")
+    run_job(job(tmp_path, server, kind="extract", texts=texts, task=EXTRACT, mode="live", out="live"), spark=spark,
             out=io.StringIO())
     printed = io.StringIO()
-    summary = run_job(job(tmp_path, server, kind="extract", texts=REVIEWS, task=EXTRACT), spark=spark, out=printed)
+    summary = run_job(job(tmp_path, server, kind="extract", texts=texts, task=EXTRACT), spark=spark, out=printed)
     live, batch = by_id(tmp_path / "live"), by_id(tmp_path / "out")
     assert sorted(batch) == sorted(live) == [f"r{i:02d}" for i in range(len(REVIEWS))]
     fields = ("status", "completion", "fields", "prompt_tokens", "completion_tokens", "finish_reason", "error")
     assert {k: {f: batch[k][f] for f in fields} for k in batch} == {k: {f: live[k][f] for f in fields} for k in live}
     assert sum(r["status"] == "ok" for r in batch.values()) >= len(REVIEWS) - 1
-    created = server.creates()[-1]
+    created = server.creates()[-1]  # this test's requests are its own (reviews(...)): none ran for another
     assert len(created["keys"]) == len(REVIEWS) and all(server.executed[k] == 1 for k in created["keys"])
     assert summary.complete and summary.batch_api["states"] == {"completed": 1}
     paid = summary.prompt_tokens + summary.completion_tokens
@@ -122,7 +128,9 @@ def test_failed_lines_are_quarantined_exactly_with_the_providers_error(spark, tm
     from pipeline.runner import run_job
     from pipeline.runs import read_runs
 
-    texts = [*REVIEWS[:6], "<<refuse>> this one", *REVIEWS[6:9], "<<refuse>> and this", ""]
+    texts = [*reviews(f"failed lines {writer}", 6), "<<refuse>> this one", *reviews(f"more failed lines {writer}", 3),
+             "<<refuse>> and this", ""]
+    since = server.mark()
     summary = run_job(job(tmp_path, server, kind="generate", texts=texts,
                           task={"template": "Summarise: {text}", "max_new_tokens": 8}), spark=spark, out=io.StringIO())
     written, quarantined = every_id_once(tmp_path, len(texts))
@@ -131,7 +139,7 @@ def test_failed_lines_are_quarantined_exactly_with_the_providers_error(spark, tm
                for r in quarantined.values())
     assert written["r11"]["status"] == "skipped_empty" and not server.executed.get("r11")
     assert all(r["status"] == "ok" and r["completion_tokens"] > 0 for k, r in written.items() if k != "r11")
-    assert set(server.created_keys().values()) == {1} and len(server.creates()) == 1  # nothing submitted again
+    assert set(server.created_keys(since).values()) == {1} and len(server.creates(since)) == 1  # none again
     assert (summary.rows_quarantined, summary.batch_api["failed"], summary.batch_api["resubmitted"]) == (2, 2, 0)
     row = read_runs(str(tmp_path / "out_runs"))[-1]
     assert row["outcome"] == "ok" and json.loads(row["batch_api"])["states"] == {"completed": 1}
@@ -143,7 +151,7 @@ def test_an_expired_batch_resubmits_only_the_unanswered_rows(spark, tmp_path, se
     from pipeline.runner import run_job
 
     server.scripts[:] = [BatchScript("expired", answer_first=5)]
-    summary = run_job(job(tmp_path, server, kind="generate", texts=REVIEWS,
+    summary = run_job(job(tmp_path, server, kind="generate", texts=reviews(f"expired {writer}"),
                           task={"template": "Summarise: {text}", "max_new_tokens": 8}), spark=spark, out=io.StringIO())
     first, second = server.creates()[-2:]
     assert first["outcome"] == "expired" and second["outcome"] == "completed"
@@ -163,15 +171,16 @@ def test_submit_only_then_a_second_run_commits_every_row_once(spark, tmp_path, s
     from pipeline.runs import read_runs
 
     server.hold.clear()  # the night: the batch is still running when the submitting run ends
-    settings = dict(kind="embed", texts=[*REVIEWS[:8], None, "good movie"])
+    settings = dict(kind="embed", texts=[*reviews(f"submit only {writer}", 8), None, "good movie"])
+    since = server.mark()
     night = run_job(job(tmp_path, server, **settings, run={"run_id": "nightly-1", "submit_only": True}), spark=spark,
                     out=io.StringIO())
     assert not night.complete and night.rows_out == 0 and night.batch_api["pending"] == 1
-    assert not is_delta_table(spark, str(tmp_path / "out")) and len(server.creates()) == 1
+    assert not is_delta_table(spark, str(tmp_path / "out")) and len(server.creates(since)) == 1
     assert read_runs(str(tmp_path / "out_runs"))[-1]["outcome"] == "submitted"
     server.hold.set()  # the morning
     morning = run_job(job(tmp_path, server, **settings, run={"run_id": "nightly-1"}), spark=spark, out=io.StringIO())
-    assert morning.complete and len(server.creates()) == 1 and set(server.created_keys().values()) == {1}
+    assert morning.complete and len(server.creates(since)) == 1 and set(server.created_keys(since).values()) == {1}
     written, quarantined = every_id_once(tmp_path, 10)
     assert not quarantined and written["r08"]["status"] == "skipped_null"
     assert all(len(written[k]["embedding"]) == 32 and written[k]["n_tokens"] > 0 for k in written if k != "r08")
@@ -187,14 +196,15 @@ def test_a_submission_that_would_pass_the_token_budget_is_refused(spark, tmp_pat
     from pipeline.runner import run_job
     from pipeline.runs import read_runs
 
-    settings = dict(kind="generate", texts=REVIEWS, task={"template": "Summarise: {text}", "max_new_tokens": 8})
-    before = len(server.creates())
+    settings = dict(kind="generate", texts=reviews("budget"), task={"template": "Summarise: {text}",
+                                                                     "max_new_tokens": 8})
+    since = server.mark()
     with pytest.raises(TokenBudgetReached, match="run.max_tokens 100 would be passed: batch-00000 "):
         run_job(job(tmp_path, server, **settings, run={"max_tokens": 100}), spark=spark, out=io.StringIO())
-    assert len(server.creates()) == before and not server.uploads() or server.uploads()[-1]["at"] > 0
+    assert not server.uploads(since) and not server.creates(since)  # refused before anything went out
     assert read_runs(str(tmp_path / "out_runs"))[-1]["outcome"] == "stopped"
     summary = run_job(job(tmp_path, server, **settings), spark=spark, out=io.StringIO())
-    assert summary.complete and len(server.creates()) == before + 1
+    assert summary.complete and len(server.creates(since)) == 1
     every_id_once(tmp_path, len(REVIEWS))
 
 
@@ -204,14 +214,16 @@ def test_a_failed_batch_is_submitted_again_and_its_rows_end_once(spark, tmp_path
     from pipeline.runner import run_job
 
     server.scripts[:] = [BatchScript("failed")]
-    settings = dict(kind="generate", texts=REVIEWS[:4], task={"template": "Summarise: {text}", "max_new_tokens": 8})
+    settings = dict(kind="generate", texts=reviews("failed batch", 4),
+                    task={"template": "Summarise: {text}", "max_new_tokens": 8})
     summary = run_job(job(tmp_path, server, **settings), spark=spark, out=io.StringIO())
     assert summary.complete and summary.batch_api["states"] == {"completed": 1, "failed": 1}
     assert all(r["status"] == "ok" for r in every_id_once(tmp_path, 4)[0].values())
 
     server.scripts[:] = [BatchScript("failed")] * 2
     other = tmp_path / "again"
-    summary = run_job(job(other, server, **settings, batch={"resubmits": 1}), spark=spark, out=io.StringIO())
+    summary = run_job(job(other, server, **settings, batch={"resubmits": 1}, run={"max_error_fraction": 1.0}),
+                      spark=spark, out=io.StringIO())
     written, quarantined = every_id_once(other, 4)
     assert not written and len(quarantined) == 4
     assert all("batch failed: injected: the input file failed validation" in r["error"] for r in quarantined.values())
@@ -241,16 +253,15 @@ def test_a_create_whose_answer_was_lost_is_found_by_its_metadata_not_created_aga
         log.add_file([("k1", line, 10)], round=1)
         driver = Driver(log=log, api=BatchApi(endpoint), endpoint=endpoint, path="/chat/completions", try_id="t1",
                         say=lambda _: None)
-        before = len(server.creates())
+        since = server.mark()
         assert submit(driver) == 1 and proxy.injected["cut"] == 1
         batch = log.files()[0]
-        assert batch.batch_id == server.creates()[-1]["batch_id"] and len(server.creates()) == before + 1
+        assert [c["batch_id"] for c in server.creates(since)] == [batch.batch_id]
         # the driver died after the create went out, before the batch id was journaled: the rerun adopts it
         batch.batch_id, batch.status = None, "written"
         log.save(batch)
         rerun = Driver(log=log, api=BatchApi(endpoint), endpoint=endpoint, path="/chat/completions", try_id="t2",
                        say=lambda _: None)
-        assert submit(rerun) == 0 and log.files()[0].batch_id == server.creates()[-1]["batch_id"]
-        assert len(server.creates()) == before + 1
+        assert submit(rerun) == 0 and [c["batch_id"] for c in server.creates(since)] == [log.files()[0].batch_id]
     finally:
         proxy.stop()
