@@ -265,3 +265,51 @@ def test_a_create_whose_answer_was_lost_is_found_by_its_metadata_not_created_aga
         assert submit(rerun) == 0 and [c["batch_id"] for c in server.creates(since)] == [log.files()[0].batch_id]
     finally:
         proxy.stop()
+
+
+# -- a driver killed after the upload, then again while polling: both writers ---------------------------------
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)  # two drivers in JVMs of their own, then the run that commits
+def test_a_driver_killed_after_the_upload_and_again_while_polling_submits_nothing_twice(spark, tmp_path, server,
+                                                                                         writer):
+    """SIGKILL (the driver's whole process tree) once the request file's upload is journaled, before its batch
+    is created; the rerun uploads nothing again, creates the batch and is killed while it polls it; the third run
+    polls the same batch to its end and commits. The server's log: one upload, one batch, each line run once;
+    the tables: every row once."""
+    from pipeline.config import JobConfig
+    from pipeline.runner import run_job
+
+    from tests.support.drivers import kill_when, start_driver
+
+    texts = [*reviews(f"killed {writer}", 10), "<<refuse>> the killed run's bad row"]
+    raw = raw_job(tmp_path, server, kind="generate", texts=texts, key=KEY,
+                  task={"template": "Summarise: {text}", "max_new_tokens": 8},
+                  run={"summary_path": str(tmp_path / "summary.json")})
+    config_file = tmp_path / "job.json"
+    config_file.write_text(json.dumps(raw))
+    since, barrier = server.mark(), tmp_path / "barrier"
+    server.hold.clear()  # a batch, once created, stays in progress until the test lets it end
+
+    uploading = start_driver(config_file, tmp_path / "first.log",
+                             {"batch_barrier": {"dir": str(barrier), "at": "uploaded", "parties": 2, "timeout_s": 900}})
+    kill_when(uploading, lambda: (barrier / "uploaded.ready").exists(), tmp_path / "first.log", timeout_s=600)
+    assert len(server.uploads(since)) == 1 and not server.creates(since)
+    journal = next((tmp_path / "out_staging").glob("*/batch-00000.json"))
+    state = json.loads(journal.read_text())
+    assert state["file_id"] == server.uploads(since)[0]["file_id"] and state["batch_id"] is None
+
+    polling = start_driver(config_file, tmp_path / "second.log")
+    kill_when(polling, lambda: bool(server.creates(since)) and server.polls[server.creates(since)[0]["batch_id"]] >= 2,
+              tmp_path / "second.log", timeout_s=600)
+    created = server.creates(since)
+    assert len(created) == 1 and created[0]["file_id"] == state["file_id"]  # the journaled upload, not a new one
+    assert len(server.uploads(since)) == 1 and server.batches[created[0]["batch_id"]]["status"] == "in_progress"
+
+    server.hold.set()
+    summary = run_job(JobConfig.model_validate_json(config_file.read_text()), spark=spark, out=io.StringIO())
+    assert summary.complete and summary.batch_api["submitted_by_this_try"] == 0
+    assert len(server.creates(since)) == 1 and len(server.uploads(since)) == 1
+    assert Counter(server.executed[k] for k in created[0]["keys"]) == Counter({1: len(texts)})
+    written, quarantined = every_id_once(tmp_path, len(texts))
+    assert sorted(quarantined) == ["r10"] and all(r["status"] == "ok" for r in written.values())
