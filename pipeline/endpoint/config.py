@@ -58,7 +58,8 @@ class EndpointConfig(BaseModel):
     # the settings a retry or resume of the same run may change (pipeline.fingerprint, the run key)
     PER_TRY: ClassVar[tuple[str, ...]] = (
         "base_url", "api_key", "concurrency", "requests_per_minute", "tokens_per_minute", "timeout_s",
-        "connect_timeout_s", "max_attempts", "backoff_s", "max_backoff_s", "max_retry_after_s", "batch",
+        "connect_timeout_s", "max_attempts", "backoff_s", "max_backoff_s", "max_retry_after_s",
+        *(f"batch.{k}" for k in BatchApiConfig.model_fields),
     )
     # what changes how rows are asked for, not what they get back (the fingerprint leaves it out; the run key
     # keeps it: a run switched to the other mode is another logical run, whose staging starts afresh)

@@ -1,8 +1,8 @@
 """The Spark side of batch mode on the endpoint backend: the rows' request lines, and each row's request key.
 
 Two ``mapInArrow`` passes over the rows a run scores, each calling the task's own request code
-(``task.batch_calls``, :mod:`pipeline.tasks._endpoint_batch`) on the executors, with no model and no
-server: :func:`request_lines` gives the driver one request line per row sent (what it writes into the
+(``task.batch_calls``: ``(row, call)`` of each row sent, :class:`pipeline.endpoint.Call`) on the executors,
+with no model and no server: :func:`request_lines` gives the driver one request line per row sent (what it writes into the
 run's request files), and :func:`with_request_keys` gives each row its request key, which the answers
 collected from the provider are joined on (``pipeline.stages.batch``). Works on classic and Connect
 sessions (DataFrame API only).
@@ -31,21 +31,27 @@ def _inputs(plan: Any, batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 def _lines(plan: Any, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    from pipeline.tasks._endpoint_batch import request_lines as lines_of
+    from pipeline.endpoint.batch_wire import request_line
 
     task = plan.build_task()
     for batch in batches:
-        if batch.num_rows:
-            yield lines_of(task, _inputs(plan, batch))
+        if not batch.num_rows:
+            continue
+        calls = [call for _, call in task.batch_calls(_inputs(plan, batch))]
+        yield pa.RecordBatch.from_arrays([pa.array([c.key for c in calls], pa.string()),
+                                          pa.array([request_line(c.key, c.path, c.body) for c in calls], pa.string()),
+                                          pa.array([c.estimate for c in calls], pa.int64())], schema=_LINES)
 
 
 def _keys(plan: Any, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    from pipeline.tasks._endpoint_batch import request_keys
-
     task = plan.build_task()
     for batch in batches:
-        keys = request_keys(task, _inputs(plan, batch)) if batch.num_rows else pa.array([], pa.string())
-        yield pa.RecordBatch.from_arrays([*batch.columns, keys], names=[*batch.schema.names, REQUEST_KEY_COLUMN])
+        keys: list[str | None] = [None] * batch.num_rows
+        if batch.num_rows:
+            for i, call in task.batch_calls(_inputs(plan, batch)):
+                keys[i] = call.key
+        yield pa.RecordBatch.from_arrays([*batch.columns, pa.array(keys, pa.string())],
+                                         names=[*batch.schema.names, REQUEST_KEY_COLUMN])
 
 
 def request_lines(rows: "DataFrame", plan: Any) -> "DataFrame":

@@ -2,12 +2,13 @@
 
 A run in ``task.endpoint.mode: batch`` reads its rows twice (``pipeline.stages.batch``):
 
-1. :func:`request_lines`: each chunk's rows become their requests, built by the very code live mode sends
+1. each chunk's rows become their requests (``task.batch_calls``), built by the very code live mode sends
    with (:func:`pipeline.tasks._endpoint.generation_calls`, ``embedding_calls``): one request line per
-   row sent, keyed by its request key. The driver writes them into the run's request files.
-2. :func:`request_keys`: the key of each row's request again (deterministic: the same row gives the same
-   request), so the answers collected from the provider are joined to the rows by key
-   (:data:`pipeline.rows.ANSWER_COLUMN`); then the task scores the rows as in live mode, with an
+   row sent, keyed by its request key (:mod:`pipeline.spark.batch_requests`). The driver writes them into
+   the run's request files.
+2. the key of each row's request again (deterministic: the same row gives the same request), so the
+   answers collected from the provider are joined to the rows by key (:data:`pipeline.rows.ANSWER_COLUMN`);
+   then the task scores the rows as in live mode, with an
    :class:`AnswerClient` in the live client's place: it sends nothing and hands each call the answer its
    key got (or the provider's error, which quarantines the row). Parsing, the schema check of ``extract``,
    statuses, counts and the quarantine are live mode's.
@@ -21,11 +22,10 @@ from typing import Any, Callable, Mapping, Sequence
 import pyarrow as pa
 
 from pipeline.endpoint import Outcome, TokenBudget
-from pipeline.endpoint.batch_wire import request_line
 from pipeline.endpoint.wire import WireError
 from pipeline.rows import ANSWER_COLUMN
 
-__all__ = ["AnswerClient", "answer_line", "request_keys", "request_lines", "rows_client"]
+__all__ = ["AnswerClient", "answer_line", "rows_client"]
 
 # what the scoring pass says of a row whose request the batch answers do not hold (a bug, not the provider)
 NO_ANSWER = ("batch API: no answer or error was collected for this row's request; rerun the same command "
@@ -105,25 +105,6 @@ class AnswerClient:
             except WireError as exc:
                 return Outcome(ok=False, error=f"batch API: HTTP 200 with {exc}", replayed=True)
         return Outcome(ok=True, answer=answer, replayed=True)
-
-
-def request_lines(task: Any, chunk: pa.RecordBatch) -> pa.RecordBatch:
-    """``(key, line, estimate)`` of the rows of ``chunk`` that are sent: their batch API request lines."""
-    keys, lines, estimates = [], [], []
-    for _, call in task.batch_calls(chunk):
-        keys.append(call.key)
-        lines.append(request_line(call.key, call.path, call.body))
-        estimates.append(call.estimate)
-    return pa.RecordBatch.from_arrays([pa.array(keys, pa.string()), pa.array(lines, pa.string()),
-                                       pa.array(estimates, pa.int64())], names=["key", "line", "estimate"])
-
-
-def request_keys(task: Any, chunk: pa.RecordBatch) -> pa.Array:
-    """Each row's request key (null for a row that is not sent: skipped, malformed), in row order."""
-    keys: list[str | None] = [None] * chunk.num_rows
-    for i, call in task.batch_calls(chunk):
-        keys[i] = call.key
-    return pa.array(keys, pa.string())
 
 
 def rows_client(task: Any, chunk: pa.RecordBatch) -> Any:
