@@ -313,3 +313,35 @@ def test_a_driver_killed_after_the_upload_and_again_while_polling_submits_nothin
     assert Counter(server.executed[k] for k in created[0]["keys"]) == Counter({1: len(texts)})
     written, quarantined = every_id_once(tmp_path, len(texts))
     assert sorted(quarantined) == ["r10"] and all(r["status"] == "ok" for r in written.values())
+
+
+def test_a_runs_batch_journal_goes_with_its_staging_and_a_file_dropped_in_it_stays(tmp_path):
+    """The batch journal (request files, their states, the provider's result files, the answers, the try's
+    ledger entry) is the run's own: removed with the run's staging after its commit, except a file someone
+    put in it, which stays, named, with the proofs that the folders around it are ours."""
+    from pipeline.staging.batch_log import BatchLog, batch_plan
+    from pipeline.staging.layout import OWNER_FILE
+    from pipeline.staging.plans import open_plan
+    from pipeline.staging.request_log import record_batch_usage
+    from pipeline.staging.sweep import remove_run, sweep_staging
+    from pipeline.stages.batch_api import Verdicts, write_answers
+
+    root = tmp_path / "stage"
+    plan = batch_plan(run_key="sbi-k", source_version=None, task_fingerprint="fp", job="j", ds="2026-11-30")
+    folder = Path(open_plan(str(root), plan))
+    log = BatchLog(str(folder))
+    line = json.dumps({"custom_id": "k1", "method": "POST", "url": "/v1/embeddings", "body": {"input": ["a"]}})
+    batch = log.add_file([("k1", line, 5)], round=1)
+    batch.collected = True
+    log.save(batch)
+    answer = {"custom_id": "k1", "response": {"status_code": 200, "body": {"data": [{"embedding": [1.0]}]}}}
+    log.save_results(batch, output=(json.dumps(answer) + "\n").encode(), errors=b"")
+    write_answers(log, Verdicts(answered={"k1": 0}))
+    record_batch_usage(str(folder), "0123456789abcdef", 3)
+    assert sweep_staging(str(root), max_age_s=1e9).left_alone == []
+    (folder / "answers" / "notes.txt").write_text("mine")
+    assert remove_run(str(root), "sbi-k") == [f"{folder.name}/answers/notes.txt"]
+    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()) == sorted([
+        OWNER_FILE, f"{folder.name}/answers/notes.txt", f"{folder.name}/plan.json"])
+    (folder / "answers" / "notes.txt").unlink()
+    assert remove_run(str(root), "sbi-k") == [] and not root.exists()
