@@ -2,7 +2,7 @@
 
 :class:`BatchApi` uploads a request file (``POST /files``, ``purpose=batch``), creates one batch per file
 (``POST /batches``), reads a batch's state (``GET /batches/{id}``), finds a batch by its metadata in the
-listing (``GET /batches``) and downloads an output or error file (``GET /files/{id}/content``). Each call
+listing (``GET /batches``) and streams an output or error file to disk (``GET /files/{id}/content``). Each call
 is retried on ``429``, ``5xx``, timeouts and dropped connections as the live client retries a row
 (``max_attempts``, ``Retry-After`` or jittered backoff), and fails with :class:`BatchApiError` otherwise.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any, Mapping
+from typing import Any, BinaryIO, Mapping
 
 from pipeline.endpoint.config import EndpointConfig
 from pipeline.endpoint.limits import backoff_delay, retry_after_seconds
@@ -133,9 +133,34 @@ class BatchApi:
             after = str(data[-1].get("id"))
         return None
 
-    def content(self, file_id: str) -> bytes:
-        """The bytes of an output or error file."""
-        return self._call("GET", f"/files/{file_id}/content", what="download").content
+    def download(self, file_id: str, sink: BinaryIO) -> int:
+        """Stream an output or error file into ``sink`` (from its start again on each retry); the bytes written.
+        An output file of embeddings runs to gigabytes: it never sits in memory whole."""
+        import httpx
+
+        cfg, last = self.config, "no attempt"
+        with self._client() as client:
+            for attempt in range(cfg.max_attempts):
+                self.calls["download"] = self.calls.get("download", 0) + 1
+                sink.seek(0)
+                sink.truncate()
+                try:
+                    with client.stream("GET", f"/files/{file_id}/content") as response:
+                        if response.status_code < 300:
+                            written = 0
+                            for chunk in response.iter_bytes(1 << 20):
+                                written += sink.write(chunk) or 0
+                            return written
+                        text = response.read().decode(errors="replace")
+                        last = self._scrub(error_message(response.status_code, text))
+                        if response.status_code not in _RETRIED and response.status_code < 500:
+                            raise BatchApiError(f"download: GET {cfg.base_url}/files/{file_id}/content answered {last}")
+                except httpx.TransportError as exc:
+                    last = f"{type(exc).__name__}: {self._scrub(str(exc)) or 'connection dropped'}"
+                if attempt + 1 < cfg.max_attempts:
+                    time.sleep(backoff_delay(attempt, base=cfg.backoff_s, cap=cfg.max_backoff_s, rng=self.rng))
+        raise BatchApiError(f"download: GET {cfg.base_url}/files/{file_id}/content failed {cfg.max_attempts} times; "
+                            f"the last: {last}")
 
     def _scrub(self, text: str) -> str:
         secret = self.config.secret()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from pipeline.endpoint.batch_wire import DONE_STATES, cut_files, read_result, usage_tokens
 from pipeline.endpoint.batches import BatchApi
@@ -140,16 +140,28 @@ def wait(driver: Driver, *, max_wait_s: float | None) -> tuple[int, float]:
         waited = time.monotonic() - started
         if not left or (max_wait_s is not None and waited >= max_wait_s):
             return left, waited
-        driver.between()  # a SIGTERM stops the run here: the batches stay journaled for the rerun
-        driver.sleep(delay)
+        _nap(driver, delay)
         delay = cfg.poll_s if changed else min(delay * 2, cfg.max_poll_s)
+
+
+def _nap(driver: Driver, seconds: float) -> None:
+    """Sleep ``seconds`` between polls, a second at a time: a SIGTERM stops the run within a second (the
+    batches stay at the provider and in the journal, for the rerun)."""
+    end = time.monotonic() + seconds
+    while True:
+        driver.between()
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        driver.sleep(min(left, 1.0))
 
 
 def collect(driver: Driver, batch: BatchFile) -> None:
     """Download an ended batch's output and error files into the journal, then mark it collected."""
-    output = driver.api.content(batch.output_file_id) if batch.output_file_id else b""
-    errors = driver.api.content(batch.error_file_id) if batch.error_file_id else b""
-    driver.log.save_results(batch, output=output, errors=errors)
+    for suffix, file_id in (("output", batch.output_file_id), ("errors", batch.error_file_id)):
+        with driver.log.result_file(batch, suffix) as sink:
+            if file_id:
+                driver.api.download(file_id, sink)
     answered = failed = tokens = 0
     for line in driver.log.result_lines(batch):
         result = read_result(line)
@@ -243,14 +255,11 @@ def write_answers(log: BatchLog, found: Verdicts) -> None:
     files = [f for f in log.files() if f.collected]
     if log.answers_done(files):
         return
-    parts: list[tuple[str, list[str]]] = []
-    for batch in files:
-        lines = []
+    def answered_in(batch: BatchFile) -> Iterator[str]:
         for line in log.result_lines(batch):
             result = read_result(line)
             if result.answer is not None and found.answered.get(result.key) == batch.n:
-                lines.append(answer_line(result.key, answer=result.answer))
-        parts.append((f"{batch.n:05d}", lines))
-    failed = [answer_line(k, error=why) for k, (why, _) in sorted(found.failed.items()) if k not in found.answered]
-    parts.append(("failed", failed))
-    log.write_answers(parts, files)
+                yield answer_line(result.key, answer=result.answer)
+
+    failed = (answer_line(k, error=why) for k, (why, _) in sorted(found.failed.items()) if k not in found.answered)
+    log.write_answers([*((f"{b.n:05d}", answered_in(b)) for b in files), ("failed", failed)], files)

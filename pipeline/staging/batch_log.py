@@ -15,16 +15,19 @@ with another number of tasks, finds it), written from the driver:
 - ``answers/part-<n>.jsonl``, ``answers/part-failed.jsonl``: one line per request key, its answer or why
   there is none, the input the scoring pass joins to the rows by key (``answers/_done.json`` once whole).
 
-Every file is written by :func:`pipeline.staging.layout.write_atomic`. Plain values in; no Spark.
+Every file is written whole or not at all (:func:`pipeline.staging.layout.write_atomic`; the provider's result
+files and the answers streamed the same way: a temp file, fsync, rename). Plain values in; no Spark.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import uuid
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, BinaryIO, Iterable, Iterator
 
 from pipeline.staging.layout import read_json, write_atomic
 from pipeline.staging.plans import StagePlan
@@ -41,6 +44,20 @@ def batch_plan(*, run_key: str, source_version: str | None, task_fingerprint: st
     """The plan whose folder holds a run's batch journal: one per run key (no rows or tasks in its key)."""
     return StagePlan(run_key=run_key, source_version=source_version, task_fingerprint=task_fingerprint, rows=0,
                      tasks=0, job=job, ds=ds, drills=_BATCH_PLAN)
+
+
+@contextmanager
+def _atomic(path: Path) -> Iterator[BinaryIO]:
+    """A file written in place of ``path`` whole or not at all (as :func:`write_atomic`, streamed)."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 @dataclass
@@ -147,9 +164,18 @@ class BatchLog:
         write_atomic(self.folder / f"{batch.name}.json", json.dumps(asdict(batch), sort_keys=True).encode())
 
     def save_results(self, batch: BatchFile, *, output: bytes, errors: bytes) -> None:
-        """The provider's output and error files of ``batch``, as downloaded (before the state says collected)."""
-        write_atomic(self.folder / f"{batch.name}.output.jsonl", output)
-        write_atomic(self.folder / f"{batch.name}.errors.jsonl", errors)
+        """The provider's output and error files of ``batch`` from bytes (see :meth:`result_file`)."""
+        for suffix, data in (("output", output), ("errors", errors)):
+            with self.result_file(batch, suffix) as f:
+                f.write(data)
+
+    @contextmanager
+    def result_file(self, batch: BatchFile, suffix: str) -> Iterator[BinaryIO]:
+        """A file to download ``batch``'s ``output`` or ``errors`` file into: in place, whole, once the block
+        ends without an error (a temp file, fsync, rename); nothing when it fails."""
+        path = self.folder / f"{batch.name}.{suffix}.jsonl"
+        with _atomic(path) as f:
+            yield f
 
     def result_lines(self, batch: BatchFile) -> Iterator[str]:
         """The lines of ``batch``'s output file, then of its error file."""
@@ -171,15 +197,17 @@ class BatchLog:
         done = read_json(Path(self.answers_dir) / _DONE)
         return isinstance(done, dict) and done.get("files") == sorted(f.n for f in files)
 
-    def write_answers(self, parts: Iterable[tuple[str, list[str]]], files: Iterable[BatchFile]) -> None:
-        """Replace ``answers/`` with ``parts`` (``(part name, JSON lines)``), then mark it whole."""
+    def write_answers(self, parts: Iterable[tuple[str, Iterable[str]]], files: Iterable[BatchFile]) -> None:
+        """Replace ``answers/`` with ``parts`` (``(part name, JSON lines)``, streamed), then mark it whole."""
         folder = Path(self.answers_dir)
         folder.mkdir(exist_ok=True)
         (folder / _DONE).unlink(missing_ok=True)
         keep = set()
         for name, lines in parts:
             keep.add(f"part-{name}.jsonl")
-            write_atomic(folder / f"part-{name}.jsonl", "".join(f"{line}\n" for line in lines).encode())
+            with _atomic(folder / f"part-{name}.jsonl") as f:
+                for line in lines:
+                    f.write(f"{line}\n".encode())
         for path in folder.glob("part-*.jsonl"):
             if path.name not in keep:
                 os.remove(path)
