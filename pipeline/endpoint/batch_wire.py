@@ -70,6 +70,8 @@ def read_result(line: str) -> Result:
     'HTTP 400: bad request: no model'
     >>> read_result('{"custom_id": "k", "response": {"status_code": 503, "body": null}, "error": null}').retry
     True
+    >>> read_result('{"custom_id": "k", "response": {"status_code": 400, "body": {"error": "bad"}}}').retry
+    False
     """
     entry = json.loads(line)
     if not isinstance(entry, Mapping) or not entry.get("custom_id"):
@@ -84,7 +86,8 @@ def read_result(line: str) -> Result:
     code = entry["error"].get("code") if isinstance(entry.get("error"), Mapping) else None
     if status:
         text = f"HTTP {status}: {detail}"
-        retry = status in _RETRIED_STATUS or status >= 500
+        # a 200 without a body is the provider's fault, as a 429 or a 5xx is; any other 4xx is the request's
+        retry = status == 200 or status in _RETRIED_STATUS or status >= 500
     else:
         text = f"{code}: {detail}" if code else detail
         retry = code in RETRIED_CODES or code is None
