@@ -116,6 +116,7 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", log: RunLog, re
         plan = plan_run(prep, identified)
         checkpoint.staging_dir = plan.staging_dir
         if batch_mode(prep) and plan.rows_in:  # a served model's batch API: submitted, waited for, collected
+            checkpoint.batches = True
             waited = run_batches(prep, plan)
             if isinstance(waited, BatchesPending):
                 return pending_summary(prep, plan, waited, recorder=recorder)
@@ -152,4 +153,7 @@ def _stopped_message(checkpoint: Checkpoint) -> str:
     where = (f"{staged} finished inference task(s) are staged in {checkpoint.staging_dir}, and a rerun of the same "
              "command reuses them" if checkpoint.staging_dir
              else "nothing is staged (staging off), so a rerun scores every row again")
+    if checkpoint.batches:
+        where += ("; the batches submitted so far stay at the provider, journaled there too: the rerun polls and "
+                  "collects them, submitting nothing again")
     return f"stopped by SIGTERM before its commit: nothing was committed; {where}. Resume: rerun the same command"

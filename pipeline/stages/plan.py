@@ -91,6 +91,8 @@ class Checkpoint:
 
     staging_dir: str | None = None
     committing: bool = False
+    # a served model in batch mode got to its batches (submitted or about to be): a stop leaves them at the provider
+    batches: bool = False
 
 
 @dataclass(frozen=True)

@@ -345,3 +345,50 @@ def test_a_runs_batch_journal_goes_with_its_staging_and_a_file_dropped_in_it_sta
         OWNER_FILE, f"{folder.name}/answers/notes.txt", f"{folder.name}/plan.json"])
     (folder / "answers" / "notes.txt").unlink()
     assert remove_run(str(root), "sbi-k") == [] and not root.exists()
+
+
+def test_a_run_past_max_wait_ends_submitted_a_sigterm_stops_the_wait_and_the_next_run_collects(spark, tmp_path,
+                                                                                              server):
+    """``batch.max_wait_s`` passed with the batch still running: the run ends like ``--submit-only`` (outcome
+    ``submitted``); the rerun, SIGTERMed while it polls, stops (``stopped``), naming the batches left running;
+    the third run collects the one batch and commits."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from pipeline.errors import RunStopped
+    from pipeline.runner import run_job
+    from pipeline.runs import read_runs
+
+    settings = dict(kind="generate", texts=reviews("waits", 5), task={"template": "Summarise: {text}",
+                                                                   "max_new_tokens": 8})
+    since = server.mark()
+    server.hold.clear()
+    waited = run_job(job(tmp_path, server, **settings, batch={"max_wait_s": 0.5}), spark=spark, out=io.StringIO())
+    assert waited.batch_api["pending"] == 1 and "still running after" in waited.batch_api["pending_reason"]
+    assert read_runs(str(tmp_path / "out_runs"))[-1]["outcome"] == "submitted"
+    batch_id = server.creates(since)[0]["batch_id"]
+    polls = server.polls[batch_id]
+
+    def stop() -> None:
+        deadline = time.monotonic() + 300
+        while server.polls[batch_id] < polls + 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)  # a SIGTERM outside the run must not end pytest
+    stopper = threading.Thread(target=stop, daemon=True)
+    try:
+        stopper.start()
+        with pytest.raises(RunStopped, match="the batches submitted so far stay at the provider"):
+            run_job(job(tmp_path, server, **settings, batch={"poll_s": 0.5, "max_poll_s": 30}), spark=spark,
+                    out=io.StringIO())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    stopper.join(timeout=5)
+    assert read_runs(str(tmp_path / "out_runs"))[-1]["outcome"] == "stopped"
+    server.hold.set()
+    summary = run_job(job(tmp_path, server, **settings), spark=spark, out=io.StringIO())
+    assert summary.complete and [c["batch_id"] for c in server.creates(since)] == [batch_id]
+    assert all(r["status"] == "ok" for r in every_id_once(tmp_path, 5)[0].values())
