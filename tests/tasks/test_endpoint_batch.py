@@ -392,3 +392,21 @@ def test_a_run_past_max_wait_ends_submitted_a_sigterm_stops_the_wait_and_the_nex
     summary = run_job(job(tmp_path, server, **settings), spark=spark, out=io.StringIO())
     assert summary.complete and [c["batch_id"] for c in server.creates(since)] == [batch_id]
     assert all(r["status"] == "ok" for r in every_id_once(tmp_path, 5)[0].values())
+
+
+def test_mode_changes_the_run_key_not_the_fingerprint_and_batch_settings_change_neither(tmp_path, server):
+    """A run switched to the other mode is another logical run (its own staging and journal), and its rows the
+    same output for incremental runs; the batch API's limits and waits may change between tries of one run."""
+    from pipeline.config import build_config
+    from pipeline.fingerprint import task_fingerprint
+    from pipeline.identity import run_identity
+
+    def ident(**settings):
+        config = build_config(raw_job(tmp_path, server, kind="generate", texts=["a"], **settings))
+        return (run_identity(config, model_revision="r", source_snapshot="s", try_id="t").run_key,
+                task_fingerprint(config, revision="r"))
+
+    batch, live = ident(), ident(mode="live")
+    assert batch[0] != live[0] and batch[1] == live[1]
+    assert ident(batch={"max_requests_per_file": 10, "max_wait_s": 60, "resubmits": 0}) == batch
+    assert ident(run={"submit_only": True}) == batch
