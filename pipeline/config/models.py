@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, PrivateAttr, SerializeAsAny, field_validator, model_validator
 
-from pipeline.config.base import LOCATION, ConfigSection
+from pipeline.config.base import WRITES, ConfigSection
 from pipeline.config.data import SinkConfig, SourceConfig, StorageConfig
 from pipeline.config.inference import BatchingConfig, ModelConfig
 from pipeline.config.kinds import known_kinds, task_config_class
@@ -134,7 +134,7 @@ class RunConfig(ConfigSection):
                              "driver stage (see docs/logging.md)")
     summary_path: str | None = Field(
         None, description="also write the summary as JSON: a local path or an `s3://`/`s3a://` object",
-        json_schema_extra=LOCATION)
+        json_schema_extra=WRITES)
     incremental: bool = Field(
         False, description="score only rows whose (id, content hash) the output lacks for this task fingerprint "
         "(model revision and the settings that change results: see \"Incremental runs\")")
@@ -160,10 +160,10 @@ class RunConfig(ConfigSection):
         default_factory=dict, description="fault injection for drills and tests (see `pipeline/faults.py`)")
     runs_path: str | None = Field(
         None, description="Delta table with one row per run (see `pipeline/runs.py`); none: "
-        "`<run.state_path>/<job>/runs`, else `<sink.path>_runs`", json_schema_extra=LOCATION)
+        "`<run.state_path>/<job>/runs`, else `<sink.path>_runs`", json_schema_extra=WRITES)
     report_path: str | None = Field(
         None, description="write this run's HTML report there at the end: a local path or an `s3://`/`s3a://` "
-                          "object (see `pipeline/report/`)", json_schema_extra=LOCATION)
+                          "object (see `pipeline/report/`)", json_schema_extra=WRITES)
     mlflow: MlflowConfig | None = Field(
         None, description="log params, metrics and the report to MLflow (needs `mlflow-skinny`); none: no logging")
     staging: bool = Field(
@@ -172,7 +172,7 @@ class RunConfig(ConfigSection):
     staging_path: str | None = Field(
         None, description="folder of the staged task output (local or mounted; every executor must reach it); "
                           "none: `<run.state_path>/<job>/staging`, else `<sink.path>_staging`",
-        json_schema_extra=LOCATION)
+        json_schema_extra=WRITES)
     max_tokens: int | None = Field(
         None, gt=0, description="endpoint backend: the most tokens (prompt + completion) this try may spend on the "
         "server; once the next request could pass it the run stops, commits nothing and keeps what it was answered "
@@ -191,7 +191,7 @@ class RunConfig(ConfigSection):
         "`/Volumes/main/sbi/state`, mounted on every executor): the runs table `<state_path>/<job>/runs` and the "
         "staging folder `.../staging`, and for a catalog-table sink (`sink.table`) the quarantine "
         "`.../quarantine`, where `run.runs_path`, `run.staging_path` and `sink.quarantine_path` are not set",
-        json_schema_extra=LOCATION)
+        json_schema_extra=WRITES)
     record: Literal["required", "best_effort"] = Field(
         "required", description="`required`: a runs-table row that cannot be written fails the run (the "
         "`started` row before any work; the final row after the commit, which stands: the error says so), since "

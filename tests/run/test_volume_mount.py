@@ -72,24 +72,33 @@ def _job(tmp_path: Path, model: Path, root: Path, *, writer: str, ds: str, run_i
 def test_without_the_connector_a_run_it_cannot_record_there_fails_before_any_work(shim: Path, tmp_path: Path,
                                                                                    tiny_embed_model: Path) -> None:
     """deltalake cannot commit the runs table on the mount and a jar-free session cannot write it through the
-    connector: under run.record: required the run stops before any work, naming os error 38 and what to do;
-    best_effort runs unrecorded and says so."""
+    connector: under run.record: required the run stops before any work, naming os error 38 and what to do.
+    best_effort runs unrecorded and says so; its executors stage through the mount (rows and markers written in
+    place), so a rerun of a run that died before its commit reuses every task."""
     root = _volume(tmp_path)
     write_delta(tmp_path / "docs", make_documents(20))
     runs = root / "state" / "score_documents" / "runs"
-    jobs = [_job(tmp_path, tiny_embed_model, root / "required", writer="deltalake", ds="2026-11-29", run_id="r1"),
-            _job(tmp_path, tiny_embed_model, tmp_path, writer="deltalake", ds="2026-11-29", run_id="r2",
-                 record="best_effort", state_path=str(root / "state"))]
-    found = run_on_volume(shim, root, {"what": "jobs", "jobs": jobs, "runs_path": str(runs)}, timeout_s=420,
-                          env={"SBI_NO_JARS": "1"})
-    required, best_effort = found["results"]
-    assert required["ok"] is False and required["error"] == "RecordError", required
-    assert "could not write the 'started' row of run r1 to the runs table" in required["message"]
-    assert "the mount refused deltalake's commit (DeltaError: " in required["message"]
-    assert "os error 38" in required["message"] and "which this session lacks" in required["message"]
-    assert "Nothing was run" in required["message"] and not (root / "required" / "warehouse").exists()
-    assert best_effort["ok"] is True and best_effort["rows_out"] == 20, best_effort
-    assert f"runs table              : not recorded at {runs}" in best_effort["log"]
+    required = _job(tmp_path, tiny_embed_model, root / "required", writer="deltalake", ds="2026-11-29", run_id="r1")
+    died, rerun = (_job(tmp_path, tiny_embed_model, tmp_path, writer="deltalake", ds="2026-11-29", run_id=run_id,
+                        record="best_effort", state_path=str(root / "state"), **faults)
+                   for run_id, faults in (("died", {"faults": {"fail_before_commit": True}}), ("rerun", {})))
+    died["source"]["repartition"] = rerun["source"]["repartition"] = 2
+    found = run_on_volume(shim, root, {"what": "jobs", "jobs": [required, died, rerun], "runs_path": str(runs),
+                                       "executors_on_volume": True}, timeout_s=560, env={"SBI_NO_JARS": "1"})
+    refused, failed, resumed = found["results"]
+    assert refused["ok"] is False and refused["error"] == "RecordError", refused
+    assert "could not write the 'started' row of run r1 to the runs table" in refused["message"]
+    assert "the mount refused deltalake's commit (DeltaError: " in refused["message"]
+    assert "os error 38" in refused["message"] and "which this session lacks" in refused["message"]
+    assert "Nothing was run" in refused["message"] and not (root / "required" / "warehouse").exists()
+    # the executors staged both tasks through the mount (the rows file under its temp name), the rerun reused them
+    assert failed["error"] == "InjectedFaultError", failed
+    staged = failed["staged"]
+    assert len([f for f in staged if f.endswith(".done.json")]) == 2, staged
+    assert len([f for f in staged if f.endswith(".arrow.tmp")]) == 2, staged
+    assert resumed["ok"] is True and resumed["rows_out"] == 20 and resumed["resumed_tasks"] == 2, resumed
+    assert "staging off" not in resumed["log"]
+    assert f"runs table              : not recorded at {runs}" in resumed["log"]
     assert not (runs / "_delta_log").is_dir()
 
 
@@ -99,26 +108,17 @@ def test_the_runs_table_is_written_and_read_back_on_the_volume_like_mount(shim: 
                                                                           tiny_embed_model: Path) -> None:
     """A job whose output, runs table and staging are on the mount (the bundle's layout on a Volume) records both
     nights through the session's Delta connector; the runs table reads back with deltalake through the mount, and
-    the second night's drift gate has the first as its history. Executors stage through the mount too."""
+    the second night's drift gate has the first as its history."""
     root = _volume(tmp_path)
     write_delta(tmp_path / "docs", make_documents(20))
     runs = root / "state" / "score_documents" / "runs"
-    died = _job(tmp_path, tiny_embed_model, root, writer="delta", ds="2026-11-29", run_id="died",
-                faults={"fail_before_commit": True})  # every task scored and staged, the driver dies before its commit
-    died["source"]["repartition"] = 2
-    jobs = [died, *[_job(tmp_path, tiny_embed_model, root, writer="delta", ds=ds, run_id=run_id)
-                    for ds, run_id in (("2026-11-29", "night1"), ("2026-11-30", "night2"))]]
-    jobs[1]["source"]["repartition"] = 2
+    jobs = [_job(tmp_path, tiny_embed_model, root, writer="delta", ds=ds, run_id=run_id)
+            for ds, run_id in (("2026-11-29", "night1"), ("2026-11-30", "night2"))]
     found = run_on_volume(shim, root, {"what": "jobs", "jobs": jobs, "runs_path": str(runs),
-                                       "executors_on_volume": True}, timeout_s=580)
-    failed, first, second = found["results"]
-    assert failed["error"] == "InjectedFaultError" and first["ok"] and second["ok"], found["results"]
-    # the executors staged both tasks through the mount (marker and rows file in place), and the rerun reused them
-    markers = [f for f in failed["staged"] if f.endswith(".done.json")]
-    assert len(markers) == 2 and len([f for f in failed["staged"] if f.endswith(".arrow.tmp")]) == 2, failed["staged"]
-    assert first["resumed_tasks"] == 2 and first["rows_out"] == 20, first
-    assert "staging off" not in first["log"] + second["log"]
-    assert [(r["run_id"], r["outcome"]) for r in found["runs"]] == [("died", "failed"), ("night1", "ok"),
-                                                                    ("night2", "ok")], found["runs"]
+                                       "executors_on_volume": True}, timeout_s=560)
+    first, second = found["results"]
+    assert first["ok"] and second["ok"], found["results"]
+    assert [(r["run_id"], r["outcome"]) for r in found["runs"]] == [("night1", "ok"), ("night2", "ok")], found["runs"]
     assert f"runs table              : {runs} (version" in second["log"]
     assert second["drift"]["history"] == ["night1"], second["drift"]
+    assert "staging off" not in first["log"] + second["log"]

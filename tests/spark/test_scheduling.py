@@ -228,7 +228,7 @@ def test_each_bundle_job_resolves_every_path_from_the_bundles_variables(name: st
             yield where, value
 
     unlisted = {k: v for k, v in strings(dumped) if _PATH_LIKE.fullmatch(v) and k not in locations}
-    assert not unlisted, f"path-like values no LOCATION field names: {unlisted}"
+    assert not unlisted, f"path-like values no READS or WRITES field names: {unlisted}"
     # nothing of the demo's narrowing survives into the platform's job
     assert config.source.limit is None and config.source.where is None
     # the state Volume is used: the runs table and staging are there, and the recorder writes that table
