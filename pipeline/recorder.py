@@ -4,6 +4,7 @@ The runner's whole use of this module::
 
     recorder = RunRecorder.begin(config, run_id=run_id, ds=ds, out=out)   # "started" row
     recorder.note(model_name=..., model_revision=..., spark=spark)         # as they become known
+    recorder.flush()                                                        # a started row that waited
     recorder.end(summary=summary)  or  recorder.end(error=exc)              # final row, report, MLflow
 
 A row that cannot be written fails the run under ``run.record: required`` (the default): the drift gate's
@@ -37,10 +38,10 @@ class RunRecorder:
 
     The rows go with deltalake from the driver, or through the run's Spark session and its Delta connector where
     deltalake cannot commit (:func:`pipeline.runs.through_spark`: ``abfss://``, a Unity Catalog Volume, or a mount
-    that refused deltalake's commit): such a row waits for the session (:meth:`note`), which the run has before
-    any Spark work. Under ``run.record: required`` a row that cannot be written raises :class:`RecordError`
-    (never while the run already fails: that row's failure is a line), else it logs one warning line (to the
-    run's ``log``, else to ``out``: :class:`pipeline.logs.RunLog`) and the run goes on.
+    that refused deltalake's commit): such a ``started`` row waits for the session and the pre-flight
+    (:meth:`flush`), before any Spark work. Under ``run.record: required`` a row that cannot be written raises
+    :class:`RecordError` (never while the run already fails: that row's failure is a line), else it logs one
+    warning line (to the run's ``log``, else to ``out``: :class:`pipeline.logs.RunLog`) and the run goes on.
     """
 
     def __init__(self, config: "JobConfig", *, run_id: str, ds: dt.date, out: TextIO | None = None,
@@ -77,14 +78,17 @@ class RunRecorder:
         self._write("started")
 
     def note(self, *, spark: Any = None, **fields: Any) -> None:
-        """Remember what becomes known during the run (``model_name``, ``model_revision``, the session); the
-        session writes the ``started`` row that waited for it."""
+        """Remember what becomes known during the run (``model_name``, ``model_revision``, the session)."""
         if spark is not None:
             self.session = spark
             app_id, master = spark_identity(spark)
             fields.update(spark_app_id=app_id, spark_master=master)
         self.fields.update(fields)
-        if spark is not None and self.pending:
+
+    def flush(self) -> None:
+        """Write the ``started`` row that waited for the session (:attr:`via_spark`), once the run has it and has
+        passed its pre-flight: before any Spark work. Nothing to do when it was written at :meth:`begin`."""
+        if self.pending:
             self._write("started")
 
     def end(self, *, summary: "RunSummary | None" = None, error: BaseException | None = None) -> None:

@@ -223,9 +223,12 @@ def write_run_row_through_spark(spark: Any, path: str, row: Mapping[str, Any]) -
     """:func:`write_run_row` through ``spark``'s Delta connector: insert ``row`` or replace its ``run_id``'s in one
     ``MERGE`` (schema evolution on: an older table gains the newer columns); a missing table is created by an
     append, and a run that loses that race merges. Returns the table's version after the write."""
+    from pipeline.io.delta.connector import plain_string_types
+
     location = resolve_location(path)
     name = f"delta.`{location}`"
-    df = spark.createDataFrame(pa.Table.from_pylist([dict(row)], schema=RUNS_SCHEMA))
+    # strings spelled plainly: a Connect session's "string collate UTF8_BINARY" is a type deltalake cannot read
+    df = plain_string_types(spark.createDataFrame(pa.Table.from_pylist([dict(row)], schema=RUNS_SCHEMA)))
     view = f"sbi_run_row_{uuid.uuid4().hex[:12]}"
     df.createOrReplaceTempView(view)
     try:

@@ -7,6 +7,7 @@ import io
 import json
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from pipeline.config import load_config
@@ -317,3 +318,30 @@ def test_every_row_records_what_the_run_ran_with_and_an_older_table_gains_the_co
     recorded = json.loads(rows["r1"]["versions"])
     assert {"spark_batch_inference", "pyspark", "torch", "transformers", "python"} <= set(recorded)
     assert recorded == runtime_versions()
+
+
+@pytest.mark.connector
+def test_the_runs_table_through_the_connector_on_both_session_kinds(any_spark, tmp_path: Path) -> None:
+    """The connector's runs table (a Volume's, an abfss:// one): created by the first row, the started row replaced
+    by the final one in one MERGE, an older table's missing columns added, and every row read back by deltalake
+    (the report and the drift gate read it so), from a classic and a Spark Connect session alike."""
+    from pipeline.runs import write_run_row_through_spark
+
+    config = job_config(tmp_path)
+    path = str(tmp_path / "runs")
+    started = run_row(config=config, run_id="r1", ds=dt.date(2026, 11, 30), started_at=dt.datetime.now(dt.timezone.utc),
+                      outcome="started")
+    old = {k: v for k, v in started.items() if k not in ("versions", "profile", "drift")}
+    any_spark.createDataFrame(pa.Table.from_pylist([old], schema=pa.schema(
+        [f for f in RUNS_SCHEMA if f.name in old]))).write.format("delta").save(path)  # a table from before
+    final = run_row(config=config, run_id="r1", ds=dt.date(2026, 11, 30), started_at=started["started_at"],
+                    outcome="ok", ended_at=dt.datetime.now(dt.timezone.utc), summary=summary("r1"),
+                    model_name="tiny")
+    quality = quality_record()
+    final.update(profile=json.dumps(quality["profile"]), drift=json.dumps(quality["drift"]))
+    version = write_run_row_through_spark(any_spark, path, final)
+    write_run_row_through_spark(any_spark, path, {**started, "run_id": "r2"})
+    rows = {r["run_id"]: r for r in read_runs(path)}
+    assert version == 1 and set(rows) == {"r1", "r2"}
+    assert rows["r1"]["outcome"] == "ok" and rows["r1"]["rows_in"] == 100 and json.loads(rows["r1"]["profile"])
+    assert rows["r2"]["outcome"] == "started" and rows["r1"]["versions"]

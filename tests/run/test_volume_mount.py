@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.data import CONNECTOR_RUN, make_documents, write_delta
+from tests.support.data import make_documents, write_delta
 from tests.support.volume import build_shim, run_on_volume
 
 
@@ -103,7 +103,6 @@ def test_without_the_connector_a_run_it_cannot_record_there_fails_before_any_wor
 
 
 @pytest.mark.connector
-@pytest.mark.skipif(not CONNECTOR_RUN, reason="the connector run (SBI_TEST_CONNECTOR=1) has the connector's jars")
 def test_the_runs_table_is_written_and_read_back_on_the_volume_like_mount(shim: Path, tmp_path: Path,
                                                                           tiny_embed_model: Path) -> None:
     """A job whose output, runs table and staging are on the mount (the bundle's layout on a Volume) records both
