@@ -67,7 +67,7 @@ RUN_KEY_IGNORES: Mapping[str, frozenset[str] | None] = {
     "run": frozenset({"run_id", "progress", "progress_interval_s", "sample_rows", "log_format", "summary_path",
                       "faults", "runs_path", "report_path", "mlflow", "staging", "staging_path",
                       "staging_max_age_hours", "min_rows_fraction", "allow_empty", "max_tokens", "quality",
-                      "accept_drift", "submit_only"}),
+                      "accept_drift", "record", "submit_only"}),
 }
 # what the runs table's config hash leaves out: the run's date and try, how the store is reached, and how the
 # run's lines look (a nightly job switched to JSON lines keeps its hash)

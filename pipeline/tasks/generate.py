@@ -22,6 +22,7 @@ import pyarrow as pa
 from pydantic import Field, model_validator
 
 from pipeline.config import BatchingConfig, ModelConfig, TaskConfig
+from pipeline.config.base import READS
 from pipeline.endpoint.config import EndpointConfig
 from pipeline.generation.config import VllmConfig
 from pipeline.generation.engine import GenerationResult
@@ -63,7 +64,7 @@ class GenerateTaskConfig(TaskConfig):
         "the worker imports it, else transformers)")
     gguf: str | None = Field(
         None, description="int4 / llama_cpp: the .gguf file (or `package:<module>/<file>`); none: a *.gguf in the "
-        "model folder, else the file the folder was converted from (jobs/prepare_llm.py)")
+        "model folder, else the file the folder was converted from (jobs/prepare_llm.py)", json_schema_extra=READS)
     # vLLM always batches continuously
     mode: Literal["static", "continuous"] = Field(
         "continuous", description="transformers backend: `continuous` (finished rows leave, queued prompts join "
