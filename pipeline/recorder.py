@@ -93,7 +93,8 @@ class RunRecorder:
 
     def end(self, *, summary: "RunSummary | None" = None, error: BaseException | None = None) -> None:
         """Write the final row (``ok``; ``failed`` with ``error``; ``stopped`` when a SIGTERM stopped it; ``refused``
-        when the drift gate did), then the report and MLflow if configured.
+        when the drift gate did; ``submitted`` when a served model's batches are still at the provider), then the
+        report and MLflow if configured.
 
         Raises :class:`RecordError` when the row of a run that ended without an error could not be written and
         ``run.record`` is ``required`` (after the report and MLflow: what the run committed stands)."""
@@ -102,8 +103,10 @@ class RunRecorder:
         summary = summary or self.summary
         # a run stopped by SIGTERM or by its token budget is resumable, not broken: "stopped"
         stopped = isinstance(error, RunStopped) or (error is not None and type(error).__name__ == "TokenBudgetReached")
+        # a served model's batches still at the provider (--submit-only): nothing committed, collected by a rerun
+        pending = error is None and summary is not None and bool(summary.batch_api.get("pending_reason"))
         outcome = ("refused" if isinstance(error, DriftRefused) else "stopped" if stopped
-                   else "failed" if error is not None else "ok")
+                   else "failed" if error is not None else "submitted" if pending else "ok")
         self._write(outcome, raising=False, summary=summary, error=error, ended_at=dt.datetime.now(dt.timezone.utc))
         if self.row is None:
             return

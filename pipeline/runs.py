@@ -65,7 +65,8 @@ _TS = pa.timestamp("us", tz="UTC")
 RUNS_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("job", pa.string()), ("ds", pa.date32()),
     # started | ok | failed | stopped (SIGTERM or run.max_tokens: nothing committed, resumable) | refused (the drift
-    # gate: nothing committed, the scored rows staged for --accept-drift)
+    # gate: nothing committed, the scored rows staged for --accept-drift) | submitted (a served model's batches are
+    # at the provider, --submit-only: nothing committed, the same command again collects and commits)
     ("outcome", pa.string()),
     ("started_at", _TS), ("ended_at", _TS), ("seconds", pa.float64()),
     ("error_class", pa.string()), ("error_message", pa.string()),
@@ -85,6 +86,8 @@ RUNS_SCHEMA = pa.schema([
     # JSON: the output's profile (pipeline.sketches) and its drift verdict against the job's history
     # (pipeline.drift); a table from before gains the columns on its next write
     ("profile", pa.string()), ("drift", pa.string()),
+    # JSON: a served model in batch mode: its batches, their states, tokens and the wait (RunSummary.batch_api)
+    ("batch_api", pa.string()),
 ])
 
 
@@ -119,7 +122,7 @@ def run_row(
     if summary is not None:
         s = summary
         rest = s.to_dict()
-        for key in ("samples", "batch_metrics", "status", "config", "quality"):
+        for key in ("samples", "batch_metrics", "status", "config", "quality", "batch_api"):
             rest.pop(key, None)
         _quality_columns(row, s.quality)
         row.update(
@@ -132,6 +135,7 @@ def run_row(
             model_loads=sum(s.model_loads.values()), workers=len(s.model_loads),
             output=s.output, delta_version=s.delta_version, writer=s.writer,
             batch_metrics=json.dumps(s.batch_metrics, default=str),
+            batch_api=json.dumps(s.batch_api, default=str, sort_keys=True) if s.batch_api else None,
             summary_json=json.dumps(rest, default=str, sort_keys=True),
         )
     return row

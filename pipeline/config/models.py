@@ -176,7 +176,12 @@ class RunConfig(ConfigSection):
     max_tokens: int | None = Field(
         None, gt=0, description="endpoint backend: the most tokens (prompt + completion) this try may spend on the "
         "server; once the next request could pass it the run stops, commits nothing and keeps what it was answered "
-        "(staged tasks, the request journal), so a rerun pays only for the rest; none: no budget")
+        "(staged tasks, the request journal), so a rerun pays only for the rest; in batch mode a request file whose "
+        "estimate would take this try's submissions past it is not submitted; none: no budget")
+    submit_only: bool = Field(
+        False, description="also `--submit-only`: `task.endpoint.mode: batch` only: submit the run's batches and end "
+        "(nothing committed, runs-table outcome `submitted`); the same command later, without it, collects the "
+        "answers and commits")
     quality: QualityConfig = Field(default_factory=QualityConfig,
                                    description="the output's profile and the drift gate before the commit")
     accept_drift: bool = Field(

@@ -34,7 +34,8 @@ from pipeline.tasks.job import TaskJob
 if TYPE_CHECKING:
     from pipeline.config import JobConfig
 
-__all__ = ["EndpointJob", "LoadedEndpoint", "attempt_client", "embed_rows", "generate_rows", "served_model"]
+__all__ = ["EndpointJob", "LoadedEndpoint", "attempt_client", "embed_rows", "embedding_calls", "generate_rows",
+           "generation_calls", "served_model"]
 
 # upper estimate of a prompt's tokens from its characters (BPE vocabularies average 3.5-4.5 characters a token
 # on English; chat templates add a few tokens per message)
@@ -167,10 +168,10 @@ def _finish(counts: WorkerCounts, client: EndpointClient, outcomes: Sequence[Out
             "the rows not answered yet")
 
 
-def generate_rows(task: Any, cols: Mapping[str, list[Any]], malformed: np.ndarray, counts: WorkerCounts,
-                  client: EndpointClient) -> tuple[list[Any], np.ndarray, np.ndarray]:
-    """``(results, status, error)`` for a generate/extract chunk on the endpoint backend (results in row order)."""
-    from pipeline.generation.engine import GenerationResult
+def generation_calls(task: Any, cols: Mapping[str, list[Any]],
+                     malformed: np.ndarray) -> tuple[list[int], list[Call], np.ndarray, np.ndarray]:
+    """``(rows sent, their calls, status, error)`` of a generate/extract chunk: the request of each row that
+    is sent (live, or in a batch API request file), and the status of each that is not."""
     from pipeline.generation.sampling import row_seed
     from pipeline.tasks._generate_chunk import row_budget
 
@@ -178,7 +179,6 @@ def generate_rows(task: Any, cols: Mapping[str, list[Any]], malformed: np.ndarra
     n = len(malformed)
     status = np.full(n, Status.OK, dtype=object)
     error = np.full(n, None, dtype=object)
-    results: list[Any] = [None] * n
     system, schema = task.system_prompt(), task.vllm_json_schema()
     build = chat_body if endpoint.api == "chat" else completion_body
     rows, calls = [], []
@@ -203,6 +203,19 @@ def generate_rows(task: Any, cols: Mapping[str, list[Any]], malformed: np.ndarra
         estimate = (len(prompt) + len(system or "")) // _CHARS_PER_TOKEN + _TEMPLATE_TOKENS + budget
         rows.append(i)
         calls.append(Call.of(endpoint.api_path(), body, estimate=estimate))
+    return rows, calls, status, error
+
+
+def generate_rows(task: Any, cols: Mapping[str, list[Any]], malformed: np.ndarray, counts: WorkerCounts,
+                  client: Any) -> tuple[list[Any], np.ndarray, np.ndarray]:
+    """``(results, status, error)`` for a generate/extract chunk on the endpoint backend (results in row order).
+
+    ``client``: an :class:`~pipeline.endpoint.EndpointClient` (live mode), or what replays a batch run's answers
+    (:class:`pipeline.tasks._endpoint_batch.AnswerClient`): the rows are parsed and checked the same way."""
+    from pipeline.generation.engine import GenerationResult
+
+    rows, calls, status, error = generation_calls(task, cols, malformed)
+    results: list[Any] = [None] * len(malformed)
 
     def usage(answer: Mapping[str, Any]) -> int:
         reply = read_generation(answer)
@@ -262,14 +275,13 @@ def _count_generation(counts: WorkerCounts, results: Sequence[Any], paid: int, s
                             seconds=seconds, padded_length=0)
 
 
-def embed_rows(task: Any, texts: Sequence[Any], malformed: np.ndarray, counts: WorkerCounts,
-               client: EndpointClient) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, np.ndarray]:
-    """``(embeddings of the ok rows, status, error, n_tokens)`` for an embed chunk on the endpoint backend."""
+def embedding_calls(task: Any, texts: Sequence[Any],
+                    malformed: np.ndarray) -> tuple[list[int], list[Call], np.ndarray, np.ndarray]:
+    """``(rows sent, their calls, status, error)`` of an embed chunk (one ``/embeddings`` request per row)."""
     endpoint = task.config.endpoint
     n = len(texts)
     status = np.full(n, Status.OK, dtype=object)
     error = np.full(n, None, dtype=object)
-    n_tokens = np.zeros(n, dtype=np.int32)
     rows, calls = [], []
     for i, value in enumerate(texts):
         text = _text(value)
@@ -283,6 +295,15 @@ def embed_rows(task: Any, texts: Sequence[Any], malformed: np.ndarray, counts: W
         rows.append(i)
         calls.append(Call.of("/embeddings", embedding_body(endpoint.model, text),
                              estimate=len(text) // _CHARS_PER_TOKEN + _TEMPLATE_TOKENS))
+    return rows, calls, status, error
+
+
+def embed_rows(task: Any, texts: Sequence[Any], malformed: np.ndarray, counts: WorkerCounts,
+               client: Any) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, np.ndarray]:
+    """``(embeddings of the ok rows, status, error, n_tokens)`` for an embed chunk on the endpoint backend."""
+    n = len(texts)
+    rows, calls, status, error = embedding_calls(task, texts, malformed)
+    n_tokens = np.zeros(n, dtype=np.int32)
     started = time.perf_counter()
     tokens_of = _safe(lambda a: read_embedding(a)[1])
     outcomes = client.run(calls, usage=tokens_of, on_done=_progress(counts, tokens_of), check=read_embedding)

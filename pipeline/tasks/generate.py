@@ -29,7 +29,7 @@ from pipeline.generation.engine import GenerationResult
 from pipeline.generation.prompts import template_fields
 from pipeline.metrics import WorkerCounts
 from pipeline.registry import register_task
-from pipeline.rows import STATUS_FIELDS
+from pipeline.rows import ANSWER_COLUMN, STATUS_FIELDS
 from pipeline.tasks._content import malformed_rows
 from pipeline.tasks._endpoint import EndpointJob
 from pipeline.tasks._generate_chunk import generate_chunk
@@ -53,7 +53,8 @@ class GenerateTaskConfig(TaskConfig):
     # No batching key is read by this kind.
     fingerprint_ignore: ClassVar[frozenset[str]] = frozenset({
         "mode", "slots", "max_kv_cache_mb", "vllm.max_num_seqs", "vllm.gpu_memory_utilization",
-        "vllm.kv_cache_mb", "vllm.in_process", *(f"endpoint.{k}" for k in EndpointConfig.PER_TRY),
+        "vllm.kv_cache_mb", "vllm.in_process",
+        *(f"endpoint.{k}" for k in (*EndpointConfig.PER_TRY, *EndpointConfig.SAME_ROWS)),
     })
     fingerprint_batching: ClassVar[tuple[str, ...]] = ()
     per_try_settings: ClassVar[frozenset[str]] = frozenset(f"endpoint.{k}" for k in EndpointConfig.PER_TRY)
@@ -134,6 +135,8 @@ class GenerateTask:
     # Rows per inference task unless spark.rows_per_task is set: decoding is slow and continuous batching
     # needs no big chunks, so smaller tasks let the progress line move (pipeline.spark.planning).
     rows_per_task: ClassVar[int] = 512
+    # batch mode on the endpoint backend: each row's answer from the provider's batch API, when joined
+    optional_input_columns: ClassVar[tuple[str, ...]] = (ANSWER_COLUMN,)
 
     def __init__(self, config: GenerateTaskConfig, *, model: ModelConfig, batching: BatchingConfig) -> None:
         self.config = config
@@ -188,6 +191,20 @@ class GenerateTask:
 
         self.attempt = Attempt(journal=journal, max_tokens=max_tokens, rate_share=rate_share)
 
+    @property
+    def request_path(self) -> str:
+        """The API path its rows are posted to (the batch API's ``endpoint``)."""
+        return self.config.endpoint.api_path() if self.config.endpoint else "/chat/completions"
+
+    def batch_calls(self, chunk: pa.RecordBatch) -> list[tuple[int, Any]]:
+        """``(row, call)`` of each row of ``chunk`` that is sent: what batch mode writes into its request files
+        and joins the answers back by (:mod:`pipeline.tasks._endpoint_batch`)."""
+        from pipeline.tasks._endpoint import generation_calls
+
+        cols = {c: chunk.column(chunk.schema.get_field_index(c)).to_pylist() for c in self.input_columns}
+        rows, calls, _, _ = generation_calls(self, cols, malformed_rows(chunk))
+        return list(zip(rows, calls))
+
     def resolve_model_dir(self, path: str) -> Path | None:
         """The local model folder to load (none on the endpoint backend: the server holds the model)."""
         if self.config.backend == "endpoint":
@@ -216,10 +233,10 @@ class GenerateTask:
         cols = {c: chunk.column(chunk.schema.get_field_index(c)).to_pylist() for c in self.input_columns}
         truncated = np.zeros(n, dtype=bool)
         if getattr(loaded, "backend", None) == "endpoint":
-            from pipeline.tasks._endpoint import attempt_client, generate_rows
+            from pipeline.tasks._endpoint import generate_rows
+            from pipeline.tasks._endpoint_batch import rows_client
 
-            client = attempt_client(self.config.endpoint, getattr(self, "attempt", None))
-            results, status, error = generate_rows(self, cols, malformed_rows(chunk), counts, client)
+            results, status, error = generate_rows(self, cols, malformed_rows(chunk), counts, rows_client(self, chunk))
         else:
             results, status, error, truncated = generate_chunk(self, loaded, chunk, cols, counts)
         leading = self.check_outputs(results, status, error)

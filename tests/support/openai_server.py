@@ -126,14 +126,18 @@ class OpenAIServer:
     # -- the API ------------------------------------------------------------------------------------
     def _app(self) -> Any:
         from starlette.applications import Starlette
+
+        return Starlette(routes=self._routes())
+
+    def _routes(self) -> list[Any]:
         from starlette.routing import Route
 
-        return Starlette(routes=[
+        return [
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
             Route("/v1/completions", self._completions, methods=["POST"]),
             Route("/v1/embeddings", self._embeddings, methods=["POST"]),
-        ])
+        ]
 
     def _refused(self, request: Any) -> Any:
         if self.api_key and request.headers.get("authorization") != f"Bearer {self.api_key}":
@@ -165,10 +169,22 @@ class OpenAIServer:
             self.paths[path] += 1
         return body, None
 
+    async def answer(self, path: str, body: dict[str, Any]) -> Any:
+        """The response to ``body`` posted to ``path`` (``/chat/completions``, ``/completions``, ``/embeddings``),
+        as the live routes answer it, without counting it: what the batch API's lines get (``BatchServer``)."""
+        answers = {"/chat/completions": self._answer_chat, "/completions": self._answer_completion,
+                   "/embeddings": self._answer_embeddings}
+        if path not in answers:
+            return _error(404, f"no route {path}", "NotFoundError")
+        return await answers[path](body)
+
     async def _chat(self, request: Any) -> Any:
         body, refused = await self._body(request, "/chat/completions")
         if refused is not None:
             return refused
+        return await self._answer_chat(body)
+
+    async def _answer_chat(self, body: dict[str, Any]) -> Any:
         if body.get("model") != self.llm_name or self._llm is None:
             return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
         tokenizer = self._llm[0]
@@ -181,6 +197,9 @@ class OpenAIServer:
         body, refused = await self._body(request, "/completions")
         if refused is not None:
             return refused
+        return await self._answer_completion(body)
+
+    async def _answer_completion(self, body: dict[str, Any]) -> Any:
         if body.get("model") != self.llm_name or self._llm is None:
             return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
         prompt = str(body.get("prompt", ""))
@@ -233,12 +252,15 @@ class OpenAIServer:
         return self._constraints[key]
 
     async def _embeddings(self, request: Any) -> Any:
-        from starlette.concurrency import run_in_threadpool
-        from starlette.responses import JSONResponse
-
         body, refused = await self._body(request, "/embeddings")
         if refused is not None:
             return refused
+        return await self._answer_embeddings(body)
+
+    async def _answer_embeddings(self, body: dict[str, Any]) -> Any:
+        from starlette.concurrency import run_in_threadpool
+        from starlette.responses import JSONResponse
+
         if body.get("model") != self.embed_name or self._embed is None:
             return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
         inputs = body.get("input")
