@@ -1,0 +1,55 @@
+"""A tiny vision-language model built offline: LLaVA (a 2-layer CLIP vision tower, 32 px images, 16 image tokens)
+over a 2-layer random Llama, with its processor (Pillow image processor, the tests' byte-level BPE tokenizer with
+an ``<image>`` token, a chat template that places images among a message's parts). Saved as a Hugging Face folder
+that ``AutoProcessor`` and ``AutoModelForImageTextToText`` load; about a second to build.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.support.generation_models import build_tokenizer
+
+# a chat template in the layout vision-language processors use: a message's content is a string or a list of parts
+VISION_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}{{ m['content'] }}"
+    "{% else %}{% for c in m['content'] %}{% if c['type'] == 'image' %}<image>{% else %}{{ c['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+IMAGE_TOKENS = 16  # (32 px / 8 px patches)^2
+
+
+def save_vlm_folder(path: Path, *, seed: int = 0, hidden_size: int = 64, heads: int = 4, init: float = 0.5) -> Path:
+    """Save the tiny LLaVA and its processor to ``path``; vLLM's CPU kernels need ``hidden_size=128, heads=2``."""
+    import torch
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    tokenizer = build_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    image_id = tokenizer.convert_tokens_to_ids("<image>")
+    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                              image_size=32, patch_size=8, projection_dim=32)
+    text = LlamaConfig(hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=2,
+                       num_attention_heads=heads, num_key_value_heads=max(1, heads // 2), vocab_size=len(tokenizer),
+                       max_position_embeddings=1024, initializer_range=init, pad_token_id=tokenizer.pad_token_id,
+                       eos_token_id=tokenizer.eos_token_id, bos_token_id=None, tie_word_embeddings=False)
+    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=image_id,
+                         vision_feature_select_strategy="default", vision_feature_layer=-1,
+                         image_seq_length=IMAGE_TOKENS, projector_hidden_act="gelu")
+    torch.manual_seed(seed)
+    model = LlavaForConditionalGeneration(config).eval()
+    # peaked vision features too: images that differ give different tokens (see build_model's initializer_range)
+    with torch.no_grad():
+        for param in model.model.multi_modal_projector.parameters():
+            param.normal_(0, init)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    image_processor = CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    processor = LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=8,
+                               vision_feature_select_strategy="default", image_token="<image>",
+                               num_additional_image_tokens=1, chat_template=VISION_CHAT_TEMPLATE)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path)
+    processor.save_pretrained(path)
+    return path
