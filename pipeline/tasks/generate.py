@@ -175,6 +175,11 @@ class GenerateTask:
         return ("transformers", *images)
 
     @property
+    def model_kind(self) -> str:
+        """What the driver checks the model folder as: a vision-language model for image rows."""
+        return "generate_vision" if self.image_column else self.kind
+
+    @property
     def max_seq_len(self) -> int:
         return self.config.max_input_tokens + self.config.max_new_tokens_limit
 
