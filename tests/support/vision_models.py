@@ -23,7 +23,11 @@ def save_vlm_folder(path: Path, *, seed: int = 0, hidden_size: int = 64, heads: 
     """Save the tiny LLaVA and its processor to ``path``; vLLM's CPU kernels need ``hidden_size=128, heads=2``."""
     import torch
     from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
-    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    try:  # the Pillow image processor: no torchvision needed
+        from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil as ImageProcessor
+    except ImportError:  # a transformers before the Pillow/torchvision split: its CLIPImageProcessor is Pillow's
+        from transformers import CLIPImageProcessor as ImageProcessor
 
     tokenizer = build_tokenizer()
     tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
@@ -45,7 +49,7 @@ def save_vlm_folder(path: Path, *, seed: int = 0, hidden_size: int = 64, heads: 
             param.normal_(0, init)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
-    image_processor = CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    image_processor = ImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
     processor = LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=8,
                                vision_feature_select_strategy="default", image_token="<image>",
                                num_additional_image_tokens=1, chat_template=VISION_CHAT_TEMPLATE)
