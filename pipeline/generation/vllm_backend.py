@@ -110,7 +110,8 @@ def engine_kwargs(
     elif not device.startswith("cuda"):
         blocks_per_seq = math.ceil(max_seq_len / _BLOCK_TOKENS)
         width = 2 if precision in ("bf16", "fp16") else 4
-        kv_bytes = kv_cache_bytes(SimpleNamespace(**model_config), rows=seqs,
+        text = model_config.get("text_config") or model_config  # a vision-language model's cache is its LM's
+        kv_bytes = kv_cache_bytes(SimpleNamespace(**text), rows=seqs,
                                   max_seq_len=blocks_per_seq * _BLOCK_TOKENS, bytes_per_value=width)
     tp = config.tensor_parallel_size
     if tp == "auto":
