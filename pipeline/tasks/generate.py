@@ -165,7 +165,7 @@ class GenerateTask:
     @classmethod
     def extras(cls, config: GenerateTaskConfig, model: ModelConfig) -> tuple[str, ...]:
         """The wheel's extras this task needs on the driver and every executor (:mod:`pipeline.extras`)."""
-        images = ("images",) if config.image_column else ()
+        images = ("vision",) if config.image_column else ()
         if config.backend == "endpoint":
             return ("endpoint", *images)
         if config.backend == "vllm":

@@ -25,7 +25,9 @@ from pipeline.tasks.extract import ExtractTask, ExtractTaskConfig  # noqa: E402
 from pipeline.tasks.generate import GenerateTask, GenerateTaskConfig  # noqa: E402
 from tests.support import image_samples as samples  # noqa: E402
 from tests.support.generation_models import EXTRACT_SHORT_SCHEMA  # noqa: E402
-from tests.support.vision_models import IMAGE_TOKENS, save_vlm_folder  # noqa: E402
+from tests.support.vision_models import (  # noqa: E402
+    IDEFICS3_IMAGE_TOKENS, IMAGE_TOKENS, save_idefics3_folder, save_vlm_folder,
+)
 
 PHOTOS = [samples.jpeg(0), samples.png(1), samples.jpeg(2), samples.png(3)]
 GENERATE = {"backend": "transformers", "template": "Describe {photo} in a word", "image_column": "photo",
@@ -51,18 +53,27 @@ def _chunk(photos, **columns) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(list(arrays.values()), names=list(arrays))
 
 
-def test_batched_image_rows_equal_each_row_generated_alone(vlm_dir):
-    """Rows admitted together in continuous batching (2 and 3 slots, rows joining as others finish) give the
-    tokens ``model.generate`` gives each prompt and image alone; and the images change the tokens."""
-    from pipeline.generation.sampling import SamplingParams
+@pytest.fixture(scope="module")
+def idefics3_dir(tmp_path_factory) -> Path:
+    return save_idefics3_folder(tmp_path_factory.mktemp("vlm") / "tiny-idefics3")
 
-    task = _task(vlm_dir)
-    loaded = task.load(vlm_dir, "cpu")
-    processor, model = loaded.prompts.processor, loaded.generator.model
+
+@pytest.mark.parametrize("arch", ["llava", "idefics3"])
+def test_batched_image_rows_equal_each_row_generated_alone(request, arch):
+    """Rows admitted together in continuous batching (2 and 3 slots, rows joining as others finish) give the
+    tokens ``model.generate`` gives each prompt and image alone; and the images change the tokens. On LLaVA
+    (pixels ``[images, 3, H, W]``) and Idefics3, SmolVLM's architecture (``[rows, images, 3, H, W]`` and a pixel
+    mask, the image between marker tokens)."""
+    from pipeline.generation.sampling import SamplingParams
     from pipeline.tasks._generate_images import read_row_image
 
+    folder = request.getfixturevalue("vlm_dir" if arch == "llava" else "idefics3_dir")
+    task = _task(folder)
+    loaded = task.load(folder, "cpu")
+    processor, model = loaded.prompts.processor, loaded.generator.model
     prompts = [loaded.prompts.build_row({}, read_row_image(task.config, p)[0].pil()) for p in PHOTOS]
-    assert all(p.token_ids.count(processor.tokenizer.convert_tokens_to_ids("<image>")) == IMAGE_TOKENS
+    expected = IMAGE_TOKENS if arch == "llava" else IDEFICS3_IMAGE_TOKENS
+    assert all(p.token_ids.count(processor.tokenizer.convert_tokens_to_ids("<image>")) == expected
                for p in prompts)
     alone = []
     for p in prompts:
@@ -141,7 +152,7 @@ def test_settings_that_cannot_carry_an_image_are_refused():
                       "sink": {"path": "y"}, "task": {"kind": "generate", "template": "{photo}",
                                                       "image_column": "photo"}})
     assert GenerateTask.extras(GenerateTaskConfig(template="{photo}", image_column="photo"), ModelConfig()) == (
-        "transformers", "images")
+        "transformers", "vision")
 
 
 def test_a_text_model_folder_is_refused_for_image_rows(tmp_path):
