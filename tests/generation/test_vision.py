@@ -164,6 +164,15 @@ def test_a_text_model_folder_is_refused_for_image_rows(tmp_path):
         check_vision_lm(save_model_folder(tmp_path / "llm"))
 
 
+def test_a_model_with_multimodal_positions_is_refused_with_the_backend_that_runs_it(tmp_path):
+    from pipeline.errors import ModelError
+    from pipeline.generation.vision import load_vision_lm
+    from tests.support.vision_models import save_qwen2_vl_weights
+
+    with pytest.raises(ModelError, match="multimodal rotary positions.*run it on task.backend: vllm"):
+        load_vision_lm(save_qwen2_vl_weights(tmp_path / "qwen2-vl"))
+
+
 # -- on Spark: a job and score(df), on the transformers backend and on the endpoint ----------------------------
 
 def _photos_table(tmp_path: Path):

@@ -102,3 +102,28 @@ def save_idefics3_folder(path: Path, *, seed: int = 0, hidden_size: int = 64, he
     model.save_pretrained(path)
     processor.save_pretrained(path)
     return path
+
+
+def save_qwen2_vl_weights(path: Path) -> Path:
+    """A tiny Qwen2-VL's weights and tokenizer, with an empty preprocessor config (its processor needs
+    torchvision for videos): enough to load the model, which places image tokens with multimodal rotary
+    positions."""
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    tokenizer = build_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|image_pad|>", "<|vision_start|>", "<|video_pad|>"]})
+    ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in (
+        ("image_token_id", "<|image_pad|>"), ("vision_start_token_id", "<|vision_start|>"),
+        ("video_token_id", "<|video_pad|>"))}
+    config = Qwen2VLConfig(
+        vision_config={"depth": 1, "embed_dim": 32, "hidden_size": 64, "num_heads": 2, "patch_size": 14,
+                       "spatial_merge_size": 2, "temporal_patch_size": 2},
+        text_config={"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
+                     "num_key_value_heads": 2, "vocab_size": len(tokenizer), "bos_token_id": None,
+                     "eos_token_id": tokenizer.eos_token_id,
+                     "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}},
+        **ids)
+    Qwen2VLForConditionalGeneration(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    (path / "preprocessor_config.json").write_text("{}")
+    return path
