@@ -203,7 +203,7 @@ def _input_types(task: Any) -> dict[str, tuple[str, ...]]:
     if inputs == ("text",):  # a text task reads strings, or bytes it decodes leniently (as run_job)
         return {"text": ("string", "binary")}
     image_input = getattr(task.config, "image_input", None)
-    if image_input is not None:
+    if image_input is not None and getattr(task.config, "image_column", None):
         return {task.config.image_column: ("binary",) if image_input == "bytes" else ("string",)}
     return {}
 

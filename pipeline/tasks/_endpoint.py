@@ -23,12 +23,14 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from pipeline.endpoint import Call, EndpointClient, EndpointConfig, Outcome
-from pipeline.endpoint.wire import WireError, chat_body, completion_body, embedding_body, read_embedding, read_generation
+from pipeline.endpoint.wire import (WireError, chat_body, completion_body, embedding_body, image_parts, read_embedding,
+                                    read_generation)
 from pipeline.errors import EngineError, ModelError, TokenBudgetReached
 from pipeline.metrics import WorkerCounts
 from pipeline.registry import ModelInfo
 from pipeline.rows import MALFORMED, MALFORMED_ERROR, NO_CONTENT, Status
 from pipeline.tasks._content import carries_content
+from pipeline.tasks._generate_images import read_row_image
 from pipeline.tasks.job import TaskJob
 
 if TYPE_CHECKING:
@@ -150,7 +152,7 @@ def _status_of(values: Sequence[Any]) -> str | None:
         return Status.SKIPPED_NULL
     if any(not str(v).strip() for v in values):
         return Status.SKIPPED_EMPTY
-    if not any(carries_content(str(v)) for v in values):
+    if values and not any(carries_content(str(v)) for v in values):  # no text value: an image row's content is its image
         return NO_CONTENT
     return None
 
@@ -186,21 +188,30 @@ def generation_calls(task: Any, cols: Mapping[str, list[Any]],
         if malformed[i]:
             status[i], error[i] = MALFORMED, MALFORMED_ERROR
             continue
+        image = None
+        if task.image_column:
+            image, bad = read_row_image(cfg, cols[task.image_column][i])
+            if bad is not None:
+                status[i], error[i] = bad
+                continue
         values = {c: _text(cols[c][i]) for c in task.template_columns}
         skipped = _status_of(list(values.values()))
         if skipped is not None:
             status[i] = skipped
             continue
         try:
-            prompt = cfg.template.format(**values)
+            prompt, chars = _user_prompt(cfg, values, image)
             budget = row_budget(cfg, cols, i)
         except (ValueError, KeyError, IndexError) as exc:
             status[i], error[i] = Status.ERROR, str(exc)
             continue
         key = cols[cfg.seed_column][i] if cfg.seed_column else "\x1f".join(map(str, values.values()))
+        if image is not None and not cfg.seed_column:
+            key = f"{key}\x1f{image.digest}"
         body = build(endpoint.model, prompt, system=system, max_tokens=budget, temperature=cfg.temperature,
                      top_p=cfg.top_p, seed=row_seed(cfg.seed, key), stop=cfg.stop, json_schema=schema)
-        estimate = (len(prompt) + len(system or "")) // _CHARS_PER_TOKEN + _TEMPLATE_TOKENS + budget
+        estimate = ((chars + len(system or "")) // _CHARS_PER_TOKEN + _TEMPLATE_TOKENS + budget
+                    + (image.token_estimate if image is not None else 0))
         rows.append(i)
         calls.append(Call.of(endpoint.api_path(), body, estimate=estimate))
     return rows, calls, status, error
@@ -242,6 +253,20 @@ def generate_rows(task: Any, cols: Mapping[str, list[Any]], malformed: np.ndarra
     _count_generation(counts, [results[i] for i in rows], paid, time.perf_counter() - started)
     _finish(counts, client, outcomes, paid)
     return results, status, error
+
+
+def _user_prompt(config: Any, values: Mapping[str, Any], image: Any) -> tuple[Any, int]:
+    """``(the user message's content, its characters)``: the template's text, or with an image its content parts
+    (the image where the template names the image column, else first)."""
+    if image is None:
+        prompt = config.template.format(**values)
+        return prompt, len(prompt)
+    mark = "\x00image\x00"
+    user = config.template.format(**{**values, config.image_column: mark})
+    before, marked, after = user.partition(mark)
+    if not marked:
+        before, after = "", user
+    return image_parts(before, image.data_uri(), after), len(before) + len(after)
 
 
 def _safe(usage: Any) -> Any:

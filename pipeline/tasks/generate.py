@@ -27,6 +27,7 @@ from pipeline.endpoint.config import EndpointConfig
 from pipeline.generation.config import VllmConfig
 from pipeline.generation.engine import GenerationResult
 from pipeline.generation.prompts import template_fields
+from pipeline.images.decode import DEFAULT_MAX_PIXELS
 from pipeline.metrics import WorkerCounts
 from pipeline.registry import register_task
 from pipeline.rows import ANSWER_COLUMN, STATUS_FIELDS
@@ -91,9 +92,23 @@ class GenerateTaskConfig(TaskConfig):
     vllm: VllmConfig = Field(default_factory=VllmConfig)
     endpoint: EndpointConfig | None = Field(
         None, description="the server of `backend: endpoint` (`base_url`, `model`, `api_key`, limits; see below)")
+    image_column: str | None = Field(
+        None, description="a column holding each row's image (bytes, or paths/URIs with `image_input: path`) for a "
+        "vision-language model: `{<column>}` in the template marks where it goes, else it comes before the text; "
+        "decoded and checked on the workers, a bad image is a flagged row (docs/tasks/images_in_prompts.md)")
+    image_input: Literal["bytes", "path"] = Field(
+        "bytes", description="with `image_column`: `bytes` or `path` (read on the workers)")
+    max_pixels: int = Field(
+        DEFAULT_MAX_PIXELS, gt=0, description="with `image_column`: larger images are refused before decoding")
 
     @model_validator(mode="after")
     def _limits(self) -> "GenerateTaskConfig":
+        if self.image_column is not None and self.backend == "llama_cpp":
+            raise ValueError("task.image_column needs a vision-language model on backend transformers, vllm or "
+                             "endpoint; llama_cpp runs text models only")
+        if self.image_column is not None and self.endpoint is not None and self.endpoint.api != "chat":
+            raise ValueError("task.image_column on the endpoint backend sends image_url parts, which only the chat "
+                             "API takes: set task.endpoint.api: chat")
         if self.backend == "endpoint" and self.endpoint is None:
             raise ValueError("backend endpoint needs task.endpoint: {base_url: ..., model: ...}")
         if self.endpoint is not None and self.backend != "endpoint":
@@ -124,6 +139,9 @@ class GenerateTaskConfig(TaskConfig):
         if self.backend == "llama_cpp" and precision not in ("int4", "auto"):
             raise ValueError(f"task.backend llama_cpp runs a GGUF's int4 weights; set model.precision int4 (or auto), "
                              f"not {precision}")
+        if precision in ("int4", "auto") and self.image_column is not None:
+            raise ValueError(f"model.precision {precision} runs text models on llama.cpp; with task.image_column "
+                             "use fp32, bf16 or fp16")
         if precision == "int4" and self.backend in ("transformers", "vllm"):
             raise ValueError(f"model.precision int4 runs on task.backend llama_cpp (or auto), not {self.backend}")
 
@@ -142,20 +160,28 @@ class GenerateTask:
         self.config = config
         self.model = model
         self.batching = batching
-        self.template_columns = template_fields(config.template)
-        extra = [c for c in (config.max_new_tokens_column, config.seed_column) if c]
+        self.image_column = config.image_column
+        # the template's text values; the image column (named in it or not) is read apart
+        self.template_columns = tuple(c for c in template_fields(config.template) if c != config.image_column)
+        extra = [c for c in (config.image_column, config.max_new_tokens_column, config.seed_column) if c]
         self.input_columns: tuple[str, ...] = tuple(dict.fromkeys([*self.template_columns, *extra]))
 
     @classmethod
     def extras(cls, config: GenerateTaskConfig, model: ModelConfig) -> tuple[str, ...]:
         """The wheel's extras this task needs on the driver and every executor (:mod:`pipeline.extras`)."""
+        images = ("vision",) if config.image_column else ()
         if config.backend == "endpoint":
-            return ("endpoint",)
+            return ("endpoint", *images)
         if config.backend == "vllm":
-            return ("transformers", "vllm")
+            return ("transformers", "vllm", *images)
         if config.backend == "llama_cpp" or model.precision == "int4":
             return ("transformers", "int4")
-        return ("transformers",)
+        return ("transformers", *images)
+
+    @property
+    def model_kind(self) -> str:
+        """What the driver checks the model folder as: a vision-language model for image rows."""
+        return "generate_vision" if self.image_column else self.kind
 
     @property
     def max_seq_len(self) -> int:
