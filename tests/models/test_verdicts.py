@@ -41,8 +41,8 @@ class CountingEmbed(EmbedTask):
         return super().score_texts(loaded, texts)
 
 
-def _task(model_dir, precision="bf16", *, gate=None, batching=None, rows=ROWS, **model):
-    return CountingEmbed(EmbedTaskConfig(labels=LABELS),
+def _task(model_dir, precision="bf16", *, gate=None, batching=None, rows=ROWS, kind=CountingEmbed, **model):
+    return kind(EmbedTaskConfig(labels=LABELS),
                          model=ModelConfig(path=str(model_dir), precision=precision, accuracy_gate=gate or GATE, **model),
                          batching=batching or BatchingConfig(batch_size=4, max_length=32), calibration_rows=rows)
 
@@ -195,7 +195,11 @@ def _timed(record):
 
 
 def _bad_figure(record):
-    record["checks"][0]["mean_cosine"] = "0.9999"
+    record["checks"][0]["mean_cosine"] = True  # 1 to a comparison, not a figure
+
+
+def _bad_count(record):
+    record["checks"][0]["rows"] = "16"
 
 
 def _bad_date(record):
@@ -214,6 +218,7 @@ RECORD_DAMAGE = {
     "fewer checks than the chain measures": _no_checks,
     "a speed where none is measured": _timed,
     "a figure of the wrong type": _bad_figure,
+    "a count of the wrong type": _bad_count,
     "no date": _bad_date,
 }
 
@@ -281,12 +286,23 @@ def _memory_at_one_thread(model_dir: Path) -> VerdictMemory:
     return VerdictMemory.for_model(model_dir, _task(model_dir).verdict_settings(), machine=MachineIdentity.here())
 
 
-def _load_in_process(model_dir: str, started, results) -> None:
+class SignallingEmbed(CountingEmbed):
+    """Sets ``loaded`` once the fp32 model is loaded, just before the gate (and its lock)."""
+
+    loaded = None
+
+    def load_extras(self, loaded):
+        labels = super().load_extras(loaded)
+        type(self).loaded.set()
+        return labels
+
+
+def _load_in_process(model_dir: str, loaded, results) -> None:
     import torch
 
     torch.set_num_threads(1)
-    task = _task(Path(model_dir))
-    started.set()
+    SignallingEmbed.loaded = loaded
+    task = _task(Path(model_dir), kind=SignallingEmbed)
     loaded = _load(task, Path(model_dir))
     results.put((task.passes, loaded.gate.remembered, loaded.precision))
 
@@ -304,12 +320,12 @@ def test_a_worker_waits_for_the_one_measuring_on_its_host_and_replays_its_verdic
     """While one worker holds the verdict's lock (it is measuring), another waits, then replays what it kept."""
     memory = _memory_at_one_thread(model_dir)
     spawn = multiprocessing.get_context("spawn")
-    started, results = spawn.Event(), spawn.Queue()
+    loaded, results = spawn.Event(), spawn.Queue()
     with memory.measuring():
-        waiter = spawn.Process(target=_load_in_process, args=(str(model_dir), started, results))
+        waiter = spawn.Process(target=_load_in_process, args=(str(model_dir), loaded, results))
         waiter.start()
-        assert started.wait(120)
-        time.sleep(8)  # the waiter loads the tiny model and reaches the lock well within this
+        assert loaded.wait(180)
+        time.sleep(3)  # from there to the lock is milliseconds; measuring the tiny model on its own well under this
         assert waiter.is_alive() and results.empty()
         # what the measuring worker keeps (here: a bf16 pass, as if measured on the same sample)
         memory.keep([{"precision": "bf16", "mean_cosine": 0.99995, "top_label_agreement": 1.0, "passed": True,
