@@ -391,3 +391,84 @@ def test_the_second_run_replays_the_first_runs_verdict(spark, tmp_path, model_di
     (check,) = second.precision_checks
     assert "(pass; remembered verdict from " in check and second.precision_checks[check] == loads
     assert f"precision gate          : {check} in {loads} load(s)" in out.getvalue()
+
+
+# ----------------------------------------------------------------------------------- the warm-up
+
+def _job(tmp_path, model_dir, **model):
+    from pipeline.config import build_config
+
+    return build_config({
+        "job": "nightly", "source": {"format": "delta", "path": str(tmp_path / "docs"), "id_column": "doc_id"},
+        "model": {"path": str(model_dir), "name": "tiny-bert", "precision": "bf16", "accuracy_gate": GATE, **model},
+        "task": {"kind": "embed", "labels": LABELS}, "batching": {"batch_size": 4, "max_length": 32},
+        "sink": {"path": str(tmp_path / "scores"), "mode": "overwrite"}, "spark": {"master": "local[2]"},
+        "run": {"progress": False, "summary_path": str(tmp_path / "summary.json")},
+    })
+
+
+def test_the_warm_up_loads_the_model_only_with_a_remembered_verdict(tmp_path, model_dir):
+    """A gate calibrating on the job's rows (drawn later) used to rule the warm-up out; now it replays a remembered
+    verdict into the worker's cache, under the key the job's tasks use, and loads nothing where none is kept."""
+    from pipeline.models import cache
+    from pipeline.registry import get_task_kind
+    from pipeline.spark.warmup import warm_up, warm_up_plan
+
+    kind = get_task_kind("embed").task
+    plan = warm_up_plan(_job(tmp_path, model_dir), model_path=str(model_dir), task_class=kind)
+    assert plan.recall_verdict_only and not plan.calibration_rows
+    assert warm_up_plan(_job(tmp_path, model_dir, accuracy_gate={**GATE, "remember": False}),
+                        model_path=str(model_dir), task_class=kind) is None
+    fp32 = warm_up_plan(_job(tmp_path, model_dir, precision="fp32"), model_path=str(model_dir), task_class=kind)
+    assert fp32 is not None and not fp32.recall_verdict_only
+
+    cache.clear()
+    loads = cache.load_count()
+    assert [b.to_pydict() for b in warm_up(plan, iter([]))] == [{"loaded": [False]}]
+    assert cache.load_count() == loads  # nothing measured, nothing cached
+    job_task = plan.build_task()
+    job_task.calibration_rows, job_task.recall_verdict_only = ROWS, False
+    _load(job_task, model_dir)  # a task of the job measures on its rows and keeps the verdict
+    assert [b.to_pydict() for b in warm_up(plan, iter([]))] == [{"loaded": [True]}]
+    assert cache.load_count() == loads + 1
+    assert job_task.cache_key() == plan.build_task().cache_key()
+    cache.clear()
+
+
+_NIGHT = """
+import json, sys
+from pipeline import load_config, run_job
+summary = run_job(load_config(sys.argv[1]))
+print("RESULT " + json.dumps({"loads": sum(summary.model_loads.values()), "checks": summary.precision_checks,
+                              "used": summary.precision_used}))
+"""
+
+
+@pytest.mark.slow  # two jobs, each with a Spark of its own in a subprocess
+@pytest.mark.beside
+def test_the_second_night_measures_nothing(tmp_path, model_dir):
+    """Two nights of one small job, each a new process (a light session: the warm-up loads while the driver
+    plans), the second on more rows: night one measures once, night two replays in every load."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    job = tmp_path / "job.yaml"
+    job.write_text(json.dumps(_job(tmp_path, model_dir).model_dump(mode="json")))
+    env = {**os.environ, "PYTHONPATH": str(repo), "PYSPARK_PYTHON": sys.executable}
+    for key in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "PYSPARK_GATEWAY_PORT", "SPARK_SUBMIT_OPTS"):
+        env.pop(key, None)
+    nights = []
+    for rows in (40, 60):
+        write_delta(tmp_path / "docs", make_documents(rows), mode="overwrite")
+        done = subprocess.run([sys.executable, "-c", _NIGHT, str(job)], cwd=repo, env=env, capture_output=True,
+                              text=True, timeout=400)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert "small job" in done.stdout
+        nights.append(json.loads(done.stdout.split("RESULT ", 1)[1].splitlines()[0]))
+    first, second = nights
+    assert [n for c, n in first["checks"].items() if "remembered" not in c] == [1]
+    assert second["loads"] >= 1 and second["used"] == {"bf16": second["loads"]}
+    (check,) = second["checks"]
+    assert "remembered verdict from" in check and second["checks"][check] == second["loads"]
