@@ -472,3 +472,40 @@ def test_the_second_night_measures_nothing(tmp_path, model_dir):
     assert second["loads"] >= 1 and second["used"] == {"bf16": second["loads"]}
     (check,) = second["checks"]
     assert "remembered verdict from" in check and second["checks"][check] == second["loads"]
+
+
+# ------------------------------------------------------------------------------ the first night's cost
+
+def test_auto_stops_measuring_a_precision_too_slow_to_win_after_the_probe(tiny_embed_model):
+    """auto times the sample's first PROBE_ROWS rows apart: a precision under SLOWER of fp32's speed there is not run
+    on the rest of the sample (here int8, slowed by the run function), and its check says on how many rows."""
+    from pipeline.config import AccuracyGateConfig, Int8Config
+    from pipeline.models.loading import load_model
+    from pipeline.models.precision import PROBE_ROWS, SLOWER, select_precision
+    from pipeline.tasks.base import LoadedText
+
+    task = _task(tiny_embed_model, "auto")
+    tokenizer, model = load_model(tiny_embed_model, kind="embed")
+    reference = LoadedText(tokenizer, model)
+    reference.labels = task.load_extras(reference)
+    calls = []
+
+    def run(candidate, precision, texts):
+        calls.append((precision, len(texts)))
+        started = time.perf_counter()
+        out = task.score_texts(LoadedText(tokenizer, candidate, precision, reference.labels), texts)
+        if precision == "int8":  # a quarter of its own speed, whatever the machine's load
+            time.sleep(3 * (time.perf_counter() - started))
+        return out
+
+    texts = [f"{SENTENCES[i % len(SENTENCES)]} ({i})" for i in range(3 * PROBE_ROWS)]
+    gate = AccuracyGateConfig(min_mean_cosine=0.5, min_top_label_agreement=0.0)
+    _, result = select_precision(model, "auto", run=run, top_labels=lambda out: task.top_labels(reference, out),
+                                 gate=gate, int8=Int8Config(backend="torch"), texts=texts)
+    int8 = result.checks[0]
+    assert int8.precision == "int8" and int8.rows == PROBE_ROWS and int8.speedup < SLOWER and not int8.kept
+    assert int8.describe().endswith(f"on {PROBE_ROWS} run rows (pass, but not faster than fp32)")
+    assert max(n for p, n in calls if p == "int8") == PROBE_ROWS  # never the rest of the sample
+    assert sum(n for p, n in calls if p == "fp32") == len(texts) + 4  # one pass in two parts, after a warm-up
+    # the next precision (bf16 where this CPU has it fast, else fp32) is tried as before
+    assert result.checks[1:] == () or result.checks[1].precision == "bf16"
