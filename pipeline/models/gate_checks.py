@@ -3,7 +3,7 @@
 :class:`GateCheck` is one precision measured on the calibration sample (or
 replayed from a remembered verdict, :mod:`pipeline.models.verdicts`);
 :class:`GateResult` is what a load decided, and the counts the run's summary
-prints from it. No torch: the driver and the verdict files read these too.
+prints from it. Plain values (numpy, no torch), written to and read back from verdict files.
 """
 
 from __future__ import annotations
