@@ -263,6 +263,30 @@ def test_remember_false_measures_every_load_and_keeps_nothing(model_dir):
     assert not (model_dir / VERDICT_FOLDER).exists()
 
 
+def test_a_failure_that_fails_the_load_is_not_remembered(model_dir):
+    from pipeline.models.precision import PrecisionGateError
+
+    for _ in range(2):
+        task = _task(model_dir, gate={"min_mean_cosine": 1.0, "on_fail": "fail"})
+        failed = f"model.precision bf16 failed the accuracy gate on {len(ROWS)} run rows"
+        with pytest.raises(PrecisionGateError, match=failed):
+            _load(task, model_dir)
+        assert task.passes == 2  # measured each time
+    assert not list((model_dir / VERDICT_FOLDER).glob("*.json"))
+
+
+def test_a_read_only_model_folder_keeps_its_verdicts_in_the_user_cache(model_dir, tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setenv("SBI_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # as root, nothing here is read-only
+    _load(_task(model_dir), model_dir)
+    assert len(list((tmp_path / "cache" / "gate").glob("*.json"))) == 1
+    assert not (model_dir / VERDICT_FOLDER).exists()
+    again = _task(model_dir)
+    assert _load(again, model_dir).gate.remembered and again.passes == 0
+
+
 def test_a_load_that_may_only_replay_loads_nothing_without_a_verdict(model_dir):
     warm = CountingEmbed(EmbedTaskConfig(labels=LABELS), model=ModelConfig(path=str(model_dir), precision="bf16",
                                                                            accuracy_gate=GATE),
