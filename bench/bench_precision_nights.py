@@ -129,7 +129,8 @@ def report(runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace, rows
         ratios = [f / s for f, s in zip(fp32, seconds)]
         measured = [sum(n for c, n in r["checks"].items() if "remembered verdict" not in c) for r in results]
         used = sorted({p for r in results for p in r["used"]})
-        lines.append(f"| {unit} | {spread(seconds)} | {spread([r['rows_out'] / s for r, s in zip(results, seconds)])} | "
+        rates = [r["rows_out"] / s for r, s in zip(results, seconds)]
+        lines.append(f"| {unit} | {spread(seconds)} | {spread(rates)} | "
                      f"{spread(ratios, '{:.2f}')}x | {spread([r['process_seconds'] for r in results])} | "
                      f"{sum(measured)} / {sum(r['loads'] for r in results)} | {', '.join(used)} |")
     return "\n".join(lines)

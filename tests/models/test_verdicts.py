@@ -43,8 +43,8 @@ class CountingEmbed(EmbedTask):
 
 def _task(model_dir, precision="bf16", *, gate=None, batching=None, rows=ROWS, kind=CountingEmbed, **model):
     return kind(EmbedTaskConfig(labels=LABELS),
-                         model=ModelConfig(path=str(model_dir), precision=precision, accuracy_gate=gate or GATE, **model),
-                         batching=batching or BatchingConfig(batch_size=4, max_length=32), calibration_rows=rows)
+                model=ModelConfig(path=str(model_dir), precision=precision, accuracy_gate=gate or GATE, **model),
+                batching=batching or BatchingConfig(batch_size=4, max_length=32), calibration_rows=rows)
 
 
 def _load(task, model_dir, machine=None):
@@ -303,7 +303,7 @@ def test_a_load_that_may_only_replay_loads_nothing_without_a_verdict(model_dir):
 # ------------------------------------------------------------------------------------ concurrency
 
 def _memory_at_one_thread(model_dir: Path) -> VerdictMemory:
-    """The verdict's place as a one-thread worker sees it (the key holds the thread count; each process here sets it)."""
+    """The verdict's place as a one-thread worker sees it (the key holds the thread count: each process sets it)."""
     import torch
 
     torch.set_num_threads(1)
