@@ -24,7 +24,7 @@ export HF_HUB_OFFLINE := 1
 .PHONY: venv jars jars-delta venv-vllm venv-int4 test-int4 test-wheel docs demo demo-s3 demo-data report demo-generate demo-generate-vllm demo-extract demo-extract-vllm demo-extract-endpoint \
 	demo-extract-logs bench-extract bench-extract-vllm demo-recs demo-images demo-images-data lint test \
 	test-vllm bench bench-batching bench-gpu bench-generate bench-generate-width bench-scaling bench-row-keys \
-	bench-small-jobs bench-images bench-resume bench-precision bench-endpoint \
+	bench-small-jobs bench-images bench-resume bench-precision bench-precision-nights bench-endpoint \
 	bench-feed bench-profile bench-streaming bench-score-df lock lock-vllm \
 	clean
 
@@ -226,6 +226,11 @@ test-wheel: $(STAMP)
 # Quantized against fp32 per task (int8 embed in the pipeline, int4 extract/generate), medians of 3 (docs/benchmarks_precision.md)
 bench-precision: $(STAMP) $(INT4_STAMP) jars demo-data $(LLM_DIR)/model.safetensors
 	PYTHONPATH=. $(PY) bench/bench_precision.py $(ARGS)
+
+# model.precision auto against fp32 over nights (each a new process; night 1 measures the gate, night 2 replays its
+# remembered verdict): the whole job by wall, medians of 3 (docs/precision.md). ARGS="--rows 20000" for the big job.
+bench-precision-nights: $(STAMP) demo-data
+	PYTHONPATH=. $(PY) bench/bench_precision_nights.py $(ARGS)
 
 # The vllm-marked tests (outside the default suite), in the vLLM environment: the vllm backend in process
 # (tests/generation/test_vllm.py), the endpoint backend against vLLM's OpenAI server behind the fault proxy

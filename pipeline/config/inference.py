@@ -50,7 +50,8 @@ class AccuracyGateConfig(ConfigSection):
     threshold the worker falls back to the next safer precision (int8 -> bf16
     -> fp32, fp16 -> fp32; int8 -> fp32 on a CPU without native bf16) and the
     run summary says so, or fails with
-    ``on_fail: fail``.
+    ``on_fail: fail``. A verdict is measured once per model, precision,
+    settings and machine and then remembered (``pipeline.models.verdicts``).
     """
 
     enabled: bool = Field(True, description="check a reduced precision against fp32 at model load")
@@ -63,6 +64,9 @@ class AccuracyGateConfig(ConfigSection):
         default_factory=list, description="gate: texts to calibrate on besides the sampled rows; empty: built-in "
         "review/tweet-like sentences when no rows are sampled")
     on_fail: Literal["fallback", "fail"] = Field("fallback", description="`fallback` to a safer precision or `fail`")
+    remember: bool = Field(
+        True, description="gate: keep each verdict in the model cache and replay it at later loads with the same "
+        "model, precision, settings and machine (see Precision); false: measure at every load")
 
 
 class ModelConfig(ConfigSection):

@@ -92,9 +92,9 @@ class EmbedTask(TextTask):
 
         return resolve_model_path(path, registry_uri=self.model.registry_uri)
 
-    def load(self, model_dir: Path | None, device: str) -> Any:
+    def load(self, model_dir: Path | None, device: str, *, machine: Any = None) -> Any:
         if self.config.backend != "endpoint":
-            return super().load(model_dir, device)
+            return super().load(model_dir, device, machine=machine)
         from pipeline.tasks._endpoint import LoadedEndpoint, attempt_client, embed_rows
 
         loaded = LoadedEndpoint(self.config.endpoint)
