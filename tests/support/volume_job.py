@@ -18,8 +18,10 @@ import os
 import sys
 from pathlib import Path
 
-SHIM = os.environ.pop("LD_PRELOAD", "")  # loaded in this process; what it starts from here on goes without it
-ROOT = Path(os.environ["SBI_VOLUME_ROOT"])
+# read when run as the child process, not when pytest imports this module for its doctests: the shim is loaded in
+# this process, and what it starts from here on goes without it
+SHIM = os.environ.pop("LD_PRELOAD", "") if __name__ == "__main__" else ""
+ROOT = Path(os.environ.get("SBI_VOLUME_ROOT", "."))
 
 
 def _errno(call) -> int | str:
