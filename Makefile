@@ -295,7 +295,9 @@ bench-resume: $(STAMP)
 
 # score(df) beside a hand-written pandas UDF and predict_batch_udf on the demo corpus, in one session
 # (docs/dataframe.md): 4,000 rows, 3 interleaved repeats, medians and the ratios -> bench/results_score_df.json.
-# BENCH_ARGS="--rows 500 --repeats 1 --json ''" checks the bench in a few minutes.
+# Also score(df) on Spark 4.0's column function (a pandas UDF) here, and with BENCH_ARGS="--other-pyspark
+# .cache/wheel-test/venv-spark-4.0.1-py3.12/bin/python" (make test-wheel's venv) score(df) on that pyspark, its
+# ratio to this one's (goal >= 0.9). BENCH_ARGS="--rows 500 --repeats 1 --json ''" checks the bench in a few minutes.
 bench-score-df: demo-data
 	PYTHONPATH=.:bench $(PY) bench/bench_score_df.py $(BENCH_ARGS)
 
