@@ -39,7 +39,8 @@ python_for() {  # the interpreter for "X.Y" (empty: $PYTHON)
   [ -n "$want" ] || { echo "$PYTHON"; return; }
   var=PYTHON_${want//./_}
   if [ -n "${!var:-}" ]; then echo "${!var}"; return; fi
-  if found=$(command -v "python$want"); then echo "$found"; return; fi
+  # on the PATH (a pyenv shim may name a version it does not run: try it), else a pyenv install
+  if found=$(command -v "python$want") && "$found" -c 'import sys' 2>/dev/null; then echo "$found"; return; fi
   found=$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$want".*/bin/python"$want" 2>/dev/null | sort -V | tail -1)
   [ -n "$found" ] && { echo "$found"; return; }
   echo "$want"  # uv's own discovery (or a managed download where allowed)
@@ -62,9 +63,11 @@ grep -Ev '^(pyspark|delta[-_]spark)==' requirements.lock | sed -E 's/^torch==([^
 ocr_models=$(grep -E '^rapidocr-onnxruntime==' requirements-data.lock)
 
 # what the lines of this run share: the tiny models (the same weights everywhere) and score(df)'s embeddings
+# (SBI_WHEEL_KEEP_SHARED=1: keep an earlier run's, so this run's lines are compared with its lines too)
 shared=$work/shared
 results=$work/results
-rm -rf "$shared" "$results"
+[ "${SBI_WHEEL_KEEP_SHARED:-0}" = 1 ] || rm -rf "$shared"
+rm -rf "$results"
 mkdir -p "$shared" "$results"
 
 status=0
@@ -108,7 +111,8 @@ PY
   result=$results/$spark-py$pyver.json
   if ! (cd "$tests" && SBI_JARS_DIR=$jars SBI_EXPECT_PYSPARK=$spark SBI_WHEEL_RESULTS=$results \
         SBI_WHEEL_SHARED=$shared PYSPARK_PYTHON="$venv/bin/python" \
-        "$venv/bin/python" -m pytest -q -s -p no:cacheprovider -o addopts="" --timeout 900 -rs tests/wheel); then
+        "$venv/bin/python" -m pytest -q -s -p no:cacheprovider -o addopts="" --timeout 900 -rs --durations=8 \
+        tests/wheel); then
     status=1
     echo "[test-wheel] FAIL: the smoke set failed with pyspark $spark on Python $pyver"
   elif ! "$PYTHON" .ci/wheel_matrix.py complete "$result"; then

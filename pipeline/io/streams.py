@@ -17,6 +17,7 @@ from a Delta source) into a :class:`SourceError` that names the change and what 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -185,6 +186,8 @@ def checkpoint_offset(spark: "SparkSession", checkpoint: str) -> dict | None:
 
     Read through Spark, so any location Spark's checkpoint reaches. Raises :class:`SourceError` when the
     checkpoint holds another source's offsets (it was written by another reader: the Delta connector's)."""
+    if is_local(checkpoint) and not os.path.isdir(os.path.join(local_path(checkpoint), "offsets")):
+        return None  # a new stream (asked without Spark, which logs a missing path as an error)
     try:
         files = (spark.read.format("binaryFile").option("pathGlobFilter", "[0-9]*")
                  .load(checkpoint.rstrip("/") + "/offsets").select("path", "content").collect())
