@@ -1,8 +1,9 @@
 """``score(df)`` and the SQL function from the installed wheel: batch and streaming DataFrames, classic and Connect.
 
 The same rows, statuses and values as ``run_job`` on this line, and the same embeddings as on every other line of
-the run: each line writes its ``score(df)`` rows to the shared folder (``$SBI_WHEEL_SHARED/embeddings``, on the
-same tiny model's weights) and compares its own with those written before it, to float32 tolerance. On Spark 4.0
+the run: each line writes its ``score(df)`` and SQL function rows to the shared folder
+(``$SBI_WHEEL_SHARED/embeddings``, on the same tiny model's weights) and compares its own with those written before
+it, to float32 tolerance. On Spark 4.0
 these go through the pandas column function, from 4.1 through the Arrow one (``pipeline.spark.column_udf``).
 """
 
@@ -43,9 +44,10 @@ def _rows_by_id(rows) -> dict[str, dict]:
     return {str(r["doc_id"]): r.asDict(recursive=True) if hasattr(r, "asDict") else r for r in rows}
 
 
-def _compare_with_other_lines(shared: Path, rows: dict[str, dict]) -> list[str]:
-    """Write this line's rows, then compare them with every line's before it; returns the lines compared."""
-    folder = shared / "embeddings"
+def _compare_with_other_lines(shared: Path, rows: dict[str, dict], what: str = "score") -> list[str]:
+    """Write this line's rows of ``what`` (``score``, ``sql``), then compare them with every line's before it;
+    returns the lines compared."""
+    folder = shared / "embeddings" / what
     folder.mkdir(parents=True, exist_ok=True)
     tag = f"pyspark-{installed_pyspark()}-py{platform.python_version()}"
     mine = {k: {"status": r["status"], "model_revision": r["model_revision"], "embedding": r["embedding"]}
@@ -99,7 +101,7 @@ def test_a_streaming_dataframe_scored_into_a_parquet_sink(spark, reference, tmp_
 
 
 @pytest.mark.entry("register_function")
-def test_the_sql_function_gives_run_jobs_rows(spark, reference, tiny_embed_model):
+def test_the_sql_function_gives_run_jobs_rows_and_every_lines_embeddings(spark, reference, tiny_embed_model, shared):
     parquet, reference = reference
     spark.read.parquet(str(parquet)).createOrReplaceTempView("wheel_docs")
     settings = {k: v for k, v in EMBED.items() if k != "task"}
@@ -110,6 +112,8 @@ def test_the_sql_function_gives_run_jobs_rows(spark, reference, tiny_embed_model
     # no id in a SQL call: the row run_job quarantines for its null id is scored
     assert assert_same_as_run_job(rows, reference, skip_null_id=True) == 39
     assert [r["status"] for r in rows if r["doc_id"] is None] == ["ok"]
+    compared = _compare_with_other_lines(shared, _rows_by_id(rows), "sql")
+    print(f"SQL function embeddings compared with: {compared or 'no line before this one'}")
 
 
 @pytest.mark.entry("score", "register_function")

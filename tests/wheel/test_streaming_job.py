@@ -27,24 +27,21 @@ def _each_once(tmp_path, n: int) -> None:
 
 @pytest.mark.entry("run_job")
 def test_an_available_now_stream_reads_one_commit_per_micro_batch(spark, tmp_path, tiny_embed_model):
-    docs = make_documents(30, with_bad_rows=False)
+    docs = make_documents(24, with_bad_rows=False)
     data = embed_job(tmp_path, tiny_embed_model, writer="deltalake", rows=None,
                      source={"stream": {"checkpoint_path": str(tmp_path / "chk"), "starting_version": 0,
                                         "max_files_per_trigger": 1}})
-    write_deltalake(str(tmp_path / "docs"), docs.slice(0, 10))
-    for start in (10, 20):
-        write_deltalake(str(tmp_path / "docs"), docs.slice(start, 5), mode="append")
-        write_deltalake(str(tmp_path / "docs"), docs.slice(start + 5, 5), mode="append")
+    for n, start in enumerate((0, 8, 14)):
+        write_deltalake(str(tmp_path / "docs"), docs.slice(start, 8 if n == 0 else 6), mode="append")
     config = build_config(data)
     first = run_job(config, spark=spark)
-    assert (first.rows_in, first.stream["micro_batches"], first.stream["batch_ids"]) == (30, 5, [0, 4]), \
-        "the limit of one file: the five commits in five micro-batches, then the run stopped"
-    _each_once(tmp_path, 30)
+    assert (first.rows_in, first.stream["micro_batches"], first.stream["batch_ids"]) == (20, 3, [0, 2]), \
+        "the limit of one file: the three commits in three micro-batches, then the run stopped"
+    _each_once(tmp_path, 20)
 
-    more = make_documents(36, with_bad_rows=False).slice(30)
-    write_deltalake(str(tmp_path / "docs"), more, mode="append")
+    write_deltalake(str(tmp_path / "docs"), docs.slice(20), mode="append")
     second = run_job(config, spark=spark)
-    assert (second.rows_in, second.stream["batch_ids"]) == (6, [5, 5]), "read on from the checkpoint"
+    assert (second.rows_in, second.stream["batch_ids"]) == (4, [3, 3]), "read on from the checkpoint"
     third = run_job(config, spark=spark)
     assert (third.rows_in, third.stream["micro_batches"]) == (0, 0)
-    _each_once(tmp_path, 36)
+    _each_once(tmp_path, 24)
