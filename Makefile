@@ -230,8 +230,10 @@ bench-precision: $(STAMP) $(INT4_STAMP) jars demo-data $(LLM_DIR)/model.safetens
 	PYTHONPATH=. $(PY) bench/bench_precision.py $(ARGS)
 
 # The vllm-marked tests (outside the default suite), in the vLLM environment: the vllm backend in process
-# (tests/generation/test_vllm.py) and the endpoint backend against vLLM's OpenAI server behind the fault proxy
-# (tests/generation/test_vllm_server.py); 4.6 minutes on 2 busy cores after the install (16 passed, 3 skipped).
+# (tests/generation/test_vllm.py), the endpoint backend against vLLM's OpenAI server behind the fault proxy
+# (tests/generation/test_vllm_server.py), and batch mode's request files through vllm run-batch
+# (tests/generation/test_vllm_batch.py: a vLLM server and a run-batch engine of its own); the first two files
+# took 4.6 minutes on 2 busy cores after the install (16 passed, 3 skipped).
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_SPARK_ENV) \
 	  $(VLLM_PY) -m pytest -m vllm $(PYTEST_ARGS)

@@ -10,7 +10,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import Field
 
-from pipeline.config.base import ConfigSection
+from pipeline.config.base import READS, ConfigSection
 
 __all__ = ["AccuracyGateConfig", "BatchingConfig", "Int8Config", "ModelConfig"]
 
@@ -69,7 +69,7 @@ class ModelConfig(ConfigSection):
     """The model: a folder, or ``package:<module>`` for a model shipped in a wheel (the task says which kind)."""
 
     path: str = Field("", description="model folder, or `package:<module>` (a model shipped in a wheel); a task on "
-                      "the endpoint backend needs none")
+                      "the endpoint backend needs none", json_schema_extra=READS)
     name: str | None = Field(None, description="lineage name; none: the folder name")
     precision: Precision = Field(
         "fp32", description="`fp32`, `bf16`, `fp16` (embed/classify: autocast on CPU, cast weights on CUDA; "
