@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The wheel as users install it (make test-wheel): built once from this checkout, then for each pyspark version
-# given (default: every supported Spark line, 4.0 on Python 3.12 as well: Databricks 17.3 LTS's pair) a fresh venv
+# given (default: every supported Spark line, 4.0 on Python 3.12: Databricks 17.3 LTS's pair; the others on $PYTHON,
+# 3.11 in CI; add 4.0.1 for 4.0 on it too) a fresh venv
 # on that Python gets that pyspark first (the platform's Spark), then the wheel with its extras; pip must resolve
 # the wheel beside it without touching it. The smoke set tests/wheel/ runs there from a folder outside the
 # checkout, so the installed package is what runs: every public entry point and each shipped notebook's code path.
@@ -21,7 +22,7 @@ cd "$(dirname "$0")/.."
 repo=$(pwd)
 PYTHON=${PYTHON:-python3}
 runs=("$@")
-[ ${#runs[@]} -gt 0 ] || runs=(4.0.1@3.12 4.0.1 4.1.4 4.2.0 4.3.0)
+[ ${#runs[@]} -gt 0 ] || runs=(4.0.1@3.12 4.1.4 4.2.0 4.3.0)
 extras=transformers,extract,images,endpoint,test
 work=${SBI_WHEEL_WORK:-$repo/.cache/wheel-test}
 started=$(date +%s)

@@ -97,7 +97,8 @@ def render(matrix: dict) -> dict[str, str]:
     """``{"readme": block, "install": block}``, each between the two markers (markers included)."""
     lines, connector = _compat()
     runs = matrix["runs"]
-    readme = ["| Spark | Python | Delta writers | the built wheel's smoke set (`make test-wheel`) |", "|---|---|---|---|"]
+    readme = ["| Spark | Python | Delta writers | the built wheel's smoke set (`make test-wheel`) |",
+              "|---|---|---|---|"]
     install = ["| Spark | Python | pyspark | Delta writers | entry points passed | notebooks passed | run |",
                "|---|---|---|---|---|---|---|"]
     for line in sorted(lines, key=_line_key, reverse=True):

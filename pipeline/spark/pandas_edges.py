@@ -93,7 +93,8 @@ def pandas_result(struct: pa.StructArray) -> Any:
     """The worker's struct as the pandas DataFrame a pandas UDF returns: flat fields Arrow-backed (no copy),
     nested fields as arrays, dicts and lists of dicts.
 
-    >>> s = pa.StructArray.from_arrays([pa.array([1, None], pa.int32()), pa.array([[1.5], None], pa.list_(pa.float32())),
+    >>> s = pa.StructArray.from_arrays([pa.array([1, None], pa.int32()),
+    ...     pa.array([[1.5], None], pa.list_(pa.float32())),
     ...     pa.array([[("a", 0.5)], None], pa.map_(pa.string(), pa.float32()))], names=["n", "e", "m"])
     >>> frame = pandas_result(s)
     >>> str(frame["n"].dtype), [None if v is None else v.tolist() for v in frame["e"]], list(frame["m"])

@@ -30,7 +30,8 @@ def embed_job(tmp_path: Path, model: Path, *, writer: str, rows: int | None = RO
         write_deltalake(str(tmp_path / "docs"), documents(rows), mode="overwrite")
     data = {
         "job": "wheel_smoke",
-        "source": {"format": "delta", "path": str(tmp_path / "docs"), "id_column": "doc_id", "keep_columns": ["source"]},
+        "source": {"format": "delta", "path": str(tmp_path / "docs"), "id_column": "doc_id",
+                   "keep_columns": ["source"]},
         "model": {"path": str(model), "name": "tiny-bert"},
         "task": {"kind": "embed", "labels": {"pos": "good great", "neg": "bad awful"}},
         "batching": {"batch_size": 8, "max_length": 64},

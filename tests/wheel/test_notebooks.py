@@ -61,7 +61,8 @@ def run_notebook_file(name: str, spark: Any, tmp_path: Path, job: dict) -> tuple
     shown: list = []
     namespace: dict[str, Any] = {"__name__": "__main__", "dbutils": _DbUtils(config=str(config)), "spark": spark,
                                  "display": shown.append}
-    exec(compile(path.read_text(), str(path), "exec"), namespace)  # noqa: S102 - the shipped notebook, as Databricks runs it
+    # the shipped notebook, run as Databricks runs it
+    exec(compile(path.read_text(), str(path), "exec"), namespace)  # noqa: S102
     return namespace, shown
 
 
