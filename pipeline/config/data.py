@@ -39,8 +39,8 @@ class StreamConfig(ConfigSection):
         None, gt=0, description="the most new files (Delta: data files) one micro-batch reads; none: Spark's "
         "default (1,000 for Delta and file sources)")
     max_bytes_per_trigger: int | None = Field(
-        None, gt=0, description="Delta source with the connector: the most bytes one micro-batch reads (a soft "
-        "limit); none: no limit")
+        None, gt=0, description="Delta source: the most bytes of new data files one micro-batch reads (whole "
+        "commits, at least one; with the connector a soft limit); none: no limit")
     starting_version: int | None = Field(
         None, ge=0, description="Delta source: the first table version read (its rows and the later versions'); "
         "none: the whole table as it is when the stream first starts, then every version after it")
