@@ -41,6 +41,10 @@ executor's environment after Spark started would not). Keys:
                            overlapping runs interleave their quarantine and output commits
 ``output_barrier``         the same, for the driver right after its output commit landed (``<dir>/<run id>.ready``),
                            before anything records it (a stream's checkpoint): a driver killed there has committed
+``batch_barrier``          ``{"dir": folder, "at": "uploaded" | "created", "parties": n, "timeout_s": s}``: a run in
+                           batch mode (``task.endpoint.mode: batch``) touches ``<dir>/<at>.ready`` right after it
+                           journaled a request file's upload (``uploaded``) or its batch (``created``), then waits
+                           as at ``commit_barrier``: a drill kills the driver there
 
 Example: ``SBI_FAULTS='{"fail_infer_partitions": [0], "fail_write_partitions": [1]}'``.
 
@@ -53,11 +57,12 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from pipeline.errors import InjectedFaultError, SimulatedOutOfMemoryError
 
-__all__ = ["InjectedFaultError", "SimulatedOutOfMemoryError", "activate", "after_output_commit",
+__all__ = ["InjectedFaultError", "SimulatedOutOfMemoryError", "activate", "after_output_commit", "at_batch_step",
            "after_quarantine_commit", "before_commits",
            "lost_at_output_commit", "quarantine_write_faults",
            "check_batch", "from_env", "on_commit", "on_output", "on_task_start", "on_write"]
@@ -182,6 +187,14 @@ def after_output_commit(faults: Mapping[str, Any], *, run_id: str = "") -> None:
     a test can kill it with its commit made and nothing after it done."""
     if faults.get("output_barrier"):
         _wait_at(faults["output_barrier"], run_id or "run")
+
+
+def at_batch_step(faults: Mapping[str, Any], step: str) -> None:
+    """Driver-side drill of batch mode (``batch_barrier``): wait at ``step`` (``uploaded``, ``created``) of the
+    first request file that reaches it, so a test can kill the driver there."""
+    barrier = faults.get("batch_barrier")
+    if barrier and barrier.get("at") == step and not (Path(barrier["dir"]) / f"{step}.ready").exists():
+        _wait_at(barrier, step)
 
 
 def lost_at_output_commit(faults: Mapping[str, Any]) -> Any:

@@ -91,6 +91,8 @@ class Checkpoint:
 
     staging_dir: str | None = None
     committing: bool = False
+    # a served model in batch mode got to its batches (submitted or about to be): a stop leaves them at the provider
+    batches: bool = False
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,9 @@ class RunPlan:
     # a stream's micro-batch (its batch id; None: a batch run): its commits carry the query's transaction at
     # this version, its quarantine is written only when rows failed, and its rows are read back by scored_at
     micro_batch: int | None = None
+    # batch mode of a served model (task.endpoint.mode batch): what the provider's batches did (the summary's
+    # batch_api; pipeline.stages.batch), once they ended and ``scored`` reads their answers; None: live
+    batch_api: dict[str, Any] | None = None
 
     @property
     def quarantine_path(self) -> str:

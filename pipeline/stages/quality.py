@@ -71,29 +71,37 @@ def _drift(row: Mapping[str, Any]) -> dict[str, Any]:
         return {}
 
 
-def _history(config: JobConfig, plan: RunPlan) -> tuple[list[dict[str, Any]], list[str], str | None]:
-    """The history's profiles and run ids, and why there is none to read (None: read)."""
+def _history(config: JobConfig, plan: RunPlan, spark: Any = None) -> tuple[list[dict[str, Any]], list[str], str | None]:
+    """The history's profiles and run ids, and why there is none to read (None: read). A runs table deltalake does
+    not reach (``abfss://``, a Volume a Connect client does not mount) is read through ``spark``'s connector."""
     from pipeline.io.stores import is_table, unreachable_reason
     from pipeline.runs import read_runs
 
     path = config.resolved_runs_path()
     if path is None:
-        return [], [], "no runs table (a catalog sink without run.runs_path): nothing to compare with"
-    if unreachable_reason(path) or not is_table(path):
+        return [], [], "no runs table (a catalog sink without run.runs_path or run.state_path): nothing to compare with"
+    readable = not unreachable_reason(path) and is_table(path)
+    if not readable and spark is None:
         return [], [], None
     ident = plan.identity
-    rows = read_runs(path, job=config.job)
+    try:
+        rows = read_runs(path, job=config.job, spark=None if readable else spark)
+    except Exception:  # noqa: BLE001 - no runs table there yet (the connector says so only by failing the read)
+        if readable:
+            raise
+        return [], [], None
     profiles, ids = history_profiles(rows, job=config.job, run_id=ident.run_id, ds=ident.ds,
                                      size=config.run.quality.history)
     return profiles, ids, None
 
 
-def verdict_of(config: JobConfig, plan: RunPlan, profile: Mapping[str, Any], task: Any = None) -> Verdict:
+def verdict_of(config: JobConfig, plan: RunPlan, profile: Mapping[str, Any], task: Any = None, *,
+               spark: Any = None) -> Verdict:
     """The run's profile against its history: the findings, or a note saying why nothing was compared."""
     if not profile:
         return Verdict(note="no rows were profiled: nothing to compare")
     try:
-        history, ids, why = _history(config, plan)
+        history, ids, why = _history(config, plan, spark)
     except Exception as exc:  # noqa: BLE001 - an unreadable history is said, never a reason to stop the run
         return Verdict(note=f"the runs table could not be read ({type(exc).__name__}: {exc}): nothing compared")
     if why or not history:
@@ -114,7 +122,7 @@ def check_quality(prep: Prepared, plan: RunPlan, counts: Mapping[str, Any]) -> d
         return None
     prep.stage("quality gate")
     profile = dict(counts.get("profile") or {})
-    verdict = verdict_of(config, plan, profile, prep.task)
+    verdict = verdict_of(config, plan, profile, prep.task, spark=prep.spark)
     flagged = verdict.flagged
     action = ("passed" if not flagged else "accepted" if config.run.accept_drift
               else "refused" if quality.on_drift == "refuse" else "warned")

@@ -4,8 +4,9 @@ and the site builds strict and opens in a real browser.
 A fenced block right after the line ``<!-- runnable -->`` (or ``<!-- runnable: FILE -->``) in README.md or in
 docs/ runs here, the blocks of one page in order, in a folder of the page's own that holds what the examples
 name: ``data/reviews`` (a Delta table of ``review_id``, ``body``, ``stars``), ``models/my-encoder`` (a tiny
-random BERT), ``models/my-classifier`` (the same with a classification head) and ``models/my-llm`` (a tiny
-random Llama with a chat template). By the block's language:
+random BERT), ``models/my-classifier`` (the same with a classification head), ``models/my-llm`` (a tiny
+random Llama with a chat template), ``models/my-vlm`` (a tiny random LLaVA with its processor) and
+``data/photos`` (two images and a file that is not one). By the block's language:
 
 - ``yaml``: written to FILE (``job.yaml`` when none is named) and run as a job (``load_config`` and
   ``run_job`` on the suite's session); its summary must say every row was written once, and its output
@@ -75,6 +76,15 @@ def examples(tmp_path_factory: pytest.TempPathFactory) -> Path:
     build_tiny_bert(root / "models" / "my-encoder", kind="embed")
     build_tiny_bert(root / "models" / "my-classifier", kind="classify")
     save_model_folder(root / "models" / "my-llm")
+    from tests.support import image_samples
+    from tests.support.vision_models import save_vlm_folder
+
+    save_vlm_folder(root / "models" / "my-vlm")  # a tiny LLaVA and its processor
+    photos = root / "data" / "photos"
+    photos.mkdir()
+    (photos / "cup.png").write_bytes(image_samples.png(1))
+    (photos / "dog.jpg").write_bytes(image_samples.jpeg(0))
+    (photos / "broken.jpg").write_bytes(b"not an image")
     (root / "bin").mkdir()
     sbi = root / "bin" / "sbi"  # the docs' `sbi`, running this checkout with the suite's interpreter
     sbi.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m pipeline "$@"\n')

@@ -113,6 +113,36 @@ def test_available_now_scores_each_arrival_once_and_records_each_run(spark, tmp_
     _each_once(tmp_path, [f"d{i:05d}" for i in range(30)], quarantined={"d00005", "d00028"})
 
 
+@pytest.mark.timeout(900)
+def test_below_spark_4_2_an_available_now_run_reads_in_limited_micro_batches_and_stops(spark, tmp_path,
+                                                                                      tiny_embed_model, monkeypatch):
+    """Spark 4.0 and 4.1 hand a Python stream reader no read limit and run an available-now query as one
+    micro-batch: the jar-free reader then applies the limit itself and the job runs the query on a processing-time
+    trigger to the version the table had at the start (``OpenStream.until``), stopping it there. Taken here on
+    the suite's Spark by moving the line that passes limits; the wheel's smoke set runs it on a real 4.0."""
+    import pipeline.compat
+    from pipeline.io.streams import open_stream
+
+    monkeypatch.setattr(pipeline.compat, "STREAM_READ_LIMITS_SINCE", (99, 0))
+    write_delta(tmp_path / "docs", _docs(0, 4))
+    for start in (4, 8):
+        write_delta(tmp_path / "docs", _docs(start, 4), mode="append")
+    config = _stream_config(tmp_path, tiny_embed_model, {"starting_version": 0, "max_files_per_trigger": 1})
+    assert open_stream(spark, config.source).until == 2, "an available-now run to version 2 on a processing trigger"
+    first = run_job(config, spark=spark, out=io.StringIO())
+    assert (first.rows_in, first.stream["batch_ids"]) == (12, [0, 2]), "a commit per micro-batch, then it stopped"
+    _each_once(tmp_path, [f"d{i:05d}" for i in range(12)], quarantined=set())
+
+    write_delta(tmp_path / "docs", _docs(12, 3), mode="append")
+    assert open_stream(spark, config.source).until == 3, "read on from the checkpoint's last offset (version 2)"
+    second = run_job(config, spark=spark, out=io.StringIO())
+    assert (second.rows_in, second.stream["batch_ids"]) == (3, [3, 3])
+    assert open_stream(spark, config.source).until is None, "nothing left to read: a plain available-now query"
+    third = run_job(config, spark=spark, out=io.StringIO())
+    assert (third.rows_in, third.stream["micro_batches"]) == (0, 0)
+    _each_once(tmp_path, [f"d{i:05d}" for i in range(15)], quarantined=set())
+
+
 def _json_lines(folder: Path, name: str, docs: pa.Table, *, malformed: str | None = None) -> None:
     lines = [json.dumps(row) for row in docs.to_pylist()] + ([malformed] if malformed else [])
     (folder / f".{name}").write_text("\n".join(lines) + "\n")
