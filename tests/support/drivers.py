@@ -70,6 +70,34 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def below_of(pid: int) -> tuple[list[int], set[int]]:
+    """The processes below ``pid`` and their process groups, taken while ``pid`` lives: once it exits, its
+    children belong to init and ``descendants`` no longer finds them (the driver's JVM and its workers)."""
+    below = descendants(pid)
+    groups = {pid}
+    for child in below:
+        try:
+            groups.add(os.getpgid(child))  # the daemon's group: a worker it forks meanwhile is in it too
+        except ProcessLookupError:
+            pass
+    return below, groups
+
+
+def kill_below(snapshot: tuple[list[int], set[int]]) -> None:
+    """SIGKILL every process group and process of a ``below_of`` snapshot (this test's own group spared)."""
+    below, groups = snapshot
+    for group in groups - {os.getpgrp()}:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in below:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def kill_when(driver: subprocess.Popen, ready: Callable[[], bool], log: Path, *, timeout_s: float = 300) -> None:
     """SIGKILL the driver and everything below it once ``ready()`` holds, as a lost node takes them all.
 
@@ -83,23 +111,7 @@ def kill_when(driver: subprocess.Popen, ready: Callable[[], bool], log: Path, *,
             assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.1)
     finally:
-        below = descendants(driver.pid)
-        groups = set()
-        for pid in below:
-            try:
-                groups.add(os.getpgid(pid))  # the daemon's group: a worker it forks meanwhile is in it too
-            except ProcessLookupError:
-                pass
-        for group in {driver.pid, *groups} - {os.getpgrp()}:
-            try:
-                os.killpg(group, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for pid in below:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_below(below_of(driver.pid))
         driver.wait(timeout=60)
 
 
