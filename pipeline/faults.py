@@ -35,6 +35,8 @@ executor's environment after Spark started would not). Keys:
                            files exist (or ``<dir>/release`` does, or ``s`` seconds pass) before committing.
                            The connector writes and commits in one call (``save``, ``MERGE``): its driver
                            waits so right before that call
+``quarantine_commit_barrier`` the same as ``commit_barrier``, for the quarantine table's commit (its files
+                           written, nothing committed; the connector: right before its ``save``)
 ``quarantine_barrier``     the same, for the driver right after its quarantine commit (``<dir>/<run id>.ready``):
                            overlapping runs interleave their quarantine and output commits
 ``output_barrier``         the same, for the driver right after its output commit landed (``<dir>/<run id>.ready``),
@@ -62,7 +64,7 @@ from pipeline.errors import InjectedFaultError, SimulatedOutOfMemoryError
 
 __all__ = ["InjectedFaultError", "SimulatedOutOfMemoryError", "activate", "after_output_commit", "at_batch_step",
            "after_quarantine_commit", "before_commits",
-           "lost_at_output_commit",
+           "lost_at_output_commit", "quarantine_write_faults",
            "check_batch", "from_env", "on_commit", "on_output", "on_task_start", "on_write"]
 
 ENV = "SBI_FAULTS"
@@ -161,6 +163,13 @@ def before_commits(faults: Mapping[str, Any]) -> None:
     """Driver-side fault (``fail_before_commit``): the job dies after inference, before any commit."""
     if faults.get("fail_before_commit"):
         raise InjectedFaultError("injected driver failure after inference, before any commit")
+
+
+def quarantine_write_faults(faults: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The faults the quarantine table's write gets: ``quarantine_commit_barrier`` as its ``commit_barrier``
+    (none of the output write's drills)."""
+    barrier = faults.get("quarantine_commit_barrier")
+    return {"commit_barrier": barrier} if barrier else None
 
 
 def after_quarantine_commit(faults: Mapping[str, Any], *, version: int | None, run_id: str = "") -> None:

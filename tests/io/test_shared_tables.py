@@ -224,6 +224,7 @@ def test_a_quarantined_line_with_invalid_utf8_is_valid_text_with_its_bytes_kept(
                     if f.name == "input_text_bytes")) == 'PrimitiveType("binary")'
 
 
+@pytest.mark.drills  # SIGTERM
 @pytest.mark.beside
 @pytest.mark.timeout(900)  # two drivers in JVMs of their own
 def test_sigterm_stops_the_run_records_it_and_the_same_command_resumes(tmp_path, tiny_embed_model):

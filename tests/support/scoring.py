@@ -23,7 +23,7 @@ from tests.support.data import make_documents, write_delta
 from tests.support.jobs import job_config
 
 __all__ = ["EMBED", "NULL_ID_ROW", "SCORE_SETTINGS", "assert_same_as_run_job", "assert_same_value", "documents",
-           "run_job_rows", "user_write"]
+           "run_job_rows", "untouchable_frame", "user_write"]
 
 NULL_ID_ROW = 5
 # score(df)'s arguments for the test job's task, model and batching (tests/support/jobs.job_config)
@@ -64,6 +64,26 @@ def run_job_rows(spark: Any, tmp_path: Path, model_dir: Path | str, *, model_nam
     by_id = {r["doc_id"]: r for r in rows}
     assert len(by_id) == len(rows), "run_job wrote an id twice"
     return by_id
+
+
+def untouchable_frame(spark: Any, marker: Path) -> Any:
+    """Three rows (``doc_id``, ``text``, ``n``, ``status_note``) that touch ``marker`` whenever a Spark job
+    computes them, whatever columns the job reads: the rows pass a Python filter, which no plan prunes (a
+    column function on ``text`` would not run for a ``count()``, which reads no column)."""
+    from pyspark.sql import functions as F
+
+    path = str(marker)
+
+    @F.udf("boolean")
+    def computed(n):  # noqa: ANN001 - hints would make pyspark guess another UDF kind
+        import pathlib
+
+        pathlib.Path(path).touch()
+        return True
+
+    return spark.range(3).where(computed("id")).select(
+        F.col("id").cast("string").alias("doc_id"), F.concat(F.lit("text "), F.col("id").cast("string")).alias("text"),
+        F.col("id").cast("int").alias("n"), F.lit("x").alias("status_note"))
 
 
 def user_write(scored: Any, path: Path, writer: str) -> pa.Table:

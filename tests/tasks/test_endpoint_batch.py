@@ -269,7 +269,7 @@ def test_a_create_whose_answer_was_lost_is_found_by_its_metadata_not_created_aga
 
 # -- a driver killed after the upload, then again while polling: both writers ---------------------------------
 
-@pytest.mark.slow
+@pytest.mark.drills  # SIGKILL, twice
 @pytest.mark.timeout(1500)  # two drivers in JVMs of their own, then the run that commits
 def test_a_driver_killed_after_the_upload_and_again_while_polling_submits_nothing_twice(spark, tmp_path, server,
                                                                                          writer):
