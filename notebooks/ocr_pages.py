@@ -7,6 +7,12 @@
 # MAGIC
 # MAGIC Install the package on the cluster first (a wheel built with `pip wheel .`, or `%pip install`).
 # MAGIC The same YAML config drives spark-submit, the CLI and this notebook.
+# MAGIC
+# MAGIC On Databricks set the `overlay` widget to `conf/env/databricks.yaml` and give your locations in
+# MAGIC `overrides` (`source.path`, `sink.path`): the YAML's own are the demo's, relative to the repository
+# MAGIC (found above this notebook's folder), and the second cell names each one it does not find. The model
+# MAGIC `package:rapidocr_onnxruntime` comes from the `rapidocr-onnxruntime` wheel; or set `model.path` to your
+# MAGIC model folder.
 
 # COMMAND ----------
 

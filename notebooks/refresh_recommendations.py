@@ -7,6 +7,11 @@
 # MAGIC
 # MAGIC Install the package on the cluster first (a wheel built with `pip wheel .`, or `%pip install`).
 # MAGIC Train a model first: `python jobs/train_recommender.py --refit-full` (writes `<models>/LATEST`).
+# MAGIC
+# MAGIC On Databricks set the `overlay` widget to `conf/env/databricks.yaml` and give your locations in
+# MAGIC `overrides` (`source.path`, `model.path`, `task.interactions`, `task.items`, `task.latest_path`,
+# MAGIC `sink.path`): the YAML's own are the demo's, relative to the repository (found above this notebook's
+# MAGIC folder), and the second cell names each one it does not find.
 
 # COMMAND ----------
 

@@ -81,6 +81,11 @@ def prepare_scoring(task: Any, *, model: Any, batching: Any, settings: Mapping[s
     if batching is not None:
         data["batching"] = _section(batching, BatchingConfig, "batching")
     config = build_config(data, source=caller, expand_env=False)
+    endpoint = getattr(config.task, "endpoint", None)
+    if endpoint is not None and endpoint.mode == "batch":
+        raise ConfigError(f"{caller}: task.endpoint.mode batch needs a run (run_job, `pipeline run`): its requests go "
+                          "to the provider in files, answered within hours, and the run collects and commits them; "
+                          f"{caller} scores a DataFrame as Spark computes it: use mode live here")
     kind, built = kind_and_task(config)
     return config, kind, built
 
@@ -198,7 +203,7 @@ def _input_types(task: Any) -> dict[str, tuple[str, ...]]:
     if inputs == ("text",):  # a text task reads strings, or bytes it decodes leniently (as run_job)
         return {"text": ("string", "binary")}
     image_input = getattr(task.config, "image_input", None)
-    if image_input is not None:
+    if image_input is not None and getattr(task.config, "image_column", None):
         return {task.config.image_column: ("binary",) if image_input == "bytes" else ("string",)}
     return {}
 

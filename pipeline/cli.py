@@ -157,6 +157,9 @@ def add_job_arguments(parser: argparse.ArgumentParser, *, positional: bool = Tru
     parser.add_argument("--accept-drift", action="store_true",
                         help="publish a run the drift gate flagged; a rerun of a refused run publishes its staged "
                              "rows without scoring again (same as --set run.accept_drift=true; see run.quality)")
+    parser.add_argument("--submit-only", action="store_true",
+                        help="task.endpoint.mode batch: submit the run's batches to the provider and end, committing "
+                             "nothing; the same command later collects and commits (same as --set run.submit_only=true)")
     parser.add_argument("--retry-quarantined", action="store_true",
                         help="with --incremental: score again the rows quarantined earlier with the same content "
                              "and fingerprint (same as --set run.retry_quarantined=true)")
@@ -186,6 +189,8 @@ def config_from_args(args: argparse.Namespace):
         overrides.append("run.allow_empty=true")
     if getattr(args, "accept_drift", False):
         overrides.append("run.accept_drift=true")
+    if getattr(args, "submit_only", False):
+        overrides.append("run.submit_only=true")
     if getattr(args, "log_json", False):
         overrides.append("run.log_format=json")
     return load_config(path, overrides=overrides, overlays=args.overlay)

@@ -28,8 +28,9 @@ from typing import Any
 from pipeline.errors import UnsupportedSparkError
 
 __all__ = ["ALLOW_UNSUPPORTED_ENV", "DELTA_CONNECTOR_LINES", "DELTA_VERSION", "SUPPORTED_SPARK", "SUPPORTED_TEXT",
-           "check_spark", "check_spark_feature", "delta_connector_package", "installed_pyspark", "library_version",
-           "runtime_versions", "spark_line", "supported"]
+           "ARROW_UDF_SINCE", "COLUMN_FUNCTION_ENV", "STREAM_READ_LIMITS_SINCE", "arrow_column_function", "check_spark",
+           "check_spark_feature", "delta_connector_package", "installed_pyspark", "library_version", "runtime_versions",
+           "session_spark", "spark_line", "supported"]
 
 # The first and the last supported Spark line; CI installs the built wheel beside both (make test-wheel).
 SUPPORTED_SPARK = ((4, 0), (4, 3))
@@ -38,6 +39,15 @@ SUPPORTED_TEXT = "4.0 to 4.3"
 # Central); Spark 4.3 has none yet, so there the jar-free deltalake writer runs (sink.writer auto).
 DELTA_VERSION = "4.4.0"
 DELTA_CONNECTOR_LINES = frozenset({(4, 0), (4, 1), (4, 2)})
+# Features a supported line lacks, and the line that brought each: a column function over Arrow batches
+# (pyspark.sql.functions.arrow_udf; score(df) and the SQL function use a pandas UDF below it), and read limits
+# handed to a Python streaming source (latestOffset(start, limit); below it the jar-free Delta stream reader
+# applies them itself)
+ARROW_UDF_SINCE = (4, 1)
+STREAM_READ_LIMITS_SINCE = (4, 2)
+# score(df)'s column function: "pandas" takes the pandas path on any line (a check of it on a line that has the
+# Arrow one); unset: chosen by the session's Spark
+COLUMN_FUNCTION_ENV = "SBI_COLUMN_FUNCTION"
 # Set to 1 to run on a Spark outside the range anyway (a nightly build, a vendor's fork): a warning, not an error.
 ALLOW_UNSUPPORTED_ENV = "SBI_ALLOW_UNSUPPORTED_SPARK"
 
@@ -124,6 +134,30 @@ def check_spark_feature(feature: str, needs: tuple[int, int], version: str | Non
     if found is not None and spark_line(found) < needs:
         raise UnsupportedSparkError(
             f"{feature} needs Spark {needs[0]}.{needs[1]} or later; this is Spark {found}" + (f": {fix}" if fix else ""))
+
+
+def session_spark(spark: Any) -> str:
+    """The Spark line a session's Python functions run on: the lower of the installed pyspark (the client that
+    builds them) and the session's Spark (a Spark Connect server's ``spark.version``; a classic session's JVM).
+
+    >>> class Session: version = "4.0.1"
+    >>> session_spark(Session()) if installed_pyspark() else "4.0.1"
+    '4.0.1'
+    """
+    found = [v for v in (installed_pyspark(), str(spark.version)) if v]
+    return min(found, key=spark_line)
+
+
+def arrow_column_function(spark_version: str) -> bool:
+    """Whether ``score(df)`` builds its column function as an Arrow UDF on ``spark_version`` (else a pandas UDF
+    over the same worker, :mod:`pipeline.spark.pandas_edges`); ``$SBI_COLUMN_FUNCTION=pandas`` says no anywhere.
+
+    >>> arrow_column_function("4.2.0"), arrow_column_function("4.0.1")
+    (True, False)
+    """
+    if os.environ.get(COLUMN_FUNCTION_ENV) == "pandas":
+        return False
+    return spark_line(spark_version) >= ARROW_UDF_SINCE
 
 
 def delta_connector_package(spark_version: str | None = None, *, delta_spark: Any = "installed") -> str | None:

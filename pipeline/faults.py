@@ -37,10 +37,16 @@ executor's environment after Spark started would not). Keys:
                            files exist (or ``<dir>/release`` does, or ``s`` seconds pass) before committing.
                            The connector writes and commits in one call (``save``, ``MERGE``): its driver
                            waits so right before that call
+``quarantine_commit_barrier`` the same as ``commit_barrier``, for the quarantine table's commit (its files
+                           written, nothing committed; the connector: right before its ``save``)
 ``quarantine_barrier``     the same, for the driver right after its quarantine commit (``<dir>/<run id>.ready``):
                            overlapping runs interleave their quarantine and output commits
 ``output_barrier``         the same, for the driver right after its output commit landed (``<dir>/<run id>.ready``),
                            before anything records it (a stream's checkpoint): a driver killed there has committed
+``batch_barrier``          ``{"dir": folder, "at": "uploaded" | "created", "parties": n, "timeout_s": s}``: a run in
+                           batch mode (``task.endpoint.mode: batch``) touches ``<dir>/<at>.ready`` right after it
+                           journaled a request file's upload (``uploaded``) or its batch (``created``), then waits
+                           as at ``commit_barrier``: a drill kills the driver there
 
 Example: ``SBI_FAULTS='{"fail_infer_partitions": [0], "fail_write_partitions": [1]}'``.
 
@@ -53,13 +59,14 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from pipeline.errors import InjectedFaultError, SimulatedOutOfMemoryError
 
-__all__ = ["InjectedFaultError", "SimulatedOutOfMemoryError", "activate", "after_output_commit",
+__all__ = ["InjectedFaultError", "SimulatedOutOfMemoryError", "activate", "after_output_commit", "at_batch_step",
            "after_quarantine_commit", "before_commits",
-           "lost_at_output_commit", "swapped_at_output_commit",
+           "lost_at_output_commit", "quarantine_write_faults", "swapped_at_output_commit",
            "check_batch", "from_env", "on_commit", "on_output", "on_task_start", "on_write"]
 
 ENV = "SBI_FAULTS"
@@ -160,6 +167,13 @@ def before_commits(faults: Mapping[str, Any]) -> None:
         raise InjectedFaultError("injected driver failure after inference, before any commit")
 
 
+def quarantine_write_faults(faults: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The faults the quarantine table's write gets: ``quarantine_commit_barrier`` as its ``commit_barrier``
+    (none of the output write's drills)."""
+    barrier = faults.get("quarantine_commit_barrier")
+    return {"commit_barrier": barrier} if barrier else None
+
+
 def after_quarantine_commit(faults: Mapping[str, Any], *, version: int | None, run_id: str = "") -> None:
     """Driver-side faults between the quarantine commit and the output commit: the job dies there
     (``fail_after_quarantine_commit``), or waits for other runs to get there (``quarantine_barrier``)."""
@@ -175,6 +189,14 @@ def after_output_commit(faults: Mapping[str, Any], *, run_id: str = "") -> None:
     a test can kill it with its commit made and nothing after it done."""
     if faults.get("output_barrier"):
         _wait_at(faults["output_barrier"], run_id or "run")
+
+
+def at_batch_step(faults: Mapping[str, Any], step: str) -> None:
+    """Driver-side drill of batch mode (``batch_barrier``): wait at ``step`` (``uploaded``, ``created``) of the
+    first request file that reaches it, so a test can kill the driver there."""
+    barrier = faults.get("batch_barrier")
+    if barrier and barrier.get("at") == step and not (Path(barrier["dir"]) / f"{step}.ready").exists():
+        _wait_at(barrier, step)
 
 
 def lost_at_output_commit(faults: Mapping[str, Any]) -> Any:

@@ -13,7 +13,7 @@ What goes in (:func:`fingerprint_settings`):
 - the model: its revision (a hash of the weights, config and tokenizer files,
   wherever the folder lives), ``model.name`` and ``model.precision``, plus
   ``model.int8`` when the precision is ``int8`` or ``auto`` and ``model.accuracy_gate``
-  when it is not ``fp32`` (the gate may fall back to another precision);
+  (all but ``remember``) when it is not ``fp32`` (the gate may fall back to another precision);
 - every ``task.*`` key except those the kind lists in
   ``fingerprint_ignore`` (its config class, see :class:`~pipeline.config.TaskConfig`);
 - the ``batching.*`` keys the kind lists in ``fingerprint_batching`` (all of
@@ -64,7 +64,7 @@ FINGERPRINT_VERSION = 1
 # model keys that are in every fingerprint, and those in it only for some precisions
 MODEL_KEYS = ("model.name", "model.precision")
 MODEL_KEYS_WHEN = {"model.int8": "`model.precision` is `int8` or `auto`",
-                   "model.accuracy_gate": "`model.precision` is not `fp32`"}
+                   "model.accuracy_gate": "`model.precision` is not `fp32` (all but `remember`)"}
 
 
 def task_fingerprint(config: JobConfig, *, revision: str) -> str:
@@ -89,7 +89,8 @@ def fingerprint_settings(config: JobConfig, *, revision: str) -> dict[str, Any]:
     if model.precision in ("int8", "auto"):  # auto may choose int8
         settings["int8"] = model.int8.model_dump(mode="json")
     if model.precision != "fp32":
-        settings["accuracy_gate"] = model.accuracy_gate.model_dump(mode="json")
+        # whether a verdict is remembered changes when the gate measures, not what it decides
+        settings["accuracy_gate"] = model.accuracy_gate.model_dump(mode="json", exclude={"remember"})
     task_class = type(config.task)
     task = config.task.model_dump(mode="json")
     for path in task_class.fingerprint_ignore:

@@ -28,6 +28,8 @@ The relations, as a retry, a rerun and a change see them:
 True
 >>> ident({**raw, "run": {"ds": "2026-11-29", "accept_drift": True}}).run_key == first.run_key  # publishes what was staged
 True
+>>> ident({**raw, "run": {"ds": "2026-11-29", "submit_only": True}}).run_key == first.run_key  # collected by the next
+True
 >>> ident(raw, snapshot="delta:t:4").run_key == first.run_key, ident(raw, revision="r2").run_key == first.run_key
 (False, False)
 >>> ident({**raw, "run": {"ds": "2026-11-30"}}).run_key == first.run_key  # another day
@@ -65,13 +67,13 @@ RUN_KEY_IGNORES: Mapping[str, frozenset[str] | None] = {
     "run": frozenset({"run_id", "progress", "progress_interval_s", "sample_rows", "log_format", "summary_path",
                       "faults", "runs_path", "report_path", "mlflow", "staging", "staging_path",
                       "staging_max_age_hours", "min_rows_fraction", "allow_empty", "max_tokens", "quality",
-                      "accept_drift"}),
+                      "accept_drift", "record", "submit_only"}),
 }
 # what the runs table's config hash leaves out: the run's date and try, how the store is reached, and how the
 # run's lines look (a nightly job switched to JSON lines keeps its hash)
 CONFIG_HASH_IGNORES: Mapping[str, frozenset[str] | None] = {
     "storage": None,
-    "run": frozenset({"ds", "run_id", "log_format", "accept_drift"}),
+    "run": frozenset({"ds", "run_id", "log_format", "accept_drift", "submit_only"}),
 }
 
 

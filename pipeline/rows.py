@@ -40,8 +40,9 @@ from typing import Any
 import pyarrow as pa
 
 __all__ = [
-    "ERROR", "INVALID_ID", "INVALID_OUTPUT", "KEY_SEPARATOR", "KeyTally", "MALFORMED", "MALFORMED_COLUMN", "MALFORMED_ERROR", "MODEL_LINEAGE_COLUMNS",
-    "NO_CONTENT", "OK", "QUARANTINED_STATUSES", "SKIPPED_NULL", "STATUS_FIELDS", "Status", "TRUNCATED",
+    "ANSWER_COLUMN", "ERROR", "INVALID_ID", "INVALID_OUTPUT", "KEY_SEPARATOR", "KeyTally", "MALFORMED", "MALFORMED_COLUMN",
+    "MALFORMED_ERROR", "MODEL_LINEAGE_COLUMNS", "NO_CONTENT", "OK", "QUARANTINED_STATUSES", "REQUEST_KEY_COLUMN",
+    "SKIPPED_NULL", "STATUS_FIELDS", "Status", "TRUNCATED",
 ]
 
 
@@ -79,6 +80,12 @@ MALFORMED_ERROR = ("malformed source line: Spark could not parse it as JSON; its
                    "quarantine table's input column. Fix or drop the line at the source and rerun the day")
 # The column that carries a JSON line Spark could not parse, raw, from the source to the task and the quarantine.
 MALFORMED_COLUMN = "_malformed"
+
+# A served model in batch mode (task.endpoint.mode batch): each row's request key, and the answer the provider's
+# batch API gave that request (a JSON line of pipeline.staging.batch_log's answers), joined to the row by key
+# before the task parses it; neither is written anywhere.
+REQUEST_KEY_COLUMN = "_sbi_request_key"
+ANSWER_COLUMN = "_sbi_answer"
 
 # Row statuses that go to the quarantine table instead of the output.
 QUARANTINED_STATUSES = (ERROR, MALFORMED, INVALID_ID, INVALID_OUTPUT)

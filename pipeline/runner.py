@@ -88,7 +88,9 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
 def _run_job(config: JobConfig, *, spark: "SparkSession | None", log: RunLog, recorder: Any,
              clock: StageClock, stop: Any = False, labels: Any = None, fixed_ds: bool = True) -> RunSummary:
     """The stages of one run, in order: prepare, identify, plan, score and commit, read back, summary; a
-    streaming job (``source.stream``): prepare, then its query (:func:`pipeline.stages.stream.run_stream`).
+    streaming job (``source.stream``): prepare, then its query (:func:`pipeline.stages.stream.run_stream`). A
+    served model in batch mode has the provider's batches between the plan and the scoring
+    (:mod:`pipeline.stages.batch`), and a run that ends before they do returns their summary.
 
     ``stop``: true once a SIGTERM asked the run to stop (``pipeline.spark.stopping.StopRequest``);
     ``labels``: what names the run's Spark jobs (``pipeline.spark.job_labels.JobLabels``); ``fixed_ds``:
@@ -96,7 +98,8 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", log: RunLog, re
     from pipeline.errors import RunStopped
     from pipeline.stages.commit import score_and_commit
     from pipeline.stages.identify import identify
-    from pipeline.stages.planning import plan_run
+    from pipeline.stages.batch import BatchesPending, answered_plan, pending_summary, run_batches
+    from pipeline.stages.planning import batch_mode, plan_run
     from pipeline.stages.prepare import prepare
     from pipeline.stages.summary import already_committed, finish, summarize
 
@@ -112,6 +115,12 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", log: RunLog, re
             return already_committed(prep, identified.identity, identified.done)
         plan = plan_run(prep, identified)
         checkpoint.staging_dir = plan.staging_dir
+        if batch_mode(prep) and plan.rows_in:  # a served model's batch API: submitted, waited for, collected
+            checkpoint.batches = True
+            waited = run_batches(prep, plan)
+            if isinstance(waited, BatchesPending):
+                return pending_summary(prep, plan, waited, recorder=recorder)
+            plan = answered_plan(prep, plan, waited)
         outcome = score_and_commit(prep, plan, checkpoint)
     except Exception as exc:
         if isinstance(exc, RunStopped) or stop:  # a cancelled Spark job surfaces as its error
@@ -144,4 +153,7 @@ def _stopped_message(checkpoint: Checkpoint) -> str:
     where = (f"{staged} finished inference task(s) are staged in {checkpoint.staging_dir}, and a rerun of the same "
              "command reuses them" if checkpoint.staging_dir
              else "nothing is staged (staging off), so a rerun scores every row again")
+    if checkpoint.batches:
+        where += ("; the batches submitted so far stay at the provider, journaled there too: the rerun polls and "
+                  "collects them, submitting nothing again")
     return f"stopped by SIGTERM before its commit: nothing was committed; {where}. Resume: rerun the same command"

@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-__all__ = ["RunSummary"]
+__all__ = ["RunSummary", "batch_api_line"]
 
 
 @dataclass
@@ -95,6 +95,10 @@ class RunSummary:
     # the output's profile and its drift verdict against the job's recent runs ({"profile": ..., "drift": ...},
     # pipeline.sketches and pipeline.drift); empty when run.quality is off
     quality: dict[str, Any] = field(default_factory=dict)
+    # a served model in batch mode: the batches (file, id, state, round, requests, answered, failed, tokens), their
+    # states, the requests (first submitted and submitted again), the tokens this try collected, how long it
+    # waited and how long the provider took; ``pending``/``pending_reason`` when the run ended before they did
+    batch_api: dict[str, Any] = field(default_factory=dict)
 
     @property
     def rows_flagged(self) -> int:
@@ -179,6 +183,8 @@ class RunSummary:
         lines += [f"{label:<24}: {value}" for label, value in self.details.items()]
         if self.endpoint:
             lines.append(f"endpoint                : {_endpoint_line(self.endpoint)}")
+        if self.batch_api:
+            lines.append(f"batch API               : {batch_api_line(self.batch_api)}")
         if self.prompt_tokens or self.completion_tokens:
             lines.append(f"token usage             : {self.prompt_tokens + self.completion_tokens:,} "
                          f"({self.prompt_tokens:,} prompt + {self.completion_tokens:,} completion) over the rows"
@@ -251,6 +257,32 @@ def _quality_lines(quality: Mapping[str, Any]) -> list[str]:
             + [f"drift                   : {f.line()}" for f in verdict.measures_moved()])
 
 
+def batch_api_line(facts: Mapping[str, Any]) -> str:
+    """One line for what a run's batches did at the provider (the summary's and the report's).
+
+    >>> line = batch_api_line({"batches": [{}, {}], "states": {"completed": 1, "expired": 1}, "requests": 20,
+    ...                        "resubmitted": 4, "answered": 19, "failed": 5, "tokens": 4200, "waited_s": 81.5,
+    ...                        "provider_s": 80.0, "pending": 0})
+    >>> print(*line.split("; "), sep="\\n")
+    2 batch(es) (completed x1, expired x1): 20 request(s), 4 submitted again
+    19 answered, 5 failed
+    4,200 tokens collected by this try
+    waited 81.5 s (the provider took 80.0 s)
+    """
+    states = ", ".join(f"{k} x{v}" for k, v in sorted((facts.get("states") or {}).items()))
+    text = (f"{len(facts.get('batches') or []):,} batch(es) ({states or 'none'}): "
+            f"{int(facts.get('requests', 0)):,} request(s)")
+    if facts.get("resubmitted"):
+        text += f", {int(facts['resubmitted']):,} submitted again"
+    text += f"; {int(facts.get('answered', 0)):,} answered, {int(facts.get('failed', 0)):,} failed"
+    text += f"; {int(facts.get('tokens', 0)):,} tokens collected by this try; waited {facts.get('waited_s', 0):,} s"
+    if facts.get("provider_s") is not None:
+        text += f" (the provider took {facts['provider_s']:,} s)"
+    if facts.get("pending_reason"):
+        text += f"; {int(facts.get('pending', 0)):,} pending: {facts['pending_reason']}"
+    return text
+
+
 def _endpoint_line(stats: Mapping[str, float]) -> str:
     """One line for what a run's requests to a server did.
 
@@ -260,6 +292,9 @@ def _endpoint_line(stats: Mapping[str, float]) -> str:
     causes = {"429": "retry_429", "5xx": "retry_5xx", "timeout": "retry_timeout", "connection": "retry_connection",
               "bad body": "retry_bad_body", "other": "retry_other"}
     retried = {name: int(stats.get(key, 0)) for name, key in causes.items() if stats.get(key)}
+    if "batch_answers" in stats and not stats.get("requests"):  # batch mode: the workers sent nothing
+        text = f"{int(stats['batch_answers']):,} row(s) answered from the batch API"
+        return text + (f", {int(stats['failed_rows']):,} row(s) failed" if stats.get("failed_rows") else "")
     text = f"{int(stats.get('requests', 0)):,} request(s) sent"
     if retried:
         text += f", {sum(retried.values()):,} retried (" + ", ".join(f"{k} x{v}" for k, v in retried.items()) + ")"

@@ -45,6 +45,17 @@ def _beside_is_jar_free(request: pytest.FixtureRequest, monkeypatch: pytest.Monk
         monkeypatch.setenv("SBI_NO_JARS", "1")
 
 
+@pytest.fixture(autouse=True)
+def _no_remembered_gate_verdicts(tmp_path_factory: pytest.TempPathFactory):
+    """Each test finds the session's tiny models without precision gate verdicts (``pipeline.models.verdicts``):
+    a test of the gate measures it, and a test of remembering remembers within itself."""
+    yield
+    import shutil
+
+    for folder in tmp_path_factory.getbasetemp().glob("models*/*/.sbi-gate"):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture(params=["deltalake", pytest.param("delta", marks=pytest.mark.connector)])
 def writer(request: pytest.FixtureRequest):
     """The test runs on both Delta writers: ``deltalake`` (jar-free) and ``delta`` (the Delta Spark connector,

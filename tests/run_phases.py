@@ -1,13 +1,18 @@
-"""``make test``: the suite's two pytest runs, side by side (one JVM per process, so they cannot share one run).
+"""``make test`` and ``make test-drills``: a set of the suite in two pytest runs, side by side (one JVM per process,
+so they cannot share one run).
 
-The jar-free run (``-m "not connector and not beside"``, the deltalake writer) prints as it goes; the
-connector run (``SBI_TEST_CONNECTOR=1 -m "connector or beside"``) writes ``.pytest-connector.log`` and is
-printed, whole, when it ends. ``beside`` tests are jar-free drills with a Spark of their own in a subprocess:
-they run in the connector run (still jar-free, ``SBI_NO_JARS=1``) because it would otherwise end minutes before
-the other. Either failing fails the command; Ctrl-C stops both. Arguments go to both runs::
+The sets: ``make test`` (the default) leaves out the ``drills`` (kills, SIGTERM, processing-time streams, the
+retry and resume drills) and the ``lint`` checks, which ``make lint`` runs; ``--drills`` (``make test-drills``)
+runs the drills alone; ``--all`` runs both sets. The runs: the jar-free run (``-m "not connector and not beside"``,
+the deltalake writer) prints as it goes; the connector run (``SBI_TEST_CONNECTOR=1 -m "connector or beside"``)
+writes ``.pytest-connector.log`` and is printed, whole, when it ends. ``beside`` tests are jar-free tests with a
+Spark of their own in a subprocess: they run in the connector run (still jar-free, ``SBI_NO_JARS=1``) because it
+would otherwise end minutes before the other. Either failing fails the command; Ctrl-C stops both. Other arguments
+go to both runs::
 
-    python -m tests.run_phases -p no:cacheprovider --durations=15
-    python -m tests.run_phases --serial      # one after the other, as before
+    python -m tests.run_phases -p no:cacheprovider --durations=30
+    python -m tests.run_phases --drills           # the drills, on both writers
+    python -m tests.run_phases --serial           # one run after the other
 
 On 2 cores neither run keeps both cores busy (its driver's planning and the JVM starts of the drills are
 single-threaded): side by side the suite took 0.75x the time of the two runs in turn (docs/benchmarks_small_jobs.md,
@@ -40,12 +45,18 @@ def _stop(procs: list[subprocess.Popen]) -> None:
                 pass
 
 
+# which tests a set takes, in both runs
+SETS = {"test": "not drills and not lint", "drills": "drills", "all": "not lint"}
+
+
 def main(argv: list[str]) -> int:
     serial = "--serial" in argv
-    args = [a for a in argv if a != "--serial"]
-    # `beside` tests (jar-free, each with a Spark of its own) run in the connector run, which is shorter
-    jar_free = _pytest(["-m", "not connector and not beside", *args])
-    connector = _pytest(["-m", "connector or beside", *args])
+    chosen = "drills" if "--drills" in argv else "all" if "--all" in argv else "test"
+    args = [a for a in argv if a not in ("--serial", "--drills", "--all")]
+    which = SETS[chosen]
+    # `beside` tests (jar-free, each with a Spark of their own) run in the connector run, which is shorter
+    jar_free = _pytest(["-m", f"not connector and not beside and ({which})", *args])
+    connector = _pytest(["-m", f"(connector or beside) and ({which})", *args])
     connector_env = {**os.environ, "SBI_TEST_CONNECTOR": "1"}
     started = time.monotonic()
     if serial:
@@ -58,10 +69,10 @@ def main(argv: list[str]) -> int:
             # each run in a process group of its own, so Ctrl-C (or a failure to start) stops its JVMs too
             procs.append(subprocess.Popen(connector, cwd=REPO, env=connector_env, stdout=log,
                                           stderr=subprocess.STDOUT, start_new_session=True))
-            print(f"[make test] the connector run goes on beside this one; its output: {CONNECTOR_LOG}", flush=True)
+            print(f"[{chosen}] the connector run goes on beside this one; its output: {CONNECTOR_LOG}", flush=True)
             procs.append(subprocess.Popen(jar_free, cwd=REPO, start_new_session=True))
             first = procs[1].wait()
-            print(f"[make test] jar-free run: exit {first} after {time.monotonic() - started:.0f} s; "
+            print(f"[{chosen}] jar-free run: exit {first} after {time.monotonic() - started:.0f} s; "
                   "waiting for the connector run", flush=True)
             second = procs[0].wait()
     except KeyboardInterrupt:
@@ -69,8 +80,8 @@ def main(argv: list[str]) -> int:
         return 130
     finally:
         _stop(procs)
-    print(f"\n[make test] ===== the connector run (SBI_TEST_CONNECTOR=1 pytest -m 'connector or beside'): exit {second} after "
-          f"{time.monotonic() - started:.0f} s =====", flush=True)
+    print(f"\n[{chosen}] ===== the connector run (SBI_TEST_CONNECTOR=1 pytest -m '(connector or beside) and ({which})'): "
+          f"exit {second} after {time.monotonic() - started:.0f} s =====", flush=True)
     sys.stdout.buffer.write(CONNECTOR_LOG.read_bytes())
     sys.stdout.flush()
     return first or second

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_serializer, model_validator
 
-from pipeline.config.base import ConfigSection
+from pipeline.config.base import READS, WRITES, ConfigSection
 from pipeline.config.redaction import REDACTED
 
 __all__ = ["SinkConfig", "SourceConfig", "StorageConfig", "StreamConfig"]
@@ -29,7 +29,7 @@ class StreamConfig(ConfigSection):
     checkpoint_path: str = Field(
         description="the query's checkpoint folder (a local path or any URI Spark reaches): what was read, "
         "micro-batch by micro-batch; one folder per job, kept between runs (a new folder reads the source from "
-        "its start again)")
+        "its start again)", json_schema_extra=WRITES)
     trigger: Literal["available_now", "processing_time"] = Field(
         "available_now", description="`available_now`: score what is there and stop (a nightly job); "
         "`processing_time`: keep running, a micro-batch every `interval_s` (stopped by SIGTERM)")
@@ -39,8 +39,8 @@ class StreamConfig(ConfigSection):
         None, gt=0, description="the most new files (Delta: data files) one micro-batch reads; none: Spark's "
         "default (1,000 for Delta and file sources)")
     max_bytes_per_trigger: int | None = Field(
-        None, gt=0, description="Delta source with the connector: the most bytes one micro-batch reads (a soft "
-        "limit); none: no limit")
+        None, gt=0, description="Delta source: the most bytes of new data files one micro-batch reads (whole "
+        "commits, at least one; with the connector a soft limit); none: no limit")
     starting_version: int | None = Field(
         None, ge=0, description="Delta source: the first table version read (its rows and the later versions'); "
         "none: the whole table as it is when the stream first starts, then every version after it")
@@ -61,7 +61,7 @@ class SourceConfig(ConfigSection):
     path: str | None = Field(
         None, description="a local path or any URI (`s3://...`, `abfss://...`, `file:/...`), passed to Spark "
         "untouched; a remote `delta` path needs the Delta connector; `text` ids are `<file URI>:<line>`; "
-        "`binary_file`: a folder (read recursively) or a glob")
+        "`binary_file`: a folder (read recursively) or a glob", json_schema_extra=READS)
     table: str | None = Field(None, description="`catalog.schema.name` of a `table` source")
     id_column: str = Field("id", description="the row id column (checked before any work); `binary_file`: `path`")
     text_column: str = Field("text", description="text tasks: the column scored (checked before any work)")
@@ -111,7 +111,7 @@ class SinkConfig(ConfigSection):
 
     path: str | None = Field(
         None, description="output Delta folder: a local path, or any URI with the Delta connector "
-        "(refused before any work without it)")
+        "(refused before any work without it)", json_schema_extra=WRITES)
     table: str | None = Field(None, description="output catalog table (needs the Delta connector)")
     # overwrite_partition replaces only this run's partition (for example one ds),
     # so a rerun of the same day replaces its rows instead of duplicating them.
@@ -121,7 +121,7 @@ class SinkConfig(ConfigSection):
     writer: Literal["auto", "delta", "deltalake"] = Field(
         "auto", description="`auto`, `delta` (the connector), `deltalake` (Python data source)")
     quarantine_path: str | None = Field(
-        None, description="where failed rows go; none: `<sink.path>_quarantine`")
+        None, description="where failed rows go; none: `<sink.path>_quarantine`", json_schema_extra=WRITES)
     leftover_grace_s: float = Field(
         900.0, gt=0, description="`deltalake` writer: seconds without a heartbeat after which an unfinished "
         "write counts as dead, so the next job's sweep (or `pipeline vacuum`) deletes its uncommitted files")

@@ -10,7 +10,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import Field
 
-from pipeline.config.base import ConfigSection
+from pipeline.config.base import READS, ConfigSection
 
 __all__ = ["AccuracyGateConfig", "BatchingConfig", "Int8Config", "ModelConfig"]
 
@@ -50,7 +50,8 @@ class AccuracyGateConfig(ConfigSection):
     threshold the worker falls back to the next safer precision (int8 -> bf16
     -> fp32, fp16 -> fp32; int8 -> fp32 on a CPU without native bf16) and the
     run summary says so, or fails with
-    ``on_fail: fail``.
+    ``on_fail: fail``. A verdict is measured once per model, precision,
+    settings and machine and then remembered (``pipeline.models.verdicts``).
     """
 
     enabled: bool = Field(True, description="check a reduced precision against fp32 at model load")
@@ -63,13 +64,16 @@ class AccuracyGateConfig(ConfigSection):
         default_factory=list, description="gate: texts to calibrate on besides the sampled rows; empty: built-in "
         "review/tweet-like sentences when no rows are sampled")
     on_fail: Literal["fallback", "fail"] = Field("fallback", description="`fallback` to a safer precision or `fail`")
+    remember: bool = Field(
+        True, description="gate: keep each verdict in the model cache and replay it at later loads with the same "
+        "model, precision, settings and machine (see Precision); false: measure at every load")
 
 
 class ModelConfig(ConfigSection):
     """The model: a folder, or ``package:<module>`` for a model shipped in a wheel (the task says which kind)."""
 
     path: str = Field("", description="model folder, or `package:<module>` (a model shipped in a wheel); a task on "
-                      "the endpoint backend needs none")
+                      "the endpoint backend needs none", json_schema_extra=READS)
     name: str | None = Field(None, description="lineage name; none: the folder name")
     precision: Precision = Field(
         "fp32", description="`fp32`, `bf16`, `fp16` (embed/classify: autocast on CPU, cast weights on CUDA; "

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, PrivateAttr, SerializeAsAny, field_validator, model_validator
 
-from pipeline.config.base import ConfigSection
+from pipeline.config.base import WRITES, ConfigSection
 from pipeline.config.data import SinkConfig, SourceConfig, StorageConfig
 from pipeline.config.inference import BatchingConfig, ModelConfig
 from pipeline.config.kinds import known_kinds, task_config_class
@@ -133,7 +133,8 @@ class RunConfig(ConfigSection):
         "plain", description="also `--log-json`: the run's lines as plain text, or JSON lines with one event per "
                              "driver stage (see docs/logging.md)")
     summary_path: str | None = Field(
-        None, description="also write the summary as JSON: a local path or an `s3://`/`s3a://` object")
+        None, description="also write the summary as JSON: a local path or an `s3://`/`s3a://` object",
+        json_schema_extra=WRITES)
     incremental: bool = Field(
         False, description="score only rows whose (id, content hash) the output lacks for this task fingerprint "
         "(model revision and the settings that change results: see \"Incremental runs\")")
@@ -158,10 +159,11 @@ class RunConfig(ConfigSection):
     faults: dict[str, Any] = Field(
         default_factory=dict, description="fault injection for drills and tests (see `pipeline/faults.py`)")
     runs_path: str | None = Field(
-        None, description="Delta table with one row per run (see `pipeline/runs.py`); none: `<sink.path>_runs`")
+        None, description="Delta table with one row per run (see `pipeline/runs.py`); none: "
+        "`<run.state_path>/<job>/runs`, else `<sink.path>_runs`", json_schema_extra=WRITES)
     report_path: str | None = Field(
         None, description="write this run's HTML report there at the end: a local path or an `s3://`/`s3a://` "
-                          "object (see `pipeline/report/`)")
+                          "object (see `pipeline/report/`)", json_schema_extra=WRITES)
     mlflow: MlflowConfig | None = Field(
         None, description="log params, metrics and the report to MLflow (needs `mlflow-skinny`); none: no logging")
     staging: bool = Field(
@@ -169,11 +171,17 @@ class RunConfig(ConfigSection):
                           "(see \"Resuming a killed run\"); off: an all-or-nothing run")
     staging_path: str | None = Field(
         None, description="folder of the staged task output (local or mounted; every executor must reach it); "
-                          "none: `<sink.path>_staging`")
+                          "none: `<run.state_path>/<job>/staging`, else `<sink.path>_staging`",
+        json_schema_extra=WRITES)
     max_tokens: int | None = Field(
         None, gt=0, description="endpoint backend: the most tokens (prompt + completion) this try may spend on the "
         "server; once the next request could pass it the run stops, commits nothing and keeps what it was answered "
-        "(staged tasks, the request journal), so a rerun pays only for the rest; none: no budget")
+        "(staged tasks, the request journal), so a rerun pays only for the rest; in batch mode a request file whose "
+        "estimate would take this try's submissions past it is not submitted; none: no budget")
+    submit_only: bool = Field(
+        False, description="also `--submit-only`: `task.endpoint.mode: batch` only: submit the run's batches and end "
+        "(nothing committed, runs-table outcome `submitted`); the same command later, without it, collects the "
+        "answers and commits")
     quality: QualityConfig = Field(default_factory=QualityConfig,
                                    description="the output's profile and the drift gate before the commit")
     accept_drift: bool = Field(
@@ -184,10 +192,16 @@ class RunConfig(ConfigSection):
         72.0, gt=0, description="staged output of other runs older than this is removed at the start of a run "
                                 "and by `pipeline vacuum`")
     state_path: str | None = Field(
-        None, description="a catalog-table sink (`sink.table`): the folder for what the job keeps beside its output "
-        "(a Unity Catalog Volume such as `/Volumes/main/sbi/state`, mounted on every executor): "
-        "`<state_path>/<job>/quarantine`, `.../runs` and `.../staging`, where `sink.quarantine_path`, "
-        "`run.runs_path` and `run.staging_path` are not set")
+        None, description="the folder for what the job keeps beside its output (a Unity Catalog Volume such as "
+        "`/Volumes/main/sbi/state`, mounted on every executor): the runs table `<state_path>/<job>/runs` and the "
+        "staging folder `.../staging`, and for a catalog-table sink (`sink.table`) the quarantine "
+        "`.../quarantine`, where `run.runs_path`, `run.staging_path` and `sink.quarantine_path` are not set",
+        json_schema_extra=WRITES)
+    record: Literal["required", "best_effort"] = Field(
+        "required", description="`required`: a runs-table row that cannot be written fails the run (the "
+        "`started` row before any work; the final row after the commit, which stands: the error says so), since "
+        "the drift gate's history, the report and `--accept-drift` read that table; `best_effort`: a line says "
+        "so and the run goes on unrecorded")
 
     @field_validator("run_id", mode="before")
     @classmethod
@@ -265,16 +279,18 @@ class JobConfig(ConfigSection):
 
     @model_validator(mode="before")
     @classmethod
-    def _state_beside_a_catalog_table(cls, data: Any) -> Any:
-        """``run.state_path`` gives a ``sink.table`` job its quarantine, runs table and staging folder."""
+    def _state_in_the_state_path(cls, data: Any) -> Any:
+        """``run.state_path`` gives a job its runs table and staging folder, and a ``sink.table`` job its quarantine
+        too (a path sink's quarantine stays beside its output, written by the same writer)."""
         if not isinstance(data, dict):
             return data
         run, sink = data.get("run"), data.get("sink")
-        if not (isinstance(run, dict) and isinstance(sink, dict) and run.get("state_path") and sink.get("table")):
+        if not (isinstance(run, dict) and isinstance(sink, dict) and run.get("state_path")):
             return data
         root = f"{str(run['state_path']).rstrip('/')}/{data.get('job', 'job')}"
         run = {"runs_path": f"{root}/runs", "staging_path": f"{root}/staging", **{k: v for k, v in run.items() if v is not None}}
-        sink = {"quarantine_path": f"{root}/quarantine", **{k: v for k, v in sink.items() if v is not None}}
+        if sink.get("table"):
+            sink = {"quarantine_path": f"{root}/quarantine", **{k: v for k, v in sink.items() if v is not None}}
         return {**data, "run": run, "sink": sink}
 
     @model_validator(mode="before")

@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-__all__ = ["Reply", "WireError", "body_key", "chat_body", "completion_body", "embedding_body", "error_message",
+__all__ = ["Reply", "WireError", "body_key", "chat_body", "completion_body", "embedding_body", "error_message", "image_parts",
            "read_embedding", "read_generation"]
 
 
@@ -52,12 +52,25 @@ def _sampling(max_tokens: int, temperature: float, top_p: float, seed: int, stop
     return body
 
 
-def chat_body(model: str, prompt: str, *, system: str | None, max_tokens: int, temperature: float, top_p: float,
-              seed: int, stop: Sequence[str], json_schema: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """A ``/chat/completions`` body: the row's prompt as the user message (after ``system``, when given)."""
+def chat_body(model: str, prompt: str | list[dict[str, Any]], *, system: str | None, max_tokens: int,
+              temperature: float, top_p: float, seed: int, stop: Sequence[str],
+              json_schema: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A ``/chat/completions`` body: the row's prompt as the user message (after ``system``, when given); a
+    prompt with an image is a list of content parts (:func:`image_parts`)."""
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     return {"model": model, "messages": messages,
             **_sampling(max_tokens, temperature, top_p, seed, stop, json_schema)}
+
+
+def image_parts(before: str, image_url: str, after: str) -> list[dict[str, Any]]:
+    """A user message's content parts: the text before the image, the image (an ``image_url`` part: a data URI
+    or an address the server fetches), the text after; empty texts left out.
+
+    >>> [part["type"] for part in image_parts("", "data:image/png;base64,AA==", "Describe it")]
+    ['image_url', 'text']
+    """
+    return ([{"type": "text", "text": before}] if before else []) + [
+        {"type": "image_url", "image_url": {"url": image_url}}] + ([{"type": "text", "text": after}] if after else [])
 
 
 def completion_body(model: str, prompt: str, *, system: str | None, max_tokens: int, temperature: float,

@@ -43,11 +43,18 @@ FinishReason = Literal["stop", "length", "error"]
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One prompt (token ids), how many tokens it may generate, and its sampling seed."""
+    """One prompt (token ids), how many tokens it may generate, and its sampling seed.
+
+    A vision-language row also carries its image: ``inputs`` (the processor's tensors beside the token ids,
+    e.g. ``pixel_values``, leading dimension one per image: the transformers backend, whose prompt ids hold
+    the image's tokens expanded) or ``images`` (the images themselves: vLLM, which expands them).
+    """
 
     prompt_ids: Sequence[int]
     max_new_tokens: int
     seed: int = 0
+    inputs: Any = None
+    images: tuple[Any, ...] = ()
 
 
 @dataclass
@@ -164,14 +171,18 @@ class BatchGenerator:
 
     def _admit(self, active: SlotBatch | None, reqs: list[GenerationRequest], indices: list[int],
                results: list[GenerationResult | None]) -> SlotBatch | None:
-        """Prefill newcomers (in length-similar groups), choose their first tokens, merge the unfinished ones."""
-        for group in prefill_groups([len(r.prompt_ids) for r in reqs]):
+        """Prefill newcomers (in length-similar groups, images of one shape together), choose their first tokens,
+        merge the unfinished ones."""
+        for group in (part for lengths in prefill_groups([len(r.prompt_ids) for r in reqs])
+                      for part in _same_inputs(lengths, reqs)):
             now = time.perf_counter()
             rows = [_Row(indices[g], reqs[g], None if self.sampling.greedy else make_generator(reqs[g].seed), now,
                          matcher=self.constraint.matcher() if self.constraint is not None else None)
                     for g in group]
+            inputs = [reqs[g].inputs for g in group if reqs[g].inputs is not None]
             newcomers, logits = self.batch_class.prefill(
-                self.model, rows, [reqs[g].prompt_ids for g in group], pad_id=self.pad_id
+                self.model, rows, [reqs[g].prompt_ids for g in group], pad_id=self.pad_id,
+                **({"inputs": inputs} if inputs else {}),
             )
             self._count("prefill_s", time.perf_counter() - now)
             self._count("prefills")
@@ -270,6 +281,18 @@ def prefill_groups(lengths: Sequence[int], *, slack: float = 1.25, extra: int = 
         else:
             groups.append([i])
     return groups
+
+
+def _same_inputs(group: list[int], reqs: Sequence[GenerationRequest]) -> list[list[int]]:
+    """``group`` split so that rows prefilled together carry model inputs of one shape (images a processor
+    resized alike stack into one tensor; text-only rows go alone). Text rows: the group as it is."""
+    if all(reqs[g].inputs is None for g in group):
+        return [group]
+    parts: dict[Any, list[int]] = {}
+    for g in group:
+        inputs = reqs[g].inputs or {}
+        parts.setdefault(tuple((k, tuple(v.shape[1:])) for k, v in sorted(inputs.items())), []).append(g)
+    return list(parts.values())
 
 
 def eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:

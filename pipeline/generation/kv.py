@@ -79,8 +79,14 @@ class SlotBatch:
 
     # ------------------------------------------------------------------ model calls
     @classmethod
-    def prefill(cls, model: Any, rows: Sequence[Any], prompts: Sequence[Sequence[int]], *, pad_id: int) -> tuple["SlotBatch", Any]:
-        """Run the left-padded ``prompts`` through ``model``; the batch and each row's last-token logits."""
+    def prefill(cls, model: Any, rows: Sequence[Any], prompts: Sequence[Sequence[int]], *, pad_id: int,
+                inputs: Sequence[dict[str, Any]] = ()) -> tuple["SlotBatch", Any]:
+        """Run the left-padded ``prompts`` through ``model``; the batch and each row's last-token logits.
+
+        ``inputs``: a vision-language model's per-row tensors (``pixel_values``...), stacked along their first
+        dimension in row order: the model puts each image's features at its image tokens, in order, and
+        afterwards the cache holds them, so decoding feeds tokens only.
+        """
         import torch
         from transformers import DynamicCache
 
@@ -95,10 +101,14 @@ class SlotBatch:
         # Same positions as generate(): real tokens count from 0, pads get 1 (ignored).
         positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
         cache = DynamicCache(config=model.config)
+        extra = {}
+        for name in inputs[0] if inputs else ():
+            stacked = torch.cat([row[name] for row in inputs]).to(device)
+            extra[name] = stacked.to(model.dtype) if stacked.is_floating_point() else stacked
         with torch.inference_mode():
             out = model(
                 input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-                past_key_values=cache, use_cache=True, logits_to_keep=1,
+                past_key_values=cache, use_cache=True, logits_to_keep=1, **extra,
             )
         batch = cls(list(rows), out.past_key_values, mask, mask.sum(-1))
         _layers(batch.cache)

@@ -56,6 +56,8 @@ class Prompt:
 
     token_ids: list[int]
     truncated: bool
+    # the rendered prompt, when asked for (``PromptBuilder.build(..., with_text=True)``): a processor reads text
+    text: str | None = None
 
 
 class PromptBuilder:
@@ -78,7 +80,7 @@ class PromptBuilder:
     ) -> None:
         if truncation not in ("keep_start", "keep_end"):
             raise PromptError(f"truncation must be 'keep_start' or 'keep_end', got {truncation!r}")
-        has_chat = bool(getattr(tokenizer, "chat_template", None))
+        has_chat = self._has_chat_template(tokenizer)
         if use_chat_template is True and not has_chat:
             raise PromptError(
                 "use_chat_template is true but this tokenizer has no chat template; "
@@ -101,6 +103,9 @@ class PromptBuilder:
             )
         self.scaffold_tokens = scaffold
 
+    def _has_chat_template(self, tokenizer: Any) -> bool:
+        return bool(getattr(tokenizer, "chat_template", None))
+
     def render(self, values: Mapping[str, str]) -> str:
         """The prompt text for one row (chat template applied when in use)."""
         user = self.template.format(**{name: values[name] for name in self.fields})
@@ -114,8 +119,10 @@ class PromptBuilder:
         # A chat template writes its own special tokens (BOS, role markers); a plain prompt gets the tokenizer's.
         return list(self.tokenizer(self.render(values), add_special_tokens=not self.chat)["input_ids"])
 
-    def build(self, values: Mapping[str, str]) -> Prompt:
-        """The prompt for one row; column values are cut (``truncation`` side) until it fits."""
+    def build(self, values: Mapping[str, str], *, budget: int | None = None, with_text: bool = False) -> Prompt:
+        """The prompt for one row; column values are cut (``truncation`` side) until it fits ``budget`` tokens
+        (``max_input_tokens`` unless given); ``with_text``: the rendered text too."""
+        budget = self.max_input_tokens if budget is None else budget
         cap = self.max_input_tokens * _CHARS_PER_TOKEN_CAP
         values = {name: str(values[name]) for name in self.fields}
         clipped = False
@@ -125,15 +132,16 @@ class PromptBuilder:
                 clipped = True
         ids = self._encode(values)
         truncated = clipped
-        while len(ids) > self.max_input_tokens:
+        while len(ids) > budget:
             truncated = True
-            over = len(ids) - self.max_input_tokens
+            over = len(ids) - budget
             # Cut the longest value: one long review shrinks, a short title survives.
             pieces = {n: self.tokenizer(v, add_special_tokens=False)["input_ids"] for n, v in values.items()}
             name = max(pieces, key=lambda n: len(pieces[n]))
             piece = pieces[name]
-            if not piece:  # nothing left to cut; the scaffold check in __init__ makes this unreachable
-                raise PromptError(f"prompt cannot fit max_input_tokens {self.max_input_tokens}")
+            if not piece:  # nothing left to cut: only a budget below max_input_tokens gets here
+                raise PromptError(f"prompt cannot fit {budget} tokens: the template and scaffolding alone take "
+                                  f"{len(ids)}")
             keep = max(0, len(piece) - over)
             kept = piece[:keep] if self.truncation == "keep_start" else piece[len(piece) - keep:]
             text = self.tokenizer.decode(kept, skip_special_tokens=True, clean_up_tokenization_spaces=False)
@@ -142,4 +150,4 @@ class PromptBuilder:
                 text = values[name][:-1] if self.truncation == "keep_start" else values[name][1:]
             values[name] = text
             ids = self._encode(values)
-        return Prompt(ids, truncated)
+        return Prompt(ids, truncated, self.render(values) if with_text else None)

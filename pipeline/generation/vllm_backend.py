@@ -110,7 +110,8 @@ def engine_kwargs(
     elif not device.startswith("cuda"):
         blocks_per_seq = math.ceil(max_seq_len / _BLOCK_TOKENS)
         width = 2 if precision in ("bf16", "fp16") else 4
-        kv_bytes = kv_cache_bytes(SimpleNamespace(**model_config), rows=seqs,
+        text = model_config.get("text_config") or model_config  # a vision-language model's cache is its LM's
+        kv_bytes = kv_cache_bytes(SimpleNamespace(**text), rows=seqs,
                                   max_seq_len=blocks_per_seq * _BLOCK_TOKENS, bytes_per_value=width)
     tp = config.tensor_parallel_size
     if tp == "auto":
@@ -178,7 +179,10 @@ class VllmGenerator:
         check_requests(requests, self.max_seq_len)
         self._calls += 1
         ids = [f"{self._calls}-{i}" for i in range(len(requests))]
-        prompts: list[Any] = [{"prompt_token_ids": list(req.prompt_ids)} for req in requests]
+        # a vision-language row's image goes beside its ids (one placeholder each): vLLM's processor expands it
+        prompts: list[Any] = [{"prompt_token_ids": list(req.prompt_ids),
+                               **({"multi_modal_data": {"image": list(req.images)}} if req.images else {})}
+                              for req in requests]
         renderer = getattr(engine, "renderer", None)
         if prompts and hasattr(renderer, "render_cmpl"):  # vLLM >= 0.30 takes rendered prompts
             prompts = renderer.render_cmpl(prompts)
@@ -204,7 +208,9 @@ class VllmGenerator:
                 for out in outputs:
                     if out.finished and out.request_id in index:
                         i = index[out.request_id]
-                        results[out.request_id] = done = self._result(out, len(requests[i].prompt_ids), started)
+                        # an image's tokens count in the prompt as vLLM expanded it
+                        tokens = len(getattr(out, "prompt_token_ids", None) or requests[i].prompt_ids)
+                        results[out.request_id] = done = self._result(out, tokens, started)
                         if on_finish is not None:
                             on_finish(i, done)
         except BaseException as exc:
@@ -265,6 +271,7 @@ def load_vllm(
     gpu_addresses: Sequence[str] = (),
     max_kv_cache_mb: float | None = None,
     json_schema: dict[str, Any] | None = None,
+    images_per_prompt: int = 0,
 ) -> tuple[Any, VllmGenerator]:
     """``(tokenizer, generator)`` for a Hugging Face causal LM folder, with the engine built from ``config``.
 
@@ -300,6 +307,8 @@ def load_vllm(
         # vLLM 0.32 reads disable_any_whitespace from the engine's config, not from each request's
         # StructuredOutputsParams: without it a small model fills its budget with whitespace between JSON tokens
         kwargs.setdefault("structured_outputs_config", {"backend": "xgrammar", "disable_any_whitespace": True})
+    if images_per_prompt:  # a vision-language model: its image processor runs in the engine
+        kwargs["limit_mm_per_prompt"] = {"image": images_per_prompt}
     planned = kwargs.get("kv_cache_memory_bytes")
     if planned is not None:
         # vLLM's CPU platform would replace our size with this legacy variable's GiB: ours wins

@@ -70,6 +70,8 @@ class DecodedImage:
     more_pages: tuple[np.ndarray, ...] = ()
     # pages the document holds that were not decoded (beyond the page or pixel limit)
     pages_left_out: int = 0
+    # the resolution the file states (pixels per inch, e.g. a scanner's 300), when it states one
+    dpi: int | None = None
 
     @property
     def height(self) -> int:
@@ -169,7 +171,8 @@ def decode_image(data: bytes | None, *, max_pixels: int = DEFAULT_MAX_PIXELS, dr
     orientation = _orientation(im)
     if orientation not in (None, 1):
         notes.append(f"exif:orientation {orientation}")
-    return DecodedImage(_to_rgb(upright if upright is not None else im, notes), fmt, mode, tuple(notes))
+    return DecodedImage(_to_rgb(upright if upright is not None else im, notes), fmt, mode, tuple(notes),
+                        dpi=_dpi(im))
 
 
 def decode_pages(data: bytes | None, *, max_pixels: int = DEFAULT_MAX_PIXELS, max_pages: int = 1) -> DecodedImage:
@@ -209,7 +212,17 @@ def decode_pages(data: bytes | None, *, max_pixels: int = DEFAULT_MAX_PIXELS, ma
             budget -= width * height
     read = 1 + len(pages)
     notes.append(f"pages:{read}" if read == total else f"pages:{read} of {total}")
-    return DecodedImage(first.array, first.format, first.mode, tuple(notes), tuple(pages), total - read)
+    return DecodedImage(first.array, first.format, first.mode, tuple(notes), tuple(pages), total - read, first.dpi)
+
+
+def _dpi(im: Any) -> int | None:
+    """The horizontal resolution a file states (PNG pHYs, JPEG JFIF/EXIF, TIFF), rounded; None when absent or
+    implausible (a JFIF header's 1 x 1 aspect ratio is not a resolution)."""
+    try:
+        value = float(im.info.get("dpi", (0, 0))[0])
+    except (TypeError, ValueError, IndexError):
+        return None
+    return int(round(value)) if 50 <= value <= 4800 else None
 
 
 def _orientation(im: Any) -> int | None:

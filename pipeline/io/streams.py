@@ -2,7 +2,9 @@
 
 - ``delta`` with the Delta connector: ``readStream.format("delta")`` (``startingVersion``,
   ``maxFilesPerTrigger``, ``maxBytesPerTrigger``); without it the jar-free reader of
-  :mod:`pipeline.io.delta.stream_source` (local paths and S3).
+  :mod:`pipeline.io.delta.stream_source` (local paths and S3). Below Spark 4.2 that reader applies the read
+  limits itself, from the checkpoint's last offset (:func:`checkpoint_offset`); an available-now run then
+  needs a processing-time trigger and a last version (:class:`OpenStream`).
 - ``parquet`` and ``json``: Spark's file stream source over the folder, with the schema given
   (``stream.schema_ddl``) or taken from the files there when the stream starts. JSON lines keep a line
   that does not parse in ``_corrupt_record`` (:func:`pipeline.io.file_readers.read_json`), so it is
@@ -14,6 +16,9 @@ from a Delta source) into a :class:`SourceError` that names the change and what 
 
 from __future__ import annotations
 
+import json
+import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pipeline.config import SourceConfig
@@ -26,7 +31,7 @@ from pipeline.locations import is_local, local_path, resolve_location
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["read_stream", "stream_failure"]
+__all__ = ["OpenStream", "checkpoint_offset", "open_stream", "read_stream", "stream_failure"]
 
 # the connector's error classes for a source that changed under a stream, and what they mean in our words
 _CONNECTOR_CHANGES = {
@@ -36,16 +41,33 @@ _CONNECTOR_CHANGES = {
 }
 
 
+@dataclass(frozen=True)
+class OpenStream:
+    """A source read as a stream: ``df``, and ``until``: None, or the version an available-now run reads to
+    when the jar-free Delta reader applies the read limits itself (Spark below 4.2, where a source without
+    ``SupportsTriggerAvailableNow`` reads one micro-batch per available-now query): the query then runs on a
+    processing-time trigger and the job stops it once a micro-batch read through ``until``."""
+
+    df: "DataFrame"
+    until: int | None = None
+
+
 def read_stream(spark: "SparkSession", source: SourceConfig) -> "DataFrame":
-    """The source as a streaming DataFrame (``source.where`` applied); the stream's settings are
-    ``source.stream``. Raises :class:`SourceError` for a source that cannot be streamed here."""
+    """The source as a streaming DataFrame (``source.where`` applied); :func:`open_stream`'s ``df``."""
+    return open_stream(spark, source).df
+
+
+def open_stream(spark: "SparkSession", source: SourceConfig) -> OpenStream:
+    """The source as a streaming DataFrame (``source.where`` applied) and how to run its query; the stream's
+    settings are ``source.stream``. Raises :class:`SourceError` for a source that cannot be streamed here."""
     stream = source.stream
     if stream is None:
         raise ValueError("read_stream needs source.stream")
     location = resolve_location(str(source.path))
+    until = None
     try:
         if source.format == "delta":
-            df = _delta_stream(spark, source)
+            df, until = _delta_stream(spark, source)
         else:
             reader = spark.readStream.schema(_file_schema(spark, source))
             reader = _limits(reader, max_files=stream.max_files_per_trigger, max_bytes=stream.max_bytes_per_trigger)
@@ -61,7 +83,7 @@ def read_stream(spark: "SparkSession", source: SourceConfig) -> "DataFrame":
 
         raise SourceError(f"could not read source {source.path!r} as a stream (format {source.format}): "
                           f"{error_line(exc)}") from exc
-    return df.where(source.where) if source.where else df
+    return OpenStream(df.where(source.where) if source.where else df, until)
 
 
 def _limits(reader: Any, *, max_files: int | None, max_bytes: int | None) -> Any:
@@ -97,7 +119,7 @@ def _file_schema(spark: "SparkSession", source: SourceConfig) -> Any:
     return schema
 
 
-def _delta_stream(spark: "SparkSession", source: SourceConfig) -> "DataFrame":
+def _delta_stream(spark: "SparkSession", source: SourceConfig) -> "tuple[DataFrame, int | None]":
     stream = source.stream
     assert stream is not None
     if has_delta_connector(spark):
@@ -105,7 +127,7 @@ def _delta_stream(spark: "SparkSession", source: SourceConfig) -> "DataFrame":
                          max_bytes=stream.max_bytes_per_trigger)
         if stream.starting_version is not None:
             reader = reader.option("startingVersion", str(stream.starting_version))
-        return reader.load(resolve_location(str(source.path)))
+        return reader.load(resolve_location(str(source.path))), None
     import pyarrow as pa
     from deltalake.exceptions import TableNotFoundError
 
@@ -128,11 +150,63 @@ def _delta_stream(spark: "SparkSession", source: SourceConfig) -> "DataFrame":
         raise SourceError("stream.max_files_per_trigger and stream.max_bytes_per_trigger cannot both be set; "
                           "keep one")
     register_data_source(spark, DeltaStreamDataSource)
+    own, resume, until = _own_limits(spark, stream, table.version())
     options = stream_options(store, arrow_schema=arrow_schema, schema_string=table.schema().to_json(),
                              starting_version=stream.starting_version, max_files=stream.max_files_per_trigger,
-                             max_bytes=stream.max_bytes_per_trigger)
-    return (spark.readStream.format(STREAM_FORMAT).schema(from_arrow_schema(arrow_schema, prefer_timestamp_ntz=False))
-            .options(**options).load())
+                             max_bytes=stream.max_bytes_per_trigger, own_limits=own, resume_offset=resume,
+                             until_version=until)
+    df = (spark.readStream.format(STREAM_FORMAT).schema(from_arrow_schema(arrow_schema, prefer_timestamp_ntz=False))
+          .options(**options).load())
+    return df, until
+
+
+def _own_limits(spark: "SparkSession", stream: Any, version: int) -> tuple[bool, dict | None, int | None]:
+    """``(own limits, resume offset, until)`` of the jar-free reader: below Spark 4.2 with a read limit it applies
+    the limit itself from the checkpoint's last offset, and an available-now run with something left to read runs
+    to the table's version now (``until``; see :class:`OpenStream`)."""
+    from pipeline.compat import STREAM_READ_LIMITS_SINCE, session_spark, spark_line
+
+    limited = stream.max_files_per_trigger or stream.max_bytes_per_trigger
+    if not limited or spark_line(session_spark(spark)) >= STREAM_READ_LIMITS_SINCE:
+        return False, None, None
+    resume = checkpoint_offset(spark, resolve_location(stream.checkpoint_path))
+    if stream.trigger != "available_now":
+        return True, resume, None
+    if resume is None:
+        first = stream.starting_version
+        behind = first is None or first <= version
+    else:
+        behind = bool(resume.get("snapshot")) or int(resume["version"]) < version
+    return True, resume, version if behind else None
+
+
+def checkpoint_offset(spark: "SparkSession", checkpoint: str) -> dict | None:
+    """The jar-free Delta reader's offset in the last micro-batch a query's checkpoint logged (``offsets/<n>``:
+    ``v1``, the batch's metadata, then one line per source); None when the checkpoint has logged none.
+
+    Read through Spark, so any location Spark's checkpoint reaches. Raises :class:`SourceError` when the
+    checkpoint holds another source's offsets (it was written by another reader: the Delta connector's)."""
+    if is_local(checkpoint) and not os.path.isdir(os.path.join(local_path(checkpoint), "offsets")):
+        return None  # a new stream (asked without Spark, which logs a missing path as an error)
+    try:
+        files = (spark.read.format("binaryFile").option("pathGlobFilter", "[0-9]*")
+                 .load(checkpoint.rstrip("/") + "/offsets").select("path", "content").collect())
+    except Exception:  # noqa: BLE001 - no offsets folder yet: a new stream
+        return None
+    logged = [(int(row["path"].rstrip("/").rsplit("/", 1)[-1]), bytes(row["content"])) for row in files
+              if row["path"].rstrip("/").rsplit("/", 1)[-1].isdigit()]
+    if not logged:
+        return None
+    batch, content = max(logged)
+    lines = content.decode().splitlines()
+    line = lines[2].strip() if len(lines) > 2 else "-"
+    offset = json.loads(line) if line not in ("", "-") else None
+    if offset is not None and not (isinstance(offset, dict) and "version" in offset and "snapshot" in offset):
+        raise SourceError(f"the stream's checkpoint {checkpoint} holds another reader's offsets ({line[:200]}, "
+                          f"micro-batch {batch}): it was written with the Delta connector. Keep the session that "
+                          "wrote it (the connector), or start again with a new stream.checkpoint_path and "
+                          "stream.starting_version where the old stream stopped")
+    return offset
 
 
 def stream_failure(exc: BaseException, source: SourceConfig) -> SourceError | None:

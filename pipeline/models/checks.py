@@ -148,7 +148,8 @@ def position_limit(config: Any) -> int | None:
     RoBERTa-style models number positions from ``pad_token_id + 1``, so a
     514-position RoBERTa takes 512 tokens. None when the config names no limit.
     """
-    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    text = getattr(config, "get_text_config", lambda: config)()  # a vision-language model: its language model's
+    limit = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
     if not isinstance(limit, int) or limit <= 0:
         return None
     if getattr(config, "model_type", "") in _OFFSET_MODEL_TYPES:
@@ -157,15 +158,17 @@ def position_limit(config: Any) -> int | None:
 
 
 def _loader(kind: str) -> Any:
-    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSequenceClassification
 
-    return {"embed": AutoModel, "classify": AutoModelForSequenceClassification, "generate": AutoModelForCausalLM}[kind]
+    return {"embed": AutoModel, "classify": AutoModelForSequenceClassification, "generate": AutoModelForCausalLM,
+            "generate_vision": AutoModelForImageTextToText}[kind]
 
 
 _WHAT = {
     "embed": "an encoder (task.kind: embed uses its hidden states)",
     "classify": "a sequence classifier (*ForSequenceClassification)",
     "generate": "a causal language model (*ForCausalLM)",
+    "generate_vision": "a vision-language model (image-text-to-text, with its processor)",
 }
 
 
@@ -180,6 +183,7 @@ def _architecture(path: Path, config: Any, kind: str) -> type:
         "embed": "use a sentence encoder (e.g. a sentence-transformers model) for task.kind: embed",
         "classify": "use task.kind: embed for an encoder, or a fine-tuned *ForSequenceClassification model",
         "generate": "use a *ForCausalLM model (convert a GGUF with jobs/prepare_llm.py)",
+        "generate_vision": "task.image_column needs an AutoModelForImageTextToText folder (LLaVA, Idefics3...)",
     }[kind]
     if kind == "classify" and not any(a.endswith("ForSequenceClassification") for a in declared):
         raise ModelError(
@@ -197,7 +201,7 @@ def _architecture(path: Path, config: Any, kind: str) -> type:
             f"model folder {path}: its config.json (model_type {getattr(config, 'model_type', None)!r}, "
             f"architectures {declared or 'none'}) is not {_WHAT[kind]}; {hint}"
         ) from None
-    if getattr(cls, "main_input_name", "input_ids") != "input_ids":
+    if kind != "generate_vision" and getattr(cls, "main_input_name", "input_ids") != "input_ids":
         raise ModelError(
             f"model folder {path}: {cls.__name__} takes {cls.main_input_name!r}, not text; "
             f"task.kind: {kind} needs a text model ({_WHAT[kind]}): check config.json and model.path"

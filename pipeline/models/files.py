@@ -13,21 +13,28 @@ bytes of the small ones (``config.json``, tokenizer files). Rewriting, adding or
 removing a file (a copy that keeps the modification time rewrites config.json's
 bytes, not a 90 MB weight's) computes it again. ``SBI_FILE_CACHE=0`` turns the
 cache off.
+
+What workers learn about a model (its exported int8 graph, the precision gate's
+verdicts) is kept beside the model's files when its folder is writable, else in
+the user's cache folder (:func:`model_cache_folder`), written whole
+(:func:`write_whole`) under a file lock (:func:`file_lock`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from pipeline.errors import ModelError
 
-__all__ = ["PACKAGE_PREFIX", "cached_by_files", "files_revision", "files_signature", "package_folder"]
+__all__ = ["PACKAGE_PREFIX", "cached_by_files", "file_lock", "files_revision", "files_signature", "model_cache_folder",
+           "package_folder", "user_cache_folder", "write_whole"]
 
 # files up to this size go into the signature by their bytes, bigger ones by size and modification time
 SMALL_FILE_BYTES = 1 << 20
@@ -75,10 +82,53 @@ def files_signature(files: list[Path]) -> str:
     return digest.hexdigest()
 
 
-def _cache_folder() -> Path:
+def user_cache_folder(name: str) -> Path:
+    """``$SBI_CACHE_DIR/<name>``, else ``$XDG_CACHE_HOME/spark-batch-inference/<name>`` (``~/.cache`` by default)."""
     base = os.environ.get("SBI_CACHE_DIR") or str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
                                                   / "spark-batch-inference")
-    return Path(base).expanduser() / "file_results"
+    return Path(base).expanduser() / name
+
+
+def model_cache_folder(model_dir: Path, beside: str, shared: str) -> Path:
+    """``<model_dir>/<beside>`` when the model folder is writable, else :func:`user_cache_folder` ``(shared)``.
+
+    Beside the model, what was learned about it travels and is deleted with it; a model in a read-only
+    place (a wheel in site-packages, a mounted volume) keeps it in the user's cache instead.
+    """
+    folder = Path(model_dir) / beside
+    if os.access(model_dir, os.W_OK) and (not folder.exists() or os.access(folder, os.W_OK)):
+        return folder
+    return user_cache_folder(shared)
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path`` (created when missing) across processes on this host, held for the block."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def write_whole(path: Path, text: str) -> None:
+    """``text`` into ``path`` through a temporary file renamed into place: readers see all of it or none."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, prefix=f".{path.name}.", suffix=".tmp") as fh:
+        fh.write(text)
+    try:
+        os.replace(fh.name, path)
+    except OSError:
+        os.unlink(fh.name)
+        raise
+
+
+def _cache_folder() -> Path:
+    return user_cache_folder("file_results")
 
 
 def cached_by_files(what: str, files: list[Path], compute: Callable[[], Any]) -> tuple[Any, bool]:

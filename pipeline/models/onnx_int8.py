@@ -103,8 +103,10 @@ def int8_onnx_path(model: Any, model_dir: Path, *, kind: str, int8: Int8Config) 
     target = folder / "model.int8.onnx"
     if target.is_file():
         return target
+    from pipeline.models.files import file_lock
+
     folder.mkdir(parents=True, exist_ok=True)
-    with _locked(folder / ".lock"):
+    with file_lock(folder / ".lock"):
         if target.is_file():  # another worker made it while this one waited
             return target
         with tempfile.TemporaryDirectory(dir=folder, prefix=".export-") as tmp:
@@ -208,24 +210,9 @@ def _cache_key(model_dir: Path, kind: str, int8: Int8Config) -> str:
 
 def _cache_folder(model_dir: Path, key: str) -> Path:
     """``<model_dir>/.sbi-onnx/<key>`` when the model folder is writable, else the user's cache folder."""
-    beside = Path(model_dir) / CACHE_FOLDER
-    if os.access(model_dir, os.W_OK) and (not beside.exists() or os.access(beside, os.W_OK)):
-        return beside / key
-    base = os.environ.get("SBI_CACHE_DIR") or str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-                                                  / "spark-batch-inference")
-    return Path(base).expanduser() / "onnx" / key
+    from pipeline.models.files import model_cache_folder
 
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    import fcntl
-
-    with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    return model_cache_folder(model_dir, CACHE_FOLDER, "onnx") / key
 
 
 @contextlib.contextmanager

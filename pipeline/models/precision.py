@@ -19,7 +19,9 @@ built-in texts. Below the configured agreement it falls back along
 :data:`SAFER` (int8 -> bf16 -> fp32, fp16 -> fp32; int8 -> fp32 on a CPU
 without native bf16, where bf16 is slower than fp32) and reports the
 fallback, or fails when the config says so. Every check's figures go into
-the run's counts, so the summary prints what was measured.
+the run's counts, so the summary prints what was measured. The verdict is
+remembered per model, precision, settings and machine
+(:mod:`pipeline.models.verdicts`): later loads replay it without measuring.
 Imported lazily on executors (torch).
 """
 
@@ -29,13 +31,14 @@ import copy
 import re
 import time
 import warnings
-from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from pipeline.config import AccuracyGateConfig, Int8Config
 from pipeline.errors import PrecisionGateError
+from pipeline.models.gate_checks import GateCheck, GateResult, agreement, gate_error, passes
 
 __all__ = [
     "CALIBRATION_TEXTS", "SAFER", "GateCheck", "GateResult", "PrecisionGateError", "agreement", "auto_chain",
@@ -45,6 +48,11 @@ __all__ = [
 # The next safer precision: bf16 keeps fp32's range, so it is int8's first
 # fallback; fp16 can overflow, so it falls straight back to fp32.
 SAFER: dict[str, str] = {"int8": "bf16", "bf16": "fp32", "fp16": "fp32"}
+
+# auto times the calibration sample's first rows apart: a precision below this share of fp32's speed on them
+# cannot win on the rest (timing noise on 64 rows is a few percent), so its accuracy is checked on them only
+PROBE_ROWS = 64
+SLOWER = 0.8
 
 # Built-in calibration sample: short and long, positive and negative, review-
 # and tweet-like, so both the embedding and the zero-shot label are exercised.
@@ -174,77 +182,6 @@ def _quantize_int8(model: Any, config: Int8Config) -> Any:
         return quantize_dynamic(model, qconfig_spec=spec, dtype=torch.qint8, inplace=False)
 
 
-@dataclass(frozen=True)
-class GateCheck:
-    """One precision measured against fp32 on the calibration sample (``rows`` texts, from ``sample``)."""
-
-    precision: str
-    mean_cosine: float
-    top_label_agreement: float | None  # None: the task has no labels to compare
-    passed: bool
-    rows: int = 0
-    sample: str = "calibration texts"
-    speedup: float | None = None  # auto: fp32's time on the sample over this precision's (> 1: faster)
-
-    @property
-    def kept(self) -> bool:
-        """Passed, and (where timed, for ``auto``) faster than fp32."""
-        return self.passed and (self.speedup is None or self.speedup > 1.0)
-
-    def describe(self) -> str:
-        label = "" if self.top_label_agreement is None else f", top-label agreement {self.top_label_agreement:.4f}"
-        on = f" on {self.rows} {self.sample}" if self.rows else ""
-        speed = "" if self.speedup is None else f", {self.speedup:.2f}x fp32's speed"
-        verdict = "FAIL" if not self.passed else "pass" if self.kept else "pass, but not faster than fp32"
-        return f"{self.precision}: mean cosine {self.mean_cosine:.6f}{label}{speed}{on} ({verdict})"
-
-
-@dataclass(frozen=True)
-class GateResult:
-    """What the gate decided: the precision requested, the one used, and every check on the way."""
-
-    requested: str
-    precision: str
-    checks: tuple[GateCheck, ...] = field(default_factory=tuple)
-
-    @property
-    def fell_back(self) -> bool:
-        """A requested precision that failed the gate (``auto`` never falls back: it picks)."""
-        return self.requested != "auto" and self.precision != self.requested
-
-    def counts(self) -> dict[str, Any]:
-        """For the WorkerCounts accumulator: the precision each load ended on, every check's figures, any fallback."""
-        out: dict[str, Any] = {"precision_used": {self.precision: 1}}
-        if self.checks:
-            out["precision_checks"] = {c.describe(): 1 for c in self.checks}
-        if self.requested == "auto":
-            out["precision_auto"] = {f"auto -> {self.precision}": 1}
-        if self.fell_back:
-            failed = "; ".join(c.describe() for c in self.checks if not c.passed)
-            out["precision_fallbacks"] = {f"{self.requested}->{self.precision} ({failed})": 1}
-        return out
-
-
-def agreement(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray],
-              top_labels: Callable[[dict[str, np.ndarray]], np.ndarray | None]) -> tuple[float, float | None]:
-    """``(mean cosine, top-label agreement)`` of ``candidate`` outputs against ``reference`` (row by row).
-
-    The cosine is averaged over rows of every output array (embeddings,
-    probabilities); ``top_labels`` maps outputs to one label index per row
-    (None when the task has no labels).
-    """
-    cosines = []
-    for name, ref in reference.items():
-        a = ref.reshape(ref.shape[0], -1).astype(np.float64)
-        b = candidate[name].reshape(a.shape[0], -1).astype(np.float64)
-        denom = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
-        cosines.append((a * b).sum(1) / np.where(denom == 0, 1.0, denom))
-    mean_cosine = float(np.concatenate(cosines).mean()) if cosines else 1.0
-    ref_top, cand_top = top_labels(reference), top_labels(candidate)
-    top = None if ref_top is None or cand_top is None else float((ref_top == cand_top).mean())
-    return mean_cosine, top
-
-
 def timed_run(run: Callable[[Any, str, Sequence[str]], dict[str, np.ndarray]], model: Any, precision: str,
               texts: Sequence[str], *, warm: bool) -> tuple[dict[str, np.ndarray], float]:
     """``(run(model, precision, texts), seconds it took)``; with ``warm``, after a first call on a few texts
@@ -268,6 +205,7 @@ def select_precision(
     sample: str = "run rows",
     model_dir: Any = None,
     kind: str | None = None,
+    memory: Any = None,
 ) -> tuple[Any, GateResult]:
     """The model to use and the gate's verdict, trying ``requested`` (or, for ``auto``, the fastest first) then each
     safer precision.
@@ -277,6 +215,12 @@ def select_precision(
     ``sample`` in the checks); with none, ``gate.calibration_texts`` or the
     built-in sentences. With the gate disabled, or for fp32, the requested
     precision is used unchecked (``auto`` then means its fastest choice).
+
+    ``memory`` (a :class:`pipeline.models.verdicts.VerdictMemory`): a verdict it
+    remembers is replayed without a forward pass (a precision that failed is
+    not even prepared: no int8 graph exported for it); otherwise this worker
+    measures under the memory's lock, so one worker per host measures and the
+    others replay, and keeps what it measured.
     """
     device_type = model.device.type
     fast_bf16 = has_fast_bf16(device_type)
@@ -290,26 +234,78 @@ def select_precision(
         calibration, sample = list(CALIBRATION_TEXTS), "built-in calibration texts"
     elif not texts:
         sample = "configured calibration texts"
+    measure = partial(_measure, model, requested, chain, run=run, top_labels=top_labels, gate=gate,
+                      calibration=calibration, sample=sample, prepare=prepare)
+    if memory is None:
+        return measure()
+    checks = memory.recall_checks(requested, chain, gate)
+    if checks is None and memory.recall_only:
+        from pipeline.models.verdicts import VerdictMissing
+
+        raise VerdictMissing(f"no remembered precision gate verdict at {memory.path}")
+    if checks is None:
+        with memory.measuring():  # one worker per host measures; the others wait here, then replay its verdict
+            checks = memory.recall_checks(requested, chain, gate)
+            if checks is None:
+                chosen, result = measure()
+                memory.keep([c.record() for c in result.checks], result.precision)
+                return chosen, result
+    return _replay(model, requested, chain, checks, gate=gate, prepare=prepare)
+
+
+def _measure(model: Any, requested: str, chain: list[str], *, run: Callable[..., dict[str, np.ndarray]],
+             top_labels: Callable[[dict[str, np.ndarray]], np.ndarray | None], gate: AccuracyGateConfig,
+             calibration: list[str], sample: str, prepare: dict[str, Any]) -> tuple[Any, GateResult]:
+    """The gate measured now: fp32 and each precision of ``chain`` in turn on ``calibration``, up to the first kept.
+
+    ``auto`` times each pass in two parts, the first :data:`PROBE_ROWS` rows then the rest: a precision
+    below :data:`SLOWER` of fp32's speed on the first part cannot win, and is not run on the rest (its
+    check reports the probe's rows).
+    """
     timed = requested == "auto"  # auto keeps a precision only where it is faster here, measured on the sample
-    reference, fp32_s = timed_run(run, model, "fp32", calibration, warm=timed)
+    head, rest = (calibration[:PROBE_ROWS], calibration[PROBE_ROWS:]) if timed else (calibration, [])
+    reference, fp32_head_s = timed_run(run, model, "fp32", head, warm=timed)
+    reference, fp32_rest_s = _more(run, model, "fp32", rest, reference)
     checks: list[GateCheck] = []
     for precision in chain:
         if precision == "fp32":
             return model, GateResult(requested, "fp32", tuple(checks))
         candidate = prepare_model(model, precision, copy_model=True, **prepare)
-        outputs, seconds = timed_run(run, candidate, precision, calibration, warm=timed)
-        cosine, top = agreement(reference, outputs, top_labels)
-        passed = cosine >= gate.min_mean_cosine and (top is None or top >= gate.min_top_label_agreement)
-        speedup = fp32_s / max(seconds, 1e-9) if timed else None
-        checks.append(GateCheck(precision, cosine, top, passed, len(calibration), sample, speedup))
+        outputs, head_s = timed_run(run, candidate, precision, head, warm=timed)
+        if timed and fp32_head_s / max(head_s, 1e-9) < SLOWER:  # too slow to win: no need to measure the rest
+            rows, speedup = len(head), fp32_head_s / max(head_s, 1e-9)
+            cosine, top = agreement({k: v[:rows] for k, v in reference.items()}, outputs, top_labels)
+        else:
+            outputs, rest_s = _more(run, candidate, precision, rest, outputs)
+            rows, speedup = len(calibration), (fp32_head_s + fp32_rest_s) / max(head_s + rest_s, 1e-9)
+            cosine, top = agreement(reference, outputs, top_labels)
+        checks.append(GateCheck(precision, cosine, top, passes(cosine, top, gate), rows, sample,
+                                speedup if timed else None))
         if checks[-1].kept:
             return candidate, GateResult(requested, precision, tuple(checks))
         if gate.on_fail == "fail" and requested != "auto":
-            raise PrecisionGateError(
-                f"model.precision {requested} failed the accuracy gate on {len(calibration)} {sample} "
-                f"({checks[-1].describe()}; thresholds: mean cosine >= {gate.min_mean_cosine}, top-label agreement >= "
-                f"{gate.min_top_label_agreement}); use a safer precision, relax model.accuracy_gate, or set "
-                "model.accuracy_gate.on_fail: fallback"
-            )
+            raise gate_error(requested, checks[-1], gate)
         del candidate
     raise AssertionError("unreachable: the chain ends at fp32")  # pragma: no cover
+
+
+def _more(run: Callable[..., dict[str, np.ndarray]], model: Any, precision: str, texts: list[str],
+          outputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
+    """``outputs`` followed by ``run``'s outputs for ``texts`` (timed, no warm-up: the model just ran), and the
+    seconds they took."""
+    if not texts:
+        return outputs, 0.0
+    more, seconds = timed_run(run, model, precision, texts, warm=False)
+    return {name: np.concatenate([array, more[name]]) for name, array in outputs.items()}, seconds
+
+
+def _replay(model: Any, requested: str, chain: list[str], checks: list[GateCheck], *, gate: AccuracyGateConfig,
+            prepare: dict[str, Any]) -> tuple[Any, GateResult]:
+    """The remembered verdict applied: only the precision it kept is prepared (fp32 when none was)."""
+    for check in checks:
+        if check.kept:
+            return prepare_model(model, check.precision, **prepare), GateResult(requested, check.precision,
+                                                                                tuple(checks))
+        if gate.on_fail == "fail" and requested != "auto":
+            raise gate_error(requested, check, gate)
+    return model, GateResult(requested, "fp32", tuple(checks))

@@ -26,7 +26,7 @@ body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;mar
 h1{font-size:22px;margin-bottom:4px} h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;font-size:13px;margin:8px 0} td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}
 th{background:#f4f4f4} .ok{color:#2e7d32;font-weight:600} .failed,.flag,.refused{color:#c62828;font-weight:600}
-.started{color:#ef6c00;font-weight:600} figure{margin:12px 0} figcaption{font-size:12px;color:#555}
+.started,.submitted{color:#ef6c00;font-weight:600} figure{margin:12px 0} figcaption{font-size:12px;color:#555}
 img{max-width:100%} .muted{color:#777;font-size:12px} tr.flagged td{background:#fdecea}
 """
 
@@ -79,6 +79,7 @@ def render_report(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]] =
         ("output", f"{_cell(run.get('output'))} (Delta version {_cell(run.get('delta_version'))}, "
                    f"{_cell(run.get('writer'))} writer)"),
         ("Spark", f"{_cell(run.get('spark_app_id'))} on {_cell(run.get('spark_master'))}"),
+        *_batch_api_field(run),
         ("config hash", _cell(run.get("config_hash"))),
     ]
     parts.append("<table>" + "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in fields) + "</table>")
@@ -123,6 +124,14 @@ def render_report(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]] =
                      + "".join(rows_html) + "</table>")
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _batch_api_field(run: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The row of a served model's batch-mode run: its batches, their states, the tokens and the wait."""
+    from pipeline.summary import batch_api_line
+
+    facts = _json(run.get("batch_api"))
+    return [("batch API", html.escape(batch_api_line(facts)))] if facts else []
 
 
 def _figure_html(caption: str, uri: str) -> str:

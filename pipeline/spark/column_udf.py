@@ -10,6 +10,10 @@ Python: the caller's other columns stay in the JVM, whatever their types and wid
 result beside its row. That needs the worker to answer row for row in input order, rows without an id
 included (:func:`pipeline.spark.chunks.in_input_order`).
 
+Where Spark has no Arrow column function (Spark 4.0: ``arrow_udf`` came in 4.1) the same worker runs inside a
+pandas UDF (:attr:`ColumnPlan.pandas_types` set), whose edges convert pandas to Arrow and back without changing a
+value (:mod:`pipeline.spark.pandas_edges`): the same rows, statuses and values on either.
+
 The function is marked nondeterministic, so Spark runs it once per row: a deterministic one is copied
 into a filter pushed below it (``scored.where("status = 'ok'")`` would score every row twice) and into
 each field taken from its struct.
@@ -30,7 +34,7 @@ from pipeline.spark.udf import InferencePlan, score_partition
 if TYPE_CHECKING:
     from pyspark.sql.udf import UserDefinedFunction
 
-__all__ = ["ColumnPlan", "inference_udf", "plain_ddl", "result_schema", "score_columns"]
+__all__ = ["ColumnPlan", "inference_udf", "plain_ddl", "result_schema", "score_columns", "score_pandas"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,9 @@ class ColumnPlan:
     plan: InferencePlan
     with_id: bool
     lineage: tuple[tuple[str, str], ...] = ()
+    # the pandas path (no arrow_udf): the Arrow type of each task input as Spark sends it (None: read from the
+    # values, the SQL function's); the id then arrives as its null flag. None: the Arrow path
+    pandas_types: tuple[pa.DataType | None, ...] | None = None
 
 
 def result_schema(column: ColumnPlan) -> pa.Schema:
@@ -71,10 +78,27 @@ def score_columns(column: ColumnPlan, arrays: Iterator[Any]) -> Iterator[pa.Arra
         yield pa.StructArray.from_arrays(fields, fields=list(schema))
 
 
+def score_pandas(column: ColumnPlan, series: Iterator[Any]) -> Iterator[Any]:
+    """The pandas UDF (Spark 4.0): each batch of argument Series (the id's null flag first when
+    ``column.with_id``) back to Arrow, through :func:`score_columns`, and its struct out as a pandas DataFrame."""
+    from pipeline.spark.pandas_edges import arrow_arguments, id_null_flags, pandas_result
+
+    types = column.pandas_types or ()
+
+    def arrays() -> Iterator[tuple[pa.Array, ...]]:
+        for item in series:
+            values = list(item) if isinstance(item, tuple) else [item]
+            ids = [id_null_flags(values.pop(0))] if column.with_id else []
+            yield (*ids, *arrow_arguments(values, types))
+
+    for struct in score_columns(column, arrays()):
+        yield pandas_result(struct)
+
+
 def inference_udf(column: ColumnPlan) -> "UserDefinedFunction":
-    """The column function of ``column``: called on the id (when ``with_id``) and the task's input columns,
-    it returns :func:`result_schema` as a struct. Nondeterministic: Spark evaluates it once per row."""
-    from pyspark.sql.functions import ArrowUDFType, arrow_udf
+    """The column function of ``column``: called on the id (when ``with_id``; its null flag on the pandas path)
+    and the task's input columns, it returns :func:`result_schema` as a struct. An Arrow UDF, or a pandas UDF
+    when ``column.pandas_types`` is set. Nondeterministic: Spark evaluates it once per row."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     if column.plan.metrics_column is not None or column.plan.keep_columns:
@@ -82,8 +106,15 @@ def inference_udf(column: ColumnPlan) -> "UserDefinedFunction":
                          "no metrics column")
     return_type = from_arrow_schema(result_schema(column))
     with warnings.catch_warnings():  # the type is given, not hinted: a partial has no hints to read
-        warnings.filterwarnings("ignore", message=".*type hints for arrow UDF.*", category=UserWarning)
-        udf = arrow_udf(partial(score_columns, column), return_type, ArrowUDFType.SCALAR_ITER)
+        warnings.filterwarnings("ignore", message=".*type hints for (arrow|pandas) UDF.*", category=UserWarning)
+        if column.pandas_types is not None:
+            from pyspark.sql.functions import PandasUDFType, pandas_udf
+
+            udf = pandas_udf(partial(score_pandas, column), return_type, PandasUDFType.SCALAR_ITER)
+        else:
+            from pyspark.sql.functions import ArrowUDFType, arrow_udf
+
+            udf = arrow_udf(partial(score_columns, column), return_type, ArrowUDFType.SCALAR_ITER)
     return udf.asNondeterministic()
 
 

@@ -71,6 +71,8 @@ class InferencePlan:
     staging_dir: str | None = None
     # texts of the job's own rows the accuracy gate calibrates on (pipeline.runner draws them); empty: none
     calibration_rows: tuple[str, ...] = ()
+    # a load before those rows are drawn (a warm-up): it replays a remembered gate verdict or loads nothing
+    recall_verdict_only: bool = False
     # a task that sends rows to a server (the endpoint backend): this try's id (its token ledger in the staging
     # folder), the run's token budget (run.max_tokens) and this task's share of the run's request rates
     try_id: str = ""
@@ -101,10 +103,10 @@ class InferencePlan:
         if self.task_class is None:
             raise TypeError("InferencePlan.task_class is not set: pass the registered kind's task class "
                             "(pipeline.registry.get_task_kind(kind).task)")
-        if self.calibration_rows:
-            return self.task_class(self.task, model=self.model, batching=self.batching,
-                                   calibration_rows=self.calibration_rows)
-        return self.task_class(self.task, model=self.model, batching=self.batching)
+        gate = {"calibration_rows": self.calibration_rows} if self.calibration_rows else {}
+        if self.recall_verdict_only:
+            gate["recall_verdict_only"] = True
+        return self.task_class(self.task, model=self.model, batching=self.batching, **gate)
 
 
 def output_schema(plan: InferencePlan, input_schema: pa.Schema) -> pa.Schema:

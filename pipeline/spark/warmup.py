@@ -10,8 +10,11 @@ inference task with the model loaded, and the daemon forks the others at once.
 
 The warm-up changes nothing a run writes: its task has its own job group (not the run's progress),
 a failed warm-up is ignored (the inference task meets the same error and reports it), and its load
-is counted by the first task that uses the model (``model_loads``, ``load_seconds``). Skipped when
-the model's cache key depends on the rows (an accuracy gate calibrating on them).
+is counted by the first task that uses the model (``model_loads``, ``load_seconds``). With an
+accuracy gate calibrating on the job's rows (drawn later, while planning) the warm-up only replays
+a remembered verdict (``pipeline.models.verdicts``): where none is remembered it loads nothing and
+the inference tasks measure on the rows. Skipped when the gate's verdict is not remembered
+(``model.accuracy_gate.remember: false``): the model's cache key then depends on the rows.
 """
 
 from __future__ import annotations
@@ -38,7 +41,11 @@ def warm_up(plan: InferencePlan, batches: Iterator[pa.RecordBatch]) -> Iterator[
 
     for _ in batches:
         pass
-    load_model(plan.build_task(), plan, TaskContext.get(), defer=True)
+    try:
+        load_model(plan.build_task(), plan, TaskContext.get(), defer=True)
+    except Exception:  # noqa: BLE001 - no verdict to replay, or an error the inference task meets and reports
+        yield pa.RecordBatch.from_pydict({"loaded": [False]})
+        return
     yield pa.RecordBatch.from_pydict({"loaded": [True]})
 
 
@@ -68,9 +75,12 @@ def start_warm_up(spark: "SparkSession", plan: InferencePlan, *, labels: Any = N
 def warm_up_plan(config: Any, *, model_path: str, task_class: Any,
                  model_revision: str = "") -> InferencePlan | None:
     """The plan whose model the job's inference tasks will load (the cache key is the task's), or None when
-    that key is only known with the job's rows (an accuracy gate drawing calibration rows from them)."""
+    that key is only known with the job's rows (an accuracy gate calibrating on them whose verdict is not
+    remembered). A gate that will calibrate on the rows makes a plan that only replays a remembered verdict."""
     gate = config.model.accuracy_gate
-    if config.model.precision != "fp32" and gate.enabled and gate.sample_rows:
+    rows = (getattr(task_class, "calibrates_on_rows", False) and config.model.precision != "fp32" and gate.enabled
+            and gate.sample_rows > 0)
+    if rows and not gate.remember:
         return None
     return InferencePlan.for_job(config, model_path=model_path, task_class=task_class,
-                                 model_revision=model_revision)
+                                 model_revision=model_revision, recall_verdict_only=bool(rows))

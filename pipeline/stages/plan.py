@@ -93,6 +93,8 @@ class Checkpoint:
 
     staging_dir: str | None = None
     committing: bool = False
+    # a served model in batch mode got to its batches (submitted or about to be): a stop leaves them at the provider
+    batches: bool = False
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,9 @@ class RunPlan:
     # the drift gate's history of the job's runs, read once for a stream (pipeline.stages.quality.RunsHistory;
     # None: read when the gate runs)
     runs_history: Any = None
+    # batch mode of a served model (task.endpoint.mode batch): what the provider's batches did (the summary's
+    # batch_api; pipeline.stages.batch), once they ended and ``scored`` reads their answers; None: live
+    batch_api: dict[str, Any] | None = None
 
     @property
     def quarantine_path(self) -> str:

@@ -24,7 +24,7 @@ from pipeline.stages.scoring import plan_inference_tasks, score_inputs
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["check_output_columns", "plan_run"]
+__all__ = ["batch_mode", "check_output_columns", "plan_run", "scored_rows"]
 
 
 def plan_run(prep: Prepared, identified: Identified) -> RunPlan:
@@ -45,12 +45,9 @@ def plan_run(prep: Prepared, identified: Identified) -> RunPlan:
 
     rows_dir = rows_folder(spark) if config.run.progress and rows_in else None  # workers' rows done, same host
     staging = open_staging(prep, ident, rows=rows_in, tasks=tasks)
-    requests = _request_settings(prep, ident, staging_dir=staging.folder, tasks=tasks, rows=rows_in)
     observed, input_tally = observe_input_tally(new.rows)  # the input's keys tallied as the scoring pass reads them
-    scored = score_inputs(observed, config, tasks=tasks, run_id=ident.run_id, ds=ident.ds, scored_at=prep.scored_at,
-                          model=prep.model, faults=prep.faults, task=prep.task, progress_dir=rows_dir,
-                          staging_dir=staging.folder, fingerprint=ident.task_fingerprint, carry_failed=True,
-                          **requests)
+    scored = scored_rows(prep, ident, observed, tasks=tasks, rows_in=rows_in, staging_dir=staging.folder,
+                         rows_dir=rows_dir)
     check_output_columns(prep, scored, sink, state=sink_state)
     mode_note = " incremental" if config.run.incremental else ""
     prep.say(f"scoring {rows_in:,}{mode_note} rows in {tasks} tasks with {prep.model.name} @ {prep.model.revision} "
@@ -104,6 +101,19 @@ def _logged_rows(prep: Prepared, source: Any) -> int | None:
     return min(total, config.source.limit) if config.source.limit else total
 
 
+def scored_rows(prep: Prepared, ident: RunIdentity, rows: "DataFrame", *, tasks: int, rows_in: int | None = None,
+                staging_dir: str | None, rows_dir: str | None) -> "DataFrame":
+    """``rows`` lazily scored in ``tasks`` inference tasks, with lineage (:func:`score_inputs`), and what a task
+    that sends rows to a server needs (:func:`_request_settings`); ``rows_in``: how many (to refuse a served
+    model without a staging folder). Batch mode scores the rows joined to their answers here again
+    (``pipeline.stages.batch``)."""
+    requests = _request_settings(prep, ident, staging_dir=staging_dir, tasks=tasks, rows=rows_in or 0)
+    return score_inputs(rows, prep.config, tasks=tasks, run_id=ident.run_id, ds=ident.ds, scored_at=prep.scored_at,
+                        model=prep.model, faults=prep.faults, task=prep.task, progress_dir=rows_dir,
+                        staging_dir=staging_dir, fingerprint=ident.task_fingerprint, carry_failed=True,
+                        **requests)
+
+
 def _check_shrink(prep: Prepared, ds: dt.date, rows: int, sink_state: Any = None) -> None:
     """Refuse, before any work, to replace a day (or a table) with far fewer rows than it holds now: an empty or
     shrunk source is almost always an upstream failure (``run.min_rows_fraction``; ``--allow-empty`` to go on).
@@ -154,6 +164,10 @@ def _request_settings(prep: Prepared, ident: RunIdentity, *, staging_dir: str | 
     """For a task that sends rows to a server: this try's id, the token budget and each task's share of the
     rates; refused without a staging folder (its request journal lives there). Empty for other tasks."""
     config = prep.config
+    batch = batch_mode(prep)
+    if config.run.submit_only and not batch:
+        raise JobError("run.submit_only (--submit-only) is set, but this job sends no batches: it is for "
+                       "task.backend endpoint with task.endpoint.mode batch")
     if not getattr(prep.task, "journals_requests", False):
         if config.run.max_tokens is not None:
             raise JobError(f"run.max_tokens is set but task.kind {config.task.kind} does not send rows to a server; "
@@ -166,4 +180,13 @@ def _request_settings(prep: Prepared, ident: RunIdentity, *, staging_dir: str | 
     from pipeline.spark.planning import count_cores
 
     at_once = max(1, min(tasks, count_cores(prep.spark)))
-    return {"try_id": ident.try_id, "max_tokens": config.run.max_tokens, "rate_share": 1.0 / at_once}
+    # batch mode: the driver holds run.max_tokens when it submits; the tasks only read the answers
+    return {"try_id": ident.try_id, "max_tokens": None if batch else config.run.max_tokens,
+            "rate_share": 1.0 / at_once}
+
+
+def batch_mode(prep: Prepared) -> bool:
+    """Whether the run's rows go through the provider's batch API (``task.endpoint.mode: batch``)."""
+    endpoint = getattr(prep.config.task, "endpoint", None)
+    return getattr(prep.config.task, "backend", None) == "endpoint" and endpoint is not None \
+        and endpoint.mode == "batch"

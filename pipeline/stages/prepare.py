@@ -149,6 +149,7 @@ def prepare(config: JobConfig, *, spark: "SparkSession | None", log: RunLog, rec
     check_locations(spark, source=config.source, sink=config.sink,
                     files={"run.summary_path": config.run.summary_path, "run.report_path": config.run.report_path})
     check_staging_root(config)
+    recorder.flush()  # a runs table written through the session (a Volume, abfss://): its started row, now
     clock.lap("pre-flight")
     return Prepared(config=config, kind=kind, task=task, model=model, spark=spark, small=small.small,
                     source_state=source_state,

@@ -79,28 +79,36 @@ class RunsHistory:
         self._rows: list[Mapping[str, Any]] | None = None
         self._why: str | None = None
 
-    def rows(self, config: JobConfig) -> tuple[list[Mapping[str, Any]], str | None]:
+    def rows(self, config: JobConfig, spark: Any = None) -> tuple[list[Mapping[str, Any]], str | None]:
         """``(rows, why there are none to read)``; None: read."""
         if self._rows is None:
-            self._rows, self._why = _read_history(config)
+            self._rows, self._why = _read_history(config, spark)
         return self._rows, self._why
 
 
-def _read_history(config: JobConfig) -> tuple[list[Mapping[str, Any]], str | None]:
+def _read_history(config: JobConfig, spark: Any = None) -> tuple[list[Mapping[str, Any]], str | None]:
+    """The job's rows of the runs table. One deltalake does not reach (``abfss://``, a Volume a Connect client
+    does not mount) is read through ``spark``'s connector."""
     from pipeline.io.stores import is_table, unreachable_reason
     from pipeline.runs import read_runs
 
     path = config.resolved_runs_path()
     if path is None:
-        return [], "no runs table (a catalog sink without run.runs_path): nothing to compare with"
-    if unreachable_reason(path) or not is_table(path):
+        return [], "no runs table (a catalog sink without run.runs_path or run.state_path): nothing to compare with"
+    readable = not unreachable_reason(path) and is_table(path)
+    if not readable and spark is None:
         return [], None
-    return list(read_runs(path, job=config.job)), None
+    try:
+        return list(read_runs(path, job=config.job, spark=None if readable else spark)), None
+    except Exception:  # noqa: BLE001 - no runs table there yet (the connector says so only by failing the read)
+        if readable:
+            raise
+        return [], None
 
 
-def _history(config: JobConfig, plan: RunPlan) -> tuple[list[dict[str, Any]], list[str], str | None]:
+def _history(config: JobConfig, plan: RunPlan, spark: Any = None) -> tuple[list[dict[str, Any]], list[str], str | None]:
     """The history's profiles and run ids, and why there is none to read (None: read)."""
-    rows, why = (plan.runs_history or RunsHistory()).rows(config)
+    rows, why = (plan.runs_history or RunsHistory()).rows(config, spark)
     if why:
         return [], [], why
     ident = plan.identity
@@ -109,12 +117,13 @@ def _history(config: JobConfig, plan: RunPlan) -> tuple[list[dict[str, Any]], li
     return profiles, ids, None
 
 
-def verdict_of(config: JobConfig, plan: RunPlan, profile: Mapping[str, Any], task: Any = None) -> Verdict:
+def verdict_of(config: JobConfig, plan: RunPlan, profile: Mapping[str, Any], task: Any = None, *,
+               spark: Any = None) -> Verdict:
     """The run's profile against its history: the findings, or a note saying why nothing was compared."""
     if not profile:
         return Verdict(note="no rows were profiled: nothing to compare")
     try:
-        history, ids, why = _history(config, plan)
+        history, ids, why = _history(config, plan, spark)
     except Exception as exc:  # noqa: BLE001 - an unreadable history is said, never a reason to stop the run
         return Verdict(note=f"the runs table could not be read ({type(exc).__name__}: {exc}): nothing compared")
     if why or not history:
@@ -135,7 +144,7 @@ def check_quality(prep: Prepared, plan: RunPlan, counts: Mapping[str, Any]) -> d
         return None
     prep.stage("quality gate")
     profile = dict(counts.get("profile") or {})
-    verdict = verdict_of(config, plan, profile, prep.task)
+    verdict = verdict_of(config, plan, profile, prep.task, spark=prep.spark)
     flagged = verdict.flagged
     action = ("passed" if not flagged else "accepted" if config.run.accept_drift
               else "refused" if quality.on_drift == "refuse" else "warned")

@@ -76,7 +76,8 @@ def commit_quarantine(prep: Prepared, plan: RunPlan, scored: "DataFrame", *, err
         # micro-batch appends, and a replay of it finds its transaction: it commits only failed rows)
         q = write_tallied(prep, _quarantine_rows(scored, config, tuple(prep.task.input_columns)), sink,
                           partition_values={"ds": ident.ds}, commit_metadata=metadata, path=quarantine_path,
-                          txn_app_id=ident.app_id, txn_version=ident.txn_version, in_driver=prep.small)
+                          txn_app_id=ident.app_id, txn_version=ident.txn_version, in_driver=prep.small,
+                          faults=fault_hooks.quarantine_write_faults(prep.faults))
         say_swept(prep, q)
         quarantine_version = q.version
         if q.already_committed:  # an earlier try of this run committed them: read back its rows

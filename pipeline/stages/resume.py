@@ -73,8 +73,12 @@ def open_staging(prep: Prepared, identity: RunIdentity, *, rows: int, tasks: int
     plan = StagePlan(run_key=identity.run_key, source_version=identity.source_snapshot,
                      task_fingerprint=identity.task_fingerprint, rows=rows, tasks=tasks, job=config.job,
                      ds=identity.ds.isoformat(), drills=json.dumps(drills, sort_keys=True) if drills else "")
-    try:
-        swept = sweep_staging(root, max_age_s=config.run.staging_max_age_hours * 3600, keep=[plan.key()])
+    from pipeline.staging.batch_log import batch_plan
+
+    journal = batch_plan(run_key=identity.run_key, source_version=identity.source_snapshot,
+                         task_fingerprint=identity.task_fingerprint, job=config.job, ds=identity.ds.isoformat())
+    try:  # this run's plan and its batch journal (a served model's batch mode) stay, whatever their age
+        swept = sweep_staging(root, max_age_s=config.run.staging_max_age_hours * 3600, keep=[plan.key(), journal.key()])
         folder = open_plan(root, plan)
     except OSError as exc:
         prep.say(f"staging off for this run: {root} cannot be written ({type(exc).__name__}: {exc}); "

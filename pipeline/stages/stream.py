@@ -67,15 +67,20 @@ def run_stream(prep: Prepared, *, recorder: Any, stop: Any, fixed_ds: bool) -> R
     assert stream is not None
     check_streamable(prep)
     prep.stage("stream")
-    from pipeline.io.streams import read_stream
+    from pipeline.io.streams import open_stream
     from pipeline.locations import resolve_location
 
     identity = run_identity(config, model_revision=prep.model.revision, source_snapshot=None)
     batches = MicroBatches(prep, identity, fixed_ds=fixed_ds, on_batch=lambda result: prep.say(result.line()))
-    writer = (read_stream(prep.spark, config.source).writeStream.foreachBatch(batches)
+    opened = open_stream(prep.spark, config.source)
+    writer = (opened.df.writeStream.foreachBatch(batches)
               .option("checkpointLocation", resolve_location(stream.checkpoint_path)))
-    trigger = ({"availableNow": True} if stream.trigger == "available_now"
-               else {"processingTime": f"{int(stream.interval_s * 1000)} milliseconds"})
+    if opened.until is not None:  # available now in limited micro-batches, below Spark 4.2: stopped at `until`
+        trigger = {"processingTime": "0 seconds"}
+    elif stream.trigger == "available_now":
+        trigger = {"availableNow": True}
+    else:
+        trigger = {"processingTime": f"{int(stream.interval_s * 1000)} milliseconds"}
     query = writer.trigger(**trigger).start()
     batches.begin(str(query.id))
     prep.clock.between = lambda: None  # from here a SIGTERM stops the query between micro-batches, not a stage
@@ -83,7 +88,7 @@ def run_stream(prep: Prepared, *, recorder: Any, stop: Any, fixed_ds: bool) -> R
              f"({stream.trigger.replace('_', ' ')}{_every(stream)}; checkpoint {stream.checkpoint_path}, query "
              f"{query.id})")
     prep.clock.lap("stream start")
-    watch = _Watch(query, started=time.perf_counter(), run_id=batches.run_id)
+    watch = _Watch(query, started=time.perf_counter(), run_id=batches.run_id, until=opened.until)
     try:
         _watch_query(prep, query, batches, watch, stop=stop, recorder=recorder)
     except BaseException as exc:
@@ -109,9 +114,23 @@ def _every(stream: Any) -> str:
 class _Watch:
     """The query's progress by batch id (from ``recentProgress``, polled), and the current record's start."""
 
-    def __init__(self, query: Any, *, started: float, run_id: str) -> None:
+    def __init__(self, query: Any, *, started: float, run_id: str, until: int | None = None) -> None:
         self.query, self.started, self.run_id, self.intervals = query, started, run_id, 1
         self.progress: dict[int, dict[str, Any]] = {}
+        self.until = until  # an available-now run on a processing-time trigger: the version it reads to
+
+    def read_until(self, batches: MicroBatches) -> bool:
+        """Whether a run with :attr:`until` is done: Spark reported a micro-batch (committed) that read through
+        that version, and no micro-batch is running or unreported."""
+        if self.until is None or not batches.idle.is_set() or not self.reported(batches.results):
+            return False
+        for data in self.progress.values():
+            for source in data.get("sources") or []:
+                end = source.get("endOffset")
+                end = json.loads(end) if isinstance(end, str) and end.startswith("{") else end
+                if isinstance(end, dict) and not end.get("snapshot") and int(end.get("version", -1)) >= self.until:
+                    return True
+        return False
 
     def poll(self) -> None:
         try:
@@ -161,6 +180,10 @@ def _watch_query(prep: Prepared, query: Any, batches: MicroBatches, watch: _Watc
             _stop_quietly(query)
             raise RunStopped("stopped by SIGTERM")
         if done:
+            return
+        if watch.read_until(batches):  # everything the table held at the start is committed: stop here
+            watch.settle(batches)
+            _stop_quietly(query)
             return
         if stream.trigger == "processing_time" and time.perf_counter() - watch.started >= stream.record_every_s:
             _next_record(prep, batches, watch, recorder)

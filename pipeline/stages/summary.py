@@ -68,13 +68,15 @@ def summarize(prep: Prepared, plan: RunPlan, *, committed: Committed, read: Read
     details = {**kind.job.summary_lines(spark, config, counts, prep.model), **details,
                **_summary_details(prep, plan, counts)}
     quarantine_path = plan.quarantine_path
+    # a served model in batch mode: this try paid what the batch answers it collected used (its tasks sent nothing)
+    paid = int(plan.batch_api.get("tokens", 0)) if plan.batch_api else int(counts.tokens)
     return RunSummary(
         versions=runtime_versions(),
         job=config.job, run_id=run_id, ds=ds.isoformat(), rows_in=plan.rows_in, rows_out=read.rows_out,
         rows_quarantined=read.rows_quarantined,
         quarantine=quarantine_path if committed.quarantine_version is not None else None,
         status={k: int(v) for k, v in counts.status.items()}, seconds=committed.seconds,
-        tokens=int(counts.tokens), padded_tokens=int(counts.padded_tokens), batches=int(counts.batches),
+        tokens=paid, padded_tokens=int(counts.padded_tokens), batches=int(counts.batches),
         model_loads={w: int(counts.model_loads.get(w, 0)) for w in counts.tasks_per_worker},
         model_name=prep.model.name, model_revision=prep.model.revision, output=result.output,
         delta_version=result.version, writer=result.writer,
@@ -91,9 +93,17 @@ def summarize(prep: Prepared, plan: RunPlan, *, committed: Committed, read: Read
         rows_reused=int(counts.rows_reused), rows_scored=plan.rows_in - int(counts.rows_reused),
         resume_note=plan.resume_note, source_snapshot=plan.identity.source_snapshot, source_note=plan.source_note,
         prompt_tokens=int(counts.prompt_tokens), completion_tokens=int(counts.completion_tokens),
-        endpoint={k: (round(v, 3) if isinstance(v, float) else v) for k, v in counts.endpoint.items()},
-        quality=committed.quality or {},
+        endpoint=_endpoint_stats(counts, plan.batch_api),
+        quality=committed.quality or {}, batch_api=plan.batch_api or {},
     )
+
+
+def _endpoint_stats(counts: RunCounts, batch_api: dict[str, Any] | None) -> dict[str, Any]:
+    """What the requests to a served model did; in batch mode with what this try paid for its batches."""
+    stats = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in counts.endpoint.items()}
+    if batch_api:
+        stats["tokens_paid"] = int(batch_api.get("tokens", 0))
+    return stats
 
 
 def _retries(counts: RunCounts) -> dict[str, int]:

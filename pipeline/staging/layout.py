@@ -10,18 +10,23 @@ endpoint backend's journal and token ledger (:mod:`pipeline.staging.request_log`
 Every file a later try trusts is written by :func:`write_atomic` (a temp file,
 fsync, ``os.replace``), so a writer killed half-way leaves the old file or none,
 never a torn one; :func:`read_json` reads such a file back, None when it is
-missing or unreadable.
+missing or unreadable. On a mount that refuses renames (a Unity Catalog Volume's
+FUSE answers ``ENOSYS``, :func:`rename_refused`) the file is written in place
+instead: a writer killed half-way there leaves JSON that does not parse, which
+:func:`read_json` reads as missing, so a torn file is still never trusted.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import uuid
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MARKER_SUFFIX", "OWNER_FILE", "PLAN_FILE", "STAGING_SUFFIX", "read_json", "staging_root", "write_atomic"]
+__all__ = ["MARKER_SUFFIX", "OWNER_FILE", "PLAN_FILE", "STAGING_SUFFIX", "read_json", "rename_refused", "staging_root",
+           "write_atomic"]
 
 # the staging folder beside a local sink's table folder: <sink path>_staging
 STAGING_SUFFIX = "_staging"
@@ -50,17 +55,30 @@ def staging_root(sink_path: str | None, override: str | None = None) -> str | No
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """``data`` at ``path``, whole or not at all: a temp file, fsync, then a rename over it."""
+    """``data`` at ``path``, whole or not at all: a temp file, fsync, then a rename over it (on a mount that
+    refuses renames, :func:`rename_refused`: written in place, fsynced; torn, it does not parse)."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        _write_synced(tmp, data)
         os.replace(tmp, path)
-    except OSError:
+    except OSError as exc:
         tmp.unlink(missing_ok=True)  # a full disk: no half-written temp file stays behind
-        raise
+        if not rename_refused(exc):
+            raise
+        _write_synced(path, data)
+
+
+def rename_refused(exc: OSError) -> bool:
+    """Whether ``exc`` is a mount refusing a rename it does not implement (``ENOSYS``, os error 38, as a Unity
+    Catalog Volume's FUSE answers; ``EOPNOTSUPP``), not a missing file or a full disk."""
+    return exc.errno in (errno.ENOSYS, errno.EOPNOTSUPP)
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

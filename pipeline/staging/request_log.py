@@ -15,7 +15,9 @@ reached the row).
 
 ``<plan folder>/usage/<try id>/<task>-<attempt>.json``: what each attempt of this try has spent
 and holds reserved, rewritten (atomically) as it changes, at most every ``publish_s``: the
-tasks of one try read each other's to hold ``run.max_tokens`` together.
+tasks of one try read each other's to hold ``run.max_tokens`` together. A run in batch mode
+(:mod:`pipeline.staging.batch_log`) adds ``usage/<try id>/batch-<12 hex>.json``: what the answers this try
+collected from the provider's batch API used (:func:`record_batch_usage`).
 
 Plain values in (a folder, ids); no Spark. The plan folder is the run's staging
 folder, so the journal lives and goes with the staged output (removed once the
@@ -31,7 +33,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["RequestLog", "try_usage"]
+__all__ = ["RequestLog", "record_batch_usage", "try_usage"]
 
 
 class RequestLog:
@@ -142,3 +144,23 @@ def try_usage(folder: str | None, try_id: str) -> int:
         except (OSError, ValueError):
             continue
     return total
+
+
+def record_batch_usage(folder: str, try_id: str, tokens: int) -> None:
+    """Put what the batch answers this try collected used on the try's ledger (read by :func:`try_usage`).
+
+    >>> import tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> record_batch_usage(folder, "t1", 120); record_batch_usage(folder, "t1", 150)
+    >>> try_usage(folder, "t1")
+    150
+    """
+    import hashlib
+
+    from pipeline.staging.layout import write_atomic
+
+    ledger = Path(folder) / "usage" / try_id
+    ledger.mkdir(parents=True, exist_ok=True)
+    # one entry per try, named by it: the collected total, replaced whole as it grows
+    name = f"batch-{hashlib.sha256(try_id.encode()).hexdigest()[:12]}.json"
+    write_atomic(ledger / name, json.dumps({"spent": int(tokens), "reserved": 0}).encode())

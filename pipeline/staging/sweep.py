@@ -6,8 +6,8 @@ Nothing is removed because of its name, its place or its age alone. A root is
 empty) root; a plan folder is ours when its ``plan.json`` hashes back to the
 folder's own name (:func:`pipeline.staging.plans.owned_plan`); inside an owned
 plan folder only the files staging names (``plan.json``, ``task-<n>.done.json``,
-``task-<n>.<12 hex>.arrow``, their temp files, and the endpoint backend's journal
-and ledger) are removed. A folder that holds a Delta table, or entries no run
+``task-<n>.<12 hex>.arrow``, their temp files, and the endpoint backend's journal,
+ledger and batch journal) are removed. A folder that holds a Delta table, or entries no run
 wrote, is refused as a root before any work (:func:`check_root`); entries that
 appear in an owned root later are left alone and named in one warning line.
 """
@@ -29,12 +29,15 @@ __all__ = ["RootCheck", "StagingLayoutError", "StagingSweep", "check_root", "rem
 
 # the only paths removed inside an owned plan folder (relative to it): what open_plan, write_atomic and
 # TaskStage write, and the request journal and token ledger of pipeline.staging.request_log
+_BATCH = r"batch-\d{5}\.(requests\.jsonl|json|output\.jsonl|errors\.jsonl)"
+_ANSWER = r"part-(\d{5}|failed)\.jsonl|_done\.json"
 _OUR_FILES = re.compile(
     r"^(plan\.json|task-\d+\.done\.json|task-\d+\.[0-9a-f]{12}\.arrow"
     r"|\.(plan\.json|task-\d+\.done\.json)\.[0-9a-f]{8}\.tmp|\.task-\d+\.[0-9a-f]{12}\.arrow\.tmp"
-    r"|requests/task-\d+/[0-9a-f]{12}\.jsonl|usage/[\w-]+/\.?\d+-[0-9a-f]{12}\.json(\.tmp)?)$")
+    r"|requests/task-\d+/[0-9a-f]{12}\.jsonl|usage/[\w-]+/\.?(\d+|batch)-[0-9a-f]{12}\.json(\.[0-9a-f]{8})?(\.tmp)?"
+    rf"|{_BATCH}|\.{_BATCH}\.[0-9a-f]{{8}}\.tmp|answers/({_ANSWER})|answers/\.({_ANSWER})\.[0-9a-f]{{8}}\.tmp)$")
 # the folders those live in, removed once empty
-_OUR_FOLDERS = re.compile(r"^(requests|requests/task-\d+|usage|usage/[\w-]+)$")
+_OUR_FOLDERS = re.compile(r"^(requests|requests/task-\d+|usage|usage/[\w-]+|answers)$")
 
 
 class StagingLayoutError(SinkError):

@@ -5,6 +5,9 @@ What makes a staged task reusable:
 - A task's marker ``task-<n>.done.json`` is written last, atomically (a temp
   file, fsync, ``os.replace``), after the rows file it names. A task killed
   while writing leaves no marker, and its half-written file is never read.
+  On a mount that refuses renames (a Unity Catalog Volume) the marker names the
+  rows file under its temp name and is written in place
+  (:func:`~pipeline.staging.layout.write_atomic`): torn, it does not parse.
 - The marker records a digest of the task's input rows (:class:`InputDigest`:
   the row count and an order-free hash of ``id`` and ``content_hash``). A
   rerun reuses the task only when the rows dealt to it now digest the same,
@@ -28,7 +31,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline.staging.layout import MARKER_SUFFIX, read_json, write_atomic
+from pipeline.staging.layout import MARKER_SUFFIX, read_json, rename_refused, write_atomic
 
 __all__ = ["InputDigest", "TaskStage"]
 
@@ -117,9 +120,15 @@ class TaskStage:
             self._file.flush()
             os.fsync(self._file.fileno())
             self._file.close()
-            os.replace(self._tmp, self.folder / self._name)
+            data = self._name
+            try:
+                os.replace(self._tmp, self.folder / self._name)
+            except OSError as exc:
+                if not rename_refused(exc):
+                    raise
+                data = self._tmp.name  # a mount without renames: the marker names the file where it is
             marker = {"task": self.task, "plan": self.folder.name, "input": digest, "rows": self.rows,
-                      "data": self._name, "counts": counts, "at": time.time()}
+                      "data": data, "counts": counts, "at": time.time()}
             write_atomic(self.marker, json.dumps(marker, default=str).encode())
         except (OSError, pa.ArrowException):  # a full or read-only disk: this task is just not reusable
             self.abandon()

@@ -23,18 +23,21 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from pipeline.endpoint import Call, EndpointClient, EndpointConfig, Outcome
-from pipeline.endpoint.wire import WireError, chat_body, completion_body, embedding_body, read_embedding, read_generation
+from pipeline.endpoint.wire import (WireError, chat_body, completion_body, embedding_body, image_parts, read_embedding,
+                                    read_generation)
 from pipeline.errors import EngineError, ModelError, TokenBudgetReached
 from pipeline.metrics import WorkerCounts
 from pipeline.registry import ModelInfo
 from pipeline.rows import MALFORMED, MALFORMED_ERROR, NO_CONTENT, Status
 from pipeline.tasks._content import carries_content
+from pipeline.tasks._generate_images import read_row_image
 from pipeline.tasks.job import TaskJob
 
 if TYPE_CHECKING:
     from pipeline.config import JobConfig
 
-__all__ = ["EndpointJob", "LoadedEndpoint", "attempt_client", "embed_rows", "generate_rows", "served_model"]
+__all__ = ["EndpointJob", "LoadedEndpoint", "attempt_client", "embed_rows", "embedding_calls", "generate_rows",
+           "generation_calls", "served_model"]
 
 # upper estimate of a prompt's tokens from its characters (BPE vocabularies average 3.5-4.5 characters a token
 # on English; chat templates add a few tokens per message)
@@ -149,7 +152,7 @@ def _status_of(values: Sequence[Any]) -> str | None:
         return Status.SKIPPED_NULL
     if any(not str(v).strip() for v in values):
         return Status.SKIPPED_EMPTY
-    if not any(carries_content(str(v)) for v in values):
+    if values and not any(carries_content(str(v)) for v in values):  # no text value: an image row's content is its image
         return NO_CONTENT
     return None
 
@@ -167,10 +170,10 @@ def _finish(counts: WorkerCounts, client: EndpointClient, outcomes: Sequence[Out
             "the rows not answered yet")
 
 
-def generate_rows(task: Any, cols: Mapping[str, list[Any]], malformed: np.ndarray, counts: WorkerCounts,
-                  client: EndpointClient) -> tuple[list[Any], np.ndarray, np.ndarray]:
-    """``(results, status, error)`` for a generate/extract chunk on the endpoint backend (results in row order)."""
-    from pipeline.generation.engine import GenerationResult
+def generation_calls(task: Any, cols: Mapping[str, list[Any]],
+                     malformed: np.ndarray) -> tuple[list[int], list[Call], np.ndarray, np.ndarray]:
+    """``(rows sent, their calls, status, error)`` of a generate/extract chunk: the request of each row that
+    is sent (live, or in a batch API request file), and the status of each that is not."""
     from pipeline.generation.sampling import row_seed
     from pipeline.tasks._generate_chunk import row_budget
 
@@ -178,7 +181,6 @@ def generate_rows(task: Any, cols: Mapping[str, list[Any]], malformed: np.ndarra
     n = len(malformed)
     status = np.full(n, Status.OK, dtype=object)
     error = np.full(n, None, dtype=object)
-    results: list[Any] = [None] * n
     system, schema = task.system_prompt(), task.vllm_json_schema()
     build = chat_body if endpoint.api == "chat" else completion_body
     rows, calls = [], []
@@ -186,23 +188,45 @@ def generate_rows(task: Any, cols: Mapping[str, list[Any]], malformed: np.ndarra
         if malformed[i]:
             status[i], error[i] = MALFORMED, MALFORMED_ERROR
             continue
+        image = None
+        if task.image_column:
+            image, bad = read_row_image(cfg, cols[task.image_column][i])
+            if bad is not None:
+                status[i], error[i] = bad
+                continue
         values = {c: _text(cols[c][i]) for c in task.template_columns}
         skipped = _status_of(list(values.values()))
         if skipped is not None:
             status[i] = skipped
             continue
         try:
-            prompt = cfg.template.format(**values)
+            prompt, chars = _user_prompt(cfg, values, image)
             budget = row_budget(cfg, cols, i)
         except (ValueError, KeyError, IndexError) as exc:
             status[i], error[i] = Status.ERROR, str(exc)
             continue
         key = cols[cfg.seed_column][i] if cfg.seed_column else "\x1f".join(map(str, values.values()))
+        if image is not None and not cfg.seed_column:
+            key = f"{key}\x1f{image.digest}"
         body = build(endpoint.model, prompt, system=system, max_tokens=budget, temperature=cfg.temperature,
                      top_p=cfg.top_p, seed=row_seed(cfg.seed, key), stop=cfg.stop, json_schema=schema)
-        estimate = (len(prompt) + len(system or "")) // _CHARS_PER_TOKEN + _TEMPLATE_TOKENS + budget
+        estimate = ((chars + len(system or "")) // _CHARS_PER_TOKEN + _TEMPLATE_TOKENS + budget
+                    + (image.token_estimate if image is not None else 0))
         rows.append(i)
         calls.append(Call.of(endpoint.api_path(), body, estimate=estimate))
+    return rows, calls, status, error
+
+
+def generate_rows(task: Any, cols: Mapping[str, list[Any]], malformed: np.ndarray, counts: WorkerCounts,
+                  client: Any) -> tuple[list[Any], np.ndarray, np.ndarray]:
+    """``(results, status, error)`` for a generate/extract chunk on the endpoint backend (results in row order).
+
+    ``client``: an :class:`~pipeline.endpoint.EndpointClient` (live mode), or what replays a batch run's answers
+    (:class:`pipeline.tasks._endpoint_batch.AnswerClient`): the rows are parsed and checked the same way."""
+    from pipeline.generation.engine import GenerationResult
+
+    rows, calls, status, error = generation_calls(task, cols, malformed)
+    results: list[Any] = [None] * len(malformed)
 
     def usage(answer: Mapping[str, Any]) -> int:
         reply = read_generation(answer)
@@ -229,6 +253,20 @@ def generate_rows(task: Any, cols: Mapping[str, list[Any]], malformed: np.ndarra
     _count_generation(counts, [results[i] for i in rows], paid, time.perf_counter() - started)
     _finish(counts, client, outcomes, paid)
     return results, status, error
+
+
+def _user_prompt(config: Any, values: Mapping[str, Any], image: Any) -> tuple[Any, int]:
+    """``(the user message's content, its characters)``: the template's text, or with an image its content parts
+    (the image where the template names the image column, else first)."""
+    if image is None:
+        prompt = config.template.format(**values)
+        return prompt, len(prompt)
+    mark = "\x00image\x00"
+    user = config.template.format(**{**values, config.image_column: mark})
+    before, marked, after = user.partition(mark)
+    if not marked:
+        before, after = "", user
+    return image_parts(before, image.data_uri(), after), len(before) + len(after)
 
 
 def _safe(usage: Any) -> Any:
@@ -262,14 +300,13 @@ def _count_generation(counts: WorkerCounts, results: Sequence[Any], paid: int, s
                             seconds=seconds, padded_length=0)
 
 
-def embed_rows(task: Any, texts: Sequence[Any], malformed: np.ndarray, counts: WorkerCounts,
-               client: EndpointClient) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, np.ndarray]:
-    """``(embeddings of the ok rows, status, error, n_tokens)`` for an embed chunk on the endpoint backend."""
+def embedding_calls(task: Any, texts: Sequence[Any],
+                    malformed: np.ndarray) -> tuple[list[int], list[Call], np.ndarray, np.ndarray]:
+    """``(rows sent, their calls, status, error)`` of an embed chunk (one ``/embeddings`` request per row)."""
     endpoint = task.config.endpoint
     n = len(texts)
     status = np.full(n, Status.OK, dtype=object)
     error = np.full(n, None, dtype=object)
-    n_tokens = np.zeros(n, dtype=np.int32)
     rows, calls = [], []
     for i, value in enumerate(texts):
         text = _text(value)
@@ -283,6 +320,15 @@ def embed_rows(task: Any, texts: Sequence[Any], malformed: np.ndarray, counts: W
         rows.append(i)
         calls.append(Call.of("/embeddings", embedding_body(endpoint.model, text),
                              estimate=len(text) // _CHARS_PER_TOKEN + _TEMPLATE_TOKENS))
+    return rows, calls, status, error
+
+
+def embed_rows(task: Any, texts: Sequence[Any], malformed: np.ndarray, counts: WorkerCounts,
+               client: Any) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, np.ndarray]:
+    """``(embeddings of the ok rows, status, error, n_tokens)`` for an embed chunk on the endpoint backend."""
+    n = len(texts)
+    rows, calls, status, error = embedding_calls(task, texts, malformed)
+    n_tokens = np.zeros(n, dtype=np.int32)
     started = time.perf_counter()
     tokens_of = _safe(lambda a: read_embedding(a)[1])
     outcomes = client.run(calls, usage=tokens_of, on_done=_progress(counts, tokens_of), check=read_embedding)

@@ -25,6 +25,7 @@ from pipeline.generation.vllm_backend import EngineError
 from pipeline.metrics import WorkerCounts
 from pipeline.rows import MALFORMED_ERROR, Status
 from pipeline.tasks._content import carries_content, content_free, malformed_rows, special_token_ids
+from pipeline.tasks._generate_images import RowImage, read_row_image
 
 __all__ = ["generate_chunk", "row_budget"]
 
@@ -46,30 +47,27 @@ def generate_chunk(task: Any, loaded: Any, chunk: pa.RecordBatch, cols: dict[str
         if malformed[i]:
             status[i], error[i] = Status.MALFORMED, MALFORMED_ERROR
             continue
+        image = None
+        if task.image_column:
+            image, bad = read_row_image(cfg, cols[task.image_column][i])
+            if bad is not None:
+                status[i], error[i] = bad
+                continue
         values = {c: _as_text(cols[c][i]) for c in task.template_columns}
-        if any(v is None for v in values.values()):
-            status[i] = Status.SKIPPED_NULL
-            continue
-        # Like a null, a blank value in any column the template needs leaves nothing to generate from.
-        if any(not str(v).strip() for v in values.values()):
-            status[i] = Status.SKIPPED_EMPTY
-            continue
-        if not any(_has_content(cfg, loaded.tokenizer, str(v), special) for v in values.values()):
-            status[i] = Status.NO_CONTENT
+        skipped = _skip_status(cfg, loaded.tokenizer, values, special)
+        if skipped is not None:
+            status[i] = skipped
             continue
         try:
-            prompt = loaded.prompts.build(values)
-            _check_vocab(prompt.token_ids, loaded.vocab_size)
-            budget = row_budget(cfg, cols, i)
+            request, cut = _request(task, loaded, cols, i, values, image)
         except ValueError as exc:
             status[i], error[i] = Status.ERROR, str(exc)
             continue
-        key = cols[cfg.seed_column][i] if cfg.seed_column else "\x1f".join(map(str, values.values()))
         rows.append(i)
         texts.append(" ".join(map(str, values.values())))
-        requests.append(GenerationRequest(prompt.token_ids, budget, row_seed(cfg.seed, key)))
-        truncated[i] = prompt.truncated
-        if prompt.truncated:
+        requests.append(request)
+        truncated[i] = cut
+        if cut:
             status[i] = Status.TRUNCATED
 
     for i, result in zip(rows, _generate(loaded, requests, texts, counts)):
@@ -77,6 +75,42 @@ def generate_chunk(task: Any, loaded: Any, chunk: pa.RecordBatch, cols: dict[str
         if result.finish_reason == "error":
             status[i], error[i] = Status.ERROR, result.error
     return results, status, error, truncated
+
+
+def _skip_status(config: Any, tokenizer: Any, values: Mapping[str, Any], special: frozenset[int]) -> str | None:
+    """The status of a row not generated for its template values (None: it is generated). A row with an image
+    and no text value is generated: the image is its content."""
+    if any(v is None for v in values.values()):
+        return Status.SKIPPED_NULL
+    # Like a null, a blank value in any column the template needs leaves nothing to generate from.
+    if any(not str(v).strip() for v in values.values()):
+        return Status.SKIPPED_EMPTY
+    if values and not any(_has_content(config, tokenizer, str(v), special) for v in values.values()):
+        return Status.NO_CONTENT
+    return None
+
+
+def _request(task: Any, loaded: Any, cols: Mapping[str, list[Any]], i: int, values: Mapping[str, Any],
+             image: RowImage | None) -> tuple[GenerationRequest, bool]:
+    """Row ``i``'s request (prompt, budget, seed; its image's inputs) and whether its text was cut to fit."""
+    cfg = task.config
+    key = cols[cfg.seed_column][i] if cfg.seed_column else "\x1f".join(map(str, values.values()))
+    if image is None:
+        prompt = loaded.prompts.build(values)
+        _check_vocab(prompt.token_ids, loaded.vocab_size)
+        return GenerationRequest(prompt.token_ids, row_budget(cfg, cols, i), row_seed(cfg.seed, key)), prompt.truncated
+    pil = image.pil()
+    try:
+        shown = loaded.prompts.build_row(values, pil)
+    except ValueError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the processor refused this image: the row's error
+        raise ValueError(f"the model's processor could not take this image: {type(exc).__name__}: {exc}") from exc
+    _check_vocab(shown.token_ids, loaded.vocab_size)
+    seed = row_seed(cfg.seed, key if cfg.seed_column else f"{key}\x1f{image.digest}")
+    expanded = loaded.prompts.expand
+    return GenerationRequest(shown.token_ids, row_budget(cfg, cols, i), seed, inputs=shown.inputs if expanded else None,
+                             images=() if expanded else (pil,)), shown.truncated
 
 
 def row_budget(config: Any, cols: Mapping[str, list[Any]], i: int) -> int:
@@ -147,7 +181,7 @@ def _generate(loaded: Any, requests: list[GenerationRequest], texts: list[str],
             results.append(result)
             for name, value in row_stats.items():
                 stats[name] = stats.get(name, 0) + value
-    prompt_tokens = sum(len(r.prompt_ids) for r in requests)
+    prompt_tokens = sum(r.prompt_tokens for r in results)  # vLLM's count an image's tokens as it expanded them
     completion_tokens = sum(r.completion_tokens for r in results)
     counts.add("prompt_tokens", prompt_tokens)
     counts.add("completion_tokens", completion_tokens)

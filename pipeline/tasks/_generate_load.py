@@ -60,23 +60,39 @@ def load_generator(task: Any, model_dir: Path, device: str) -> LoadedGenerator:
     backend = choose_backend(task.model, cfg, model_dir)
     sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, stop=tuple(cfg.stop))
     precision = task.model.precision
+    processor = None
     if backend == "vllm":
         tokenizer, generator = _load_vllm(task, model_dir, device, sampling)
+        if cfg.image_column:
+            from transformers import AutoProcessor
+
+            processor = AutoProcessor.from_pretrained(str(model_dir), local_files_only=True)
     elif backend == "llama_cpp":
         tokenizer, generator = _load_llama_cpp(task, model_dir, sampling)
         precision = "int4"
     else:
         from pipeline.generation.loading import weights_precision
 
-        tokenizer, generator = _load_transformers(task, model_dir, device, sampling)
+        tokenizer, generator, processor = _load_transformers(task, model_dir, device, sampling)
         precision = weights_precision(generator.model)
-    prompts = PromptBuilder(
-        tokenizer, template=cfg.template, use_chat_template=cfg.use_chat_template,
-        system_prompt=task.system_prompt(), max_input_tokens=cfg.max_input_tokens, truncation=cfg.truncation,
-    )
-    vocab = read_model_config(model_dir).get("vocab_size")
+    prompts = _prompt_builder(task, tokenizer, processor, backend)
+    config = read_model_config(model_dir)
+    vocab = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
     return LoadedGenerator(tokenizer, prompts, generator, backend=backend, precision=precision,
                            vocab_size=int(vocab) if vocab else None)
+
+
+def _prompt_builder(task: Any, tokenizer: Any, processor: Any, backend: str) -> PromptBuilder:
+    """The rows' prompt builder; with ``task.image_column`` the vision one, over the model's processor (which
+    the transformers backend loaded; vLLM's rows keep the image's placeholder, the engine expands it)."""
+    cfg = task.config
+    settings = dict(template=cfg.template, use_chat_template=cfg.use_chat_template, system_prompt=task.system_prompt(),
+                    max_input_tokens=cfg.max_input_tokens, truncation=cfg.truncation)
+    if not cfg.image_column:
+        return PromptBuilder(tokenizer, **settings)
+    from pipeline.generation.vision import VisionPromptBuilder
+
+    return VisionPromptBuilder(processor, image_field=cfg.image_column, expand=backend == "transformers", **settings)
 
 
 def _dense_precision(model: Any) -> str:
@@ -124,21 +140,32 @@ def _load_llama_cpp(task: Any, model_dir: Path, sampling: SamplingParams) -> tup
     return tokenizer, generator
 
 
-def _load_transformers(task: Any, model_dir: Path, device: str, sampling: SamplingParams) -> tuple[Any, BatchGenerator]:
+def _load_transformers(task: Any, model_dir: Path, device: str, sampling: SamplingParams
+                       ) -> tuple[Any, BatchGenerator, Any]:
+    """``(tokenizer, generator, processor)``: a causal LM, or with ``task.image_column`` a vision-language model
+    and its processor (whose tokenizer is the prompts')."""
     from pipeline.generation.kv import check_kv_budget, kv_cache_bytes
     from pipeline.generation.loading import load_causal_lm
 
     cfg = task.config
-    tokenizer, model = load_causal_lm(model_dir, device=device, precision=_dense_precision(task.model),
-                                      allow_pickle=task.model.allow_pickle)
+    processor = None
+    if cfg.image_column:
+        from pipeline.generation.vision import load_vision_lm
+
+        processor, model = load_vision_lm(model_dir, device=device, precision=_dense_precision(task.model),
+                                          allow_pickle=task.model.allow_pickle)
+        tokenizer = processor.tokenizer
+    else:
+        tokenizer, model = load_causal_lm(model_dir, device=device, precision=_dense_precision(task.model),
+                                          allow_pickle=task.model.allow_pickle)
     if cfg.max_kv_cache_mb is not None:
         width = next(model.parameters()).element_size()
-        need = kv_cache_bytes(model.config, rows=cfg.slots, max_seq_len=task.max_seq_len, bytes_per_value=width)
+        need = kv_cache_bytes(model.config.get_text_config(), rows=cfg.slots, max_seq_len=task.max_seq_len, bytes_per_value=width)
         check_kv_budget(need, cfg.max_kv_cache_mb, what=f"{cfg.slots} slots x {task.max_seq_len} tokens",
                         knob="task.slots")
     generator = BatchGenerator(model, tokenizer, mode=cfg.mode, slots=cfg.slots, max_seq_len=task.max_seq_len,
                                sampling=sampling, constraint=task.constraint(tokenizer, model))
-    return tokenizer, generator
+    return tokenizer, generator, processor
 
 
 def _load_vllm(task: Any, model_dir: Path, device: str, sampling: SamplingParams) -> tuple[Any, Any]:
@@ -148,10 +175,15 @@ def _load_vllm(task: Any, model_dir: Path, device: str, sampling: SamplingParams
     from pipeline.models.device import task_gpu_addresses
 
     cfg = task.config
-    check_causal_lm(model_dir)
+    if cfg.image_column:
+        from pipeline.generation.vision import check_vision_lm
+
+        check_vision_lm(model_dir)
+    else:
+        check_causal_lm(model_dir)
     # one engine per worker: a cached one (another config) is dropped here and shut down by load_vllm
     cache.discard(lambda obj: isinstance(obj, LoadedGenerator) and obj.backend == "vllm")
     gpus = task_gpu_addresses() if device.startswith("cuda") else ()
     return load_vllm(model_dir, config=cfg.vllm, precision=_dense_precision(task.model), max_seq_len=task.max_seq_len,
                      sampling=sampling, gpu_addresses=gpus, max_kv_cache_mb=cfg.max_kv_cache_mb,
-                     json_schema=task.vllm_json_schema())
+                     json_schema=task.vllm_json_schema(), images_per_prompt=1 if cfg.image_column else 0)

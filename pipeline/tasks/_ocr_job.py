@@ -19,7 +19,7 @@ from pipeline.tasks.job import ModelInfo, TaskJob, executor_model_path
 
 __all__ = ["STAGES", "OcrCounts", "OcrJob", "find_direction_model", "find_ocr_models"]
 
-# the stages whose seconds each worker counts (``ocr_<stage>_seconds``)
+# the stages whose seconds each worker counts (``ocr_<stage>_seconds``); tesseract's: input, recognize, results
 STAGES = ("detect", "boxes", "crops", "direction", "recognize")
 
 
@@ -40,6 +40,9 @@ class OcrCounts(TaskCounts):
     ocr_crops_seconds: float = 0.0
     ocr_direction_seconds: float = 0.0
     ocr_recognize_seconds: float = 0.0
+    # the tesseract engine's: the page handed to it, and its lines read back (its own work is ``recognize``)
+    ocr_input_seconds: float = 0.0
+    ocr_results_seconds: float = 0.0
     # the character error rate against task.reference_column: errors (rate x reference chars) and chars
     cer_errors: float = 0.0
     cer_reference_chars: int = 0
@@ -51,6 +54,12 @@ class OcrCounts(TaskCounts):
         """Worker seconds per stage, in :data:`STAGES` order."""
         return {"detect": self.ocr_detect_seconds, "boxes": self.ocr_boxes_seconds, "crops": self.ocr_crops_seconds,
                 "direction": self.ocr_direction_seconds, "recognize": self.ocr_recognize_seconds}
+
+    @property
+    def tesseract_seconds(self) -> dict[str, float]:
+        """The tesseract engine's worker seconds per stage: the page handed over, its own work, the lines read."""
+        return {"input": self.ocr_input_seconds, "recognize": self.ocr_recognize_seconds,
+                "results": self.ocr_results_seconds}
 
 
 def find_ocr_models(folder: Path) -> tuple[Path, Path]:
@@ -79,6 +88,8 @@ class OcrJob(TaskJob):
     """Driver-side checks: the two ONNX files, fingerprinted for lineage; recogniser padding in the summary."""
 
     def model_info(self, config: JobConfig, task: Any) -> ModelInfo:
+        if config.task.engine == "tesseract":
+            return _tesseract_info(config, task)
         folder = task.resolve_model_dir(config.model.path)
         det, rec = find_ocr_models(folder)
         cls = find_direction_model(folder) if config.task.use_direction else None
@@ -92,18 +103,34 @@ class OcrJob(TaskJob):
         ocr: OcrCounts = counts.task  # type: ignore[assignment]
         real, padded = int(counts.tokens), int(counts.padded_tokens)
         eff = real / padded if padded else 1.0
-        sort = "width-sorted" if config.task.width_bucketing else "arrival order"
-        lines = {
-            "pages read": f"{int(ocr.images_inferred):,}, {int(ocr.ocr_lines):,} lines detected",
-            "recogniser padding": f"{eff:.3f} ({real:,} real / {padded:,} padded columns, {sort})",
-        }
-        stage_seconds = ocr.stage_seconds
+        tesseract = config.task.engine == "tesseract"
+        lines = {"pages read": f"{int(ocr.images_inferred):,}, {int(ocr.ocr_lines):,} lines "
+                               + ("read" if tesseract else "detected")}
+        if not tesseract:
+            sort = "width-sorted" if config.task.width_bucketing else "arrival order"
+            lines["recogniser padding"] = f"{eff:.3f} ({real:,} real / {padded:,} padded columns, {sort})"
+        stage_seconds = ocr.tesseract_seconds if tesseract else ocr.stage_seconds
         if any(stage_seconds.values()):
             pages = max(int(ocr.images_inferred), 1)
             lines["seconds per page"] = ", ".join(f"{s} {v / pages:.2f}" for s, v in stage_seconds.items()) + (
+                " (worker seconds)" if tesseract else
                 f" (worker seconds; {int(ocr.ocr_lines_turned):,} lines turned upside up)")
         ref_chars = float(ocr.cer_reference_chars)
         if ref_chars:
             lines["character error rate"] = (f"{ocr.cer_errors / ref_chars:.4f} against "
                                              f"{config.task.reference_column} ({int(ref_chars):,} reference chars)")
         return lines
+
+
+def _tesseract_info(config: JobConfig, task: Any) -> ModelInfo:
+    """The tesseract engine's lineage: the library's version (in the name) and the language data's bytes.
+
+    The executors find the same language data from ``model.path``, or their own system's when it is empty.
+    """
+    from pipeline.images.ocr_tesseract import tesseract_version
+
+    folder = task.resolve_model_dir(config.model.path)  # every language's data, or an error naming the install
+    files = [folder / f"{lang}.traineddata" for lang in config.task.languages.split("+")]
+    name = config.model.name or f"tesseract-{tesseract_version()}:{config.task.languages}"
+    spec = executor_model_path(config.model.path) if config.model.path else ""
+    return ModelInfo(spec, name, files_revision(files))

@@ -96,12 +96,15 @@ class TextTask:
     calibrates_on_rows: ClassVar[bool] = True
 
     def __init__(self, config: Any, *, model: ModelConfig, batching: BatchingConfig,
-                 calibration_rows: Sequence[str] = ()) -> None:
+                 calibration_rows: Sequence[str] = (), recall_verdict_only: bool = False) -> None:
         self.config = config
         self.model = model
         self.batching = batching
         # texts of the job's own rows the accuracy gate calibrates on (drawn on the driver; empty: none)
         self.calibration_rows = tuple(calibration_rows)
+        # a load standing in for the job's (a warm-up before its rows are drawn): it may only replay the
+        # verdict the job's rows made, never measure one of its own
+        self.recall_verdict_only = recall_verdict_only
 
     @classmethod
     def extras(cls, config: Any, model: ModelConfig) -> tuple[str, ...]:
@@ -118,8 +121,18 @@ class TextTask:
 
     def cache_key(self) -> Hashable:
         # the whole model config: precision, int8 options and the gate all change what is loaded; so may the rows
-        # the gate calibrates on (one job's sample is the same on every worker and in every task)
-        return (self.kind, repr(self.model), repr(self.config), hash(self.calibration_rows))
+        # the gate calibrates on (one job's sample is the same on every worker and in every task), unless the
+        # verdict is remembered: then it does not depend on the rows (pipeline.models.verdicts), and a model a
+        # warm-up loaded with the remembered verdict serves the job's tasks
+        if self._remembers_verdict():
+            rows: Any = "run rows" if self.calibration_rows or self.recall_verdict_only else "texts"
+        else:
+            rows = hash(self.calibration_rows)
+        return (self.kind, repr(self.model), repr(self.config), rows)
+
+    def _remembers_verdict(self) -> bool:
+        gate = self.model.accuracy_gate
+        return gate.enabled and gate.remember and self.model.precision != "fp32"
 
     def result_fields(self) -> list[pa.Field]:
         raise NotImplementedError
@@ -128,10 +141,15 @@ class TextTask:
         """The most tokens a row can reach the model with, and the setting that decides it (checked on the driver)."""
         return self.batching.max_length, "batching.max_length"
 
-    def load(self, model_dir: Path, device: str) -> LoadedText:
-        """Load in fp32, derive :meth:`load_extras`, then move to the configured precision through the accuracy gate."""
+    def load(self, model_dir: Path, device: str, *, machine: Any = None) -> LoadedText:
+        """Load in fp32, derive :meth:`load_extras`, then move to the configured precision through the accuracy gate.
+
+        The gate's verdict is remembered per model, precision, settings and ``machine``
+        (:class:`pipeline.models.verdicts.MachineIdentity`; None: this one): see :meth:`verdict_settings`.
+        """
         from pipeline.models.loading import load_model
         from pipeline.models.precision import select_precision
+        from pipeline.models.verdicts import MachineIdentity, VerdictMemory
 
         tokenizer, model = load_model(model_dir, kind=self.model_kind, device=device, precision="fp32",
                                       allow_pickle=self.model.allow_pickle)
@@ -141,12 +159,36 @@ class TextTask:
         def run(candidate: Any, precision: str, texts: Sequence[str]) -> dict[str, np.ndarray]:
             return self.score_texts(LoadedText(tokenizer, candidate, precision, reference.labels), texts)
 
+        memory = VerdictMemory.for_model(
+            model_dir, self.verdict_settings(), machine=machine or MachineIdentity.here(str(model.device)),
+            recall_only=self.recall_verdict_only) if self._remembers_verdict() else None
         model, gate = select_precision(
             model, self.model.precision, run=run, top_labels=lambda out: self.top_labels(reference, out),
             gate=self.model.accuracy_gate, int8=self.model.int8, texts=self.calibration_rows,
-            model_dir=model_dir, kind=self.model_kind,
+            model_dir=model_dir, kind=self.model_kind, memory=memory,
         )
         return LoadedText(tokenizer, model, gate.precision, reference.labels, gate)
+
+    def verdict_settings(self) -> dict[str, Any]:
+        """What the accuracy gate's verdict depends on of this task, besides the model's files and the machine.
+
+        The precision asked, the gate's settings (its thresholds, and where the sample comes from and how big it
+        is, not its rows), ``model.int8``, the task's config, the batch size and length the sample is scored
+        with, and the worker's torch threads (speed is measured per thread count).
+        """
+        import torch
+
+        gate = self.model.accuracy_gate
+        rows = self.calibration_rows or self.recall_verdict_only
+        config = self.config.model_dump(mode="json") if hasattr(self.config, "model_dump") else repr(self.config)
+        return {
+            "kind": self.kind, "task": config, "precision": self.model.precision,
+            "gate": gate.model_dump(mode="json", exclude={"remember"}),
+            "sample": "run rows" if rows else "configured texts" if gate.calibration_texts else "built-in texts",
+            "int8": self.model.int8.model_dump(mode="json"),
+            "batching": {"batch_size": self.batching.batch_size, "max_length": self.batching.max_length},
+            "threads": torch.get_num_threads(),
+        }
 
     def load_extras(self, loaded: LoadedText) -> Any:
         """Anything computed once per load from the fp32 model (stored as ``loaded.labels``); None by default."""

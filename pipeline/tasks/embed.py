@@ -13,7 +13,7 @@ from pipeline.config import TaskConfig
 from pipeline.endpoint.config import EndpointConfig
 from pipeline.metrics import WorkerCounts
 from pipeline.registry import register_task
-from pipeline.rows import Status
+from pipeline.rows import ANSWER_COLUMN, Status
 from pipeline.tasks._content import malformed_rows
 from pipeline.tasks._endpoint import EndpointJob
 from pipeline.tasks._torch import check_encoder_precision, forward, label_columns, list_array
@@ -28,7 +28,8 @@ class EmbedTaskConfig(TaskConfig):
     kind: Literal["embed"] = "embed"
     # padding is masked, so batch sizes and padded shapes never change a row's embedding
     fingerprint_batching: ClassVar[tuple[str, ...]] = ("max_length",)
-    fingerprint_ignore: ClassVar[frozenset[str]] = frozenset(f"endpoint.{k}" for k in EndpointConfig.PER_TRY)
+    fingerprint_ignore: ClassVar[frozenset[str]] = frozenset(
+        f"endpoint.{k}" for k in (*EndpointConfig.PER_TRY, *EndpointConfig.SAME_ROWS))
     per_try_settings: ClassVar[frozenset[str]] = frozenset(f"endpoint.{k}" for k in EndpointConfig.PER_TRY)
     backend: Literal["transformers", "endpoint"] = Field(
         "transformers", description="`transformers` (the model folder, on the workers) or `endpoint` (an "
@@ -61,6 +62,8 @@ class EmbedTask(TextTask):
 
     kind: ClassVar[str] = "embed"
     model_kind: ClassVar[str] = "embed"
+    # batch mode on the endpoint backend: each row's answer from the provider's batch API, when joined
+    optional_input_columns: ClassVar[tuple[str, ...]] = (ANSWER_COLUMN,)
 
     # -- the endpoint backend: rows embedded by a server's /embeddings, one request per row ---------
     @property
@@ -72,6 +75,16 @@ class EmbedTask(TextTask):
 
         self.attempt = Attempt(journal=journal, max_tokens=max_tokens, rate_share=rate_share)
 
+    request_path: ClassVar[str] = "/embeddings"
+
+    def batch_calls(self, chunk: pa.RecordBatch) -> list[tuple[int, Any]]:
+        """``(row, call)`` of each row of ``chunk`` that is sent (batch mode's request lines and keys)."""
+        from pipeline.tasks._endpoint import embedding_calls
+
+        texts = chunk.column(chunk.schema.get_field_index("text")).to_pylist()
+        rows, calls, _, _ = embedding_calls(self, texts, malformed_rows(chunk))
+        return list(zip(rows, calls))
+
     def resolve_model_dir(self, path: str) -> Path | None:
         if self.config.backend == "endpoint":
             return None
@@ -79,9 +92,9 @@ class EmbedTask(TextTask):
 
         return resolve_model_path(path, registry_uri=self.model.registry_uri)
 
-    def load(self, model_dir: Path | None, device: str) -> Any:
+    def load(self, model_dir: Path | None, device: str, *, machine: Any = None) -> Any:
         if self.config.backend != "endpoint":
-            return super().load(model_dir, device)
+            return super().load(model_dir, device, machine=machine)
         from pipeline.tasks._endpoint import LoadedEndpoint, attempt_client, embed_rows
 
         loaded = LoadedEndpoint(self.config.endpoint)
@@ -111,11 +124,12 @@ class EmbedTask(TextTask):
     def process(self, loaded: Any, chunk: pa.RecordBatch, counts: WorkerCounts, *, cpus: int = 1) -> pa.RecordBatch:
         if getattr(loaded, "backend", None) != "endpoint":
             return super().process(loaded, chunk, counts, cpus=cpus)
-        from pipeline.tasks._endpoint import attempt_client, embed_rows
+        from pipeline.tasks._endpoint import embed_rows
+        from pipeline.tasks._endpoint_batch import rows_client
 
         texts = chunk.column(chunk.schema.get_field_index("text")).to_pylist()
-        client = attempt_client(self.config.endpoint, getattr(self, "attempt", None))
-        vectors, status, error, n_tokens = embed_rows(self, texts, malformed_rows(chunk), counts, client)
+        vectors, status, error, n_tokens = embed_rows(self, texts, malformed_rows(chunk), counts,
+                                                      rows_client(self, chunk))
         valid = np.asarray([v is None for v in error], dtype=bool) & (status == Status.OK)
         results = {} if vectors is None else {"embedding": self._normalized(vectors)}
         columns = self.build_columns(loaded, results, valid)

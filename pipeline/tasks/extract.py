@@ -108,8 +108,10 @@ class ExtractTask(GenerateTask):
         from pipeline.generation.engine import eos_ids
         from pipeline.generation.grammar import JsonConstraint
 
-        # compiled here, in load: once per worker, cached with the model (pipeline.models.cache)
-        return JsonConstraint.compile(tokenizer, self.schema, vocab_size=model.config.vocab_size,
+        # compiled here, in load: once per worker, cached with the model (pipeline.models.cache); a
+        # vision-language model's logits are its language model's
+        text_config = getattr(model.config, "get_text_config", lambda: model.config)()
+        return JsonConstraint.compile(tokenizer, self.schema, vocab_size=text_config.vocab_size,
                                       stop_token_ids=sorted(eos_ids(model, tokenizer)))
 
     def vllm_json_schema(self) -> dict[str, Any] | None:

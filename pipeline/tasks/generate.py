@@ -22,13 +22,15 @@ import pyarrow as pa
 from pydantic import Field, model_validator
 
 from pipeline.config import BatchingConfig, ModelConfig, TaskConfig
+from pipeline.config.base import READS
 from pipeline.endpoint.config import EndpointConfig
 from pipeline.generation.config import VllmConfig
 from pipeline.generation.engine import GenerationResult
 from pipeline.generation.prompts import template_fields
+from pipeline.images.decode import DEFAULT_MAX_PIXELS
 from pipeline.metrics import WorkerCounts
 from pipeline.registry import register_task
-from pipeline.rows import STATUS_FIELDS
+from pipeline.rows import ANSWER_COLUMN, STATUS_FIELDS
 from pipeline.tasks._content import malformed_rows
 from pipeline.tasks._endpoint import EndpointJob
 from pipeline.tasks._generate_chunk import generate_chunk
@@ -52,7 +54,8 @@ class GenerateTaskConfig(TaskConfig):
     # No batching key is read by this kind.
     fingerprint_ignore: ClassVar[frozenset[str]] = frozenset({
         "mode", "slots", "max_kv_cache_mb", "vllm.max_num_seqs", "vllm.gpu_memory_utilization",
-        "vllm.kv_cache_mb", "vllm.in_process", *(f"endpoint.{k}" for k in EndpointConfig.PER_TRY),
+        "vllm.kv_cache_mb", "vllm.in_process",
+        *(f"endpoint.{k}" for k in (*EndpointConfig.PER_TRY, *EndpointConfig.SAME_ROWS)),
     })
     fingerprint_batching: ClassVar[tuple[str, ...]] = ()
     per_try_settings: ClassVar[frozenset[str]] = frozenset(f"endpoint.{k}" for k in EndpointConfig.PER_TRY)
@@ -62,7 +65,7 @@ class GenerateTaskConfig(TaskConfig):
         "the worker imports it, else transformers)")
     gguf: str | None = Field(
         None, description="int4 / llama_cpp: the .gguf file (or `package:<module>/<file>`); none: a *.gguf in the "
-        "model folder, else the file the folder was converted from (jobs/prepare_llm.py)")
+        "model folder, else the file the folder was converted from (jobs/prepare_llm.py)", json_schema_extra=READS)
     # vLLM always batches continuously
     mode: Literal["static", "continuous"] = Field(
         "continuous", description="transformers backend: `continuous` (finished rows leave, queued prompts join "
@@ -89,9 +92,23 @@ class GenerateTaskConfig(TaskConfig):
     vllm: VllmConfig = Field(default_factory=VllmConfig)
     endpoint: EndpointConfig | None = Field(
         None, description="the server of `backend: endpoint` (`base_url`, `model`, `api_key`, limits; see below)")
+    image_column: str | None = Field(
+        None, description="a column holding each row's image (bytes, or paths/URIs with `image_input: path`) for a "
+        "vision-language model: `{<column>}` in the template marks where it goes, else it comes before the text; "
+        "decoded and checked on the workers, a bad image is a flagged row (docs/tasks/images_in_prompts.md)")
+    image_input: Literal["bytes", "path"] = Field(
+        "bytes", description="with `image_column`: `bytes` or `path` (read on the workers)")
+    max_pixels: int = Field(
+        DEFAULT_MAX_PIXELS, gt=0, description="with `image_column`: larger images are refused before decoding")
 
     @model_validator(mode="after")
     def _limits(self) -> "GenerateTaskConfig":
+        if self.image_column is not None and self.backend == "llama_cpp":
+            raise ValueError("task.image_column needs a vision-language model on backend transformers, vllm or "
+                             "endpoint; llama_cpp runs text models only")
+        if self.image_column is not None and self.endpoint is not None and self.endpoint.api != "chat":
+            raise ValueError("task.image_column on the endpoint backend sends image_url parts, which only the chat "
+                             "API takes: set task.endpoint.api: chat")
         if self.backend == "endpoint" and self.endpoint is None:
             raise ValueError("backend endpoint needs task.endpoint: {base_url: ..., model: ...}")
         if self.endpoint is not None and self.backend != "endpoint":
@@ -122,6 +139,9 @@ class GenerateTaskConfig(TaskConfig):
         if self.backend == "llama_cpp" and precision not in ("int4", "auto"):
             raise ValueError(f"task.backend llama_cpp runs a GGUF's int4 weights; set model.precision int4 (or auto), "
                              f"not {precision}")
+        if precision in ("int4", "auto") and self.image_column is not None:
+            raise ValueError(f"model.precision {precision} runs text models on llama.cpp; with task.image_column "
+                             "use fp32, bf16 or fp16")
         if precision == "int4" and self.backend in ("transformers", "vllm"):
             raise ValueError(f"model.precision int4 runs on task.backend llama_cpp (or auto), not {self.backend}")
 
@@ -133,25 +153,35 @@ class GenerateTask:
     # Rows per inference task unless spark.rows_per_task is set: decoding is slow and continuous batching
     # needs no big chunks, so smaller tasks let the progress line move (pipeline.spark.planning).
     rows_per_task: ClassVar[int] = 512
+    # batch mode on the endpoint backend: each row's answer from the provider's batch API, when joined
+    optional_input_columns: ClassVar[tuple[str, ...]] = (ANSWER_COLUMN,)
 
     def __init__(self, config: GenerateTaskConfig, *, model: ModelConfig, batching: BatchingConfig) -> None:
         self.config = config
         self.model = model
         self.batching = batching
-        self.template_columns = template_fields(config.template)
-        extra = [c for c in (config.max_new_tokens_column, config.seed_column) if c]
+        self.image_column = config.image_column
+        # the template's text values; the image column (named in it or not) is read apart
+        self.template_columns = tuple(c for c in template_fields(config.template) if c != config.image_column)
+        extra = [c for c in (config.image_column, config.max_new_tokens_column, config.seed_column) if c]
         self.input_columns: tuple[str, ...] = tuple(dict.fromkeys([*self.template_columns, *extra]))
 
     @classmethod
     def extras(cls, config: GenerateTaskConfig, model: ModelConfig) -> tuple[str, ...]:
         """The wheel's extras this task needs on the driver and every executor (:mod:`pipeline.extras`)."""
+        images = ("vision",) if config.image_column else ()
         if config.backend == "endpoint":
-            return ("endpoint",)
+            return ("endpoint", *images)
         if config.backend == "vllm":
-            return ("transformers", "vllm")
+            return ("transformers", "vllm", *images)
         if config.backend == "llama_cpp" or model.precision == "int4":
             return ("transformers", "int4")
-        return ("transformers",)
+        return ("transformers", *images)
+
+    @property
+    def model_kind(self) -> str:
+        """What the driver checks the model folder as: a vision-language model for image rows."""
+        return "generate_vision" if self.image_column else self.kind
 
     @property
     def max_seq_len(self) -> int:
@@ -187,6 +217,20 @@ class GenerateTask:
 
         self.attempt = Attempt(journal=journal, max_tokens=max_tokens, rate_share=rate_share)
 
+    @property
+    def request_path(self) -> str:
+        """The API path its rows are posted to (the batch API's ``endpoint``)."""
+        return self.config.endpoint.api_path() if self.config.endpoint else "/chat/completions"
+
+    def batch_calls(self, chunk: pa.RecordBatch) -> list[tuple[int, Any]]:
+        """``(row, call)`` of each row of ``chunk`` that is sent: what batch mode writes into its request files
+        and joins the answers back by (:mod:`pipeline.tasks._endpoint_batch`)."""
+        from pipeline.tasks._endpoint import generation_calls
+
+        cols = {c: chunk.column(chunk.schema.get_field_index(c)).to_pylist() for c in self.input_columns}
+        rows, calls, _, _ = generation_calls(self, cols, malformed_rows(chunk))
+        return list(zip(rows, calls))
+
     def resolve_model_dir(self, path: str) -> Path | None:
         """The local model folder to load (none on the endpoint backend: the server holds the model)."""
         if self.config.backend == "endpoint":
@@ -215,10 +259,10 @@ class GenerateTask:
         cols = {c: chunk.column(chunk.schema.get_field_index(c)).to_pylist() for c in self.input_columns}
         truncated = np.zeros(n, dtype=bool)
         if getattr(loaded, "backend", None) == "endpoint":
-            from pipeline.tasks._endpoint import attempt_client, generate_rows
+            from pipeline.tasks._endpoint import generate_rows
+            from pipeline.tasks._endpoint_batch import rows_client
 
-            client = attempt_client(self.config.endpoint, getattr(self, "attempt", None))
-            results, status, error = generate_rows(self, cols, malformed_rows(chunk), counts, client)
+            results, status, error = generate_rows(self, cols, malformed_rows(chunk), counts, rows_client(self, chunk))
         else:
             results, status, error, truncated = generate_chunk(self, loaded, chunk, cols, counts)
         leading = self.check_outputs(results, status, error)

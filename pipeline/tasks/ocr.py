@@ -1,4 +1,8 @@
-"""``ocr``: page text and text lines (text, box, confidence) with the PP-OCRv4 ONNX models, on onnxruntime.
+"""``ocr``: page text and text lines (text, box, confidence), with PP-OCRv4 on onnxruntime or with tesseract.
+
+``task.engine: tesseract`` reads each page with libtesseract in process
+(:mod:`pipeline.tasks._ocr_tesseract`), into the same output columns; the rest
+of this docstring is the default engine, ``ppocr``.
 
 The models are the ones shipped inside the ``rapidocr-onnxruntime`` wheel
 (``model.path: package:rapidocr_onnxruntime``), or any folder holding a
@@ -28,57 +32,20 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
-from pydantic import Field
 
-from pipeline.config import TaskConfig
-from pipeline.images.decode import DEFAULT_MAX_PIXELS, DecodedImage
+from pipeline.images.decode import DecodedImage
 from pipeline.metrics import WorkerCounts
 from pipeline.models.files import PACKAGE_PREFIX, package_folder
 from pipeline.registry import register_task
 from pipeline.tasks._images import ImageTask
+from pipeline.tasks._ocr_config import OcrConfig
 from pipeline.tasks._ocr_job import STAGES, OcrJob, find_direction_model, find_ocr_models
 
 __all__ = ["LoadedOcr", "OcrConfig", "OcrJob", "OcrTask", "STAGES", "StageTimer", "find_direction_model", "find_ocr_models"]
-
-class OcrConfig(TaskConfig):
-    """OCR (PP-OCRv4 detection + recognition, onnxruntime): page text and per-line text, box and confidence."""
-
-    kind: Literal["ocr"] = "ocr"
-    # Nothing is left out of the task fingerprint, every batching key included (the default): padding a line
-    # wider moves its confidence (tests/images/test_ocr.py), and min_confidence may then drop it.
-    image_column: str = Field("content", description="the source column holding the image bytes, or its path/URI")
-    image_input: Literal["bytes", "path"] = Field("bytes", description="`bytes` or `path` (read on the workers)")
-    max_pixels: int = Field(DEFAULT_MAX_PIXELS, gt=0, description="larger images are refused before decoding")
-    max_pages: int = Field(
-        100, gt=0, description="pages read of a multi-page TIFF (all of them within task.max_pixels in total); "
-        "a document cut short by either limit is written with status `truncated` and the pages read")
-    pages_per_group: int = Field(
-        8, gt=0, description="pages whose line crops are pooled, width-sorted and batched together")
-    width_bucketing: bool = Field(True, description="sort line crops by width before batching (less padding)")
-    det_min_side: int = Field(736, gt=0, description="the detector sees the page's shorter side at least this big")
-    det_max_side: int = Field(2000, gt=0, description="and its longer side at most this big")
-    det_threshold: float = Field(0.3, gt=0, lt=1, description="text probability that marks a pixel as text")
-    box_threshold: float = Field(0.5, gt=0, lt=1, description="least mean probability of a kept line box")
-    unclip_ratio: float = Field(1.6, gt=0, description="how far a detected text kernel grows into its box")
-    min_confidence: float = Field(
-        0.5, ge=0, le=1, description="recognised lines below this confidence are dropped (PP-OCR's text_score)")
-    max_line_width: int = Field(3200, gt=0, description="widest line crop, in pixels at 48 px height")
-    use_direction: bool = Field(
-        True, description="PP-OCR's text-direction classifier (the model folder's *cls*.onnx) turns upside-down "
-        "lines; a page whose lines are mostly upside down is read in its turned order")
-    direction_threshold: float = Field(0.9, gt=0, lt=1, description="least classifier score to turn a line")
-    denoise_sigma: float = Field(
-        1.0, ge=0, description="Gaussian blur (px, on the 48 px crop) of the line crops of a noisy page: scans "
-        "lose fewer spaces between words; 0 turns it off")
-    denoise_threshold: float = Field(
-        0.25, ge=0, le=1, description="a page is noisy when this share of its background pixels is off by 3+ levels")
-    reference_column: str | None = Field(
-        None, description="a column with the expected text (e.g. from pdftotext); adds a per-row `cer` "
-        "and the overall character error rate to the summary")
 
 
 @dataclass
@@ -148,9 +115,23 @@ class OcrTask(ImageTask):
         return self.config.pages_per_group
 
     def resolve_model_dir(self, spec: str) -> Path:
+        if self.config.engine == "tesseract":
+            from pipeline.tasks._ocr_tesseract import tessdata_folder
+
+            return tessdata_folder(self.config, spec)
         return package_folder(spec) if spec.startswith(PACKAGE_PREFIX) else Path(spec).expanduser()
 
-    def load(self, model_dir: Path, device: str) -> LoadedOcr:
+    @classmethod
+    def extras(cls, config: Any, model: Any) -> tuple[str, ...]:
+        """Decoding and PP-OCR's libraries (``images``), and tesserocr (``tesseract``) for that engine."""
+        return ("images", "tesseract") if config.engine == "tesseract" else ("images",)
+
+    def load(self, model_dir: Path, device: str) -> Any:
+        """PP-OCR's onnxruntime sessions (:class:`LoadedOcr`), or the tesseract engine, once per worker."""
+        if self.config.engine == "tesseract":
+            from pipeline.tasks._ocr_tesseract import load_tesseract
+
+            return load_tesseract(self.config, model_dir, threads=_task_threads())
         import onnxruntime as ort
 
         det_path, rec_path = find_ocr_models(model_dir)
@@ -236,13 +217,19 @@ class OcrTask(ImageTask):
                                  padded_tokens=batch.padded_tokens)
         return results
 
-    def read_pages(self, loaded: LoadedOcr, images: list[np.ndarray], counts: WorkerCounts | None = None,
-                   timer: "StageTimer | None" = None) -> list[list[dict[str, Any]]]:
-        """The recognised lines of each page, in reading order: ``{"text", "box", "quad", "confidence"}``."""
+    def read_pages(self, loaded: Any, images: list[np.ndarray], counts: WorkerCounts | None = None,
+                   timer: "StageTimer | None" = None, dpis: list[int | None] | None = None
+                   ) -> list[list[dict[str, Any]]]:
+        """The recognised lines of each page, in reading order: ``{"text", "box", "quad", "confidence"}``
+        (``dpis``: each page's resolution from its file, which tesseract uses; PP-OCR ignores it)."""
         from pipeline.images.ocr_layout import reading_order
         from pipeline.images.ocr_lines import crop_line, noise_level, smooth_line
 
         timer = timer or StageTimer()
+        if self.config.engine == "tesseract":
+            from pipeline.tasks._ocr_tesseract import read_tesseract_pages
+
+            return read_tesseract_pages(loaded, images, dpis or [None] * len(images), counts, timer.seconds)
         boxes_per_page = [self.detect(loaded, image, timer) for image in images]
         crops, owners, flat_boxes = [], [], []
         with timer("crops"):
@@ -304,8 +291,9 @@ class OcrTask(ImageTask):
         theirs with a form feed (as ``pdftotext`` separates pages), its lines in page order."""
         timer = StageTimer()
         pages = [page for im in images for page in (im.array, *im.more_pages)]
+        dpis = [im.dpi for im in images for _ in (im.array, *im.more_pages)]
         counts.add("progress_rows", 0)  # progress counts rows (documents) read, not recognition batches of lines
-        lines = iter(self.read_pages(loaded, pages, counts, timer))
+        lines = iter(self.read_pages(loaded, pages, counts, timer, dpis))
         counts.add("images_inferred", len(pages))
         counts.add("progress_rows", len(images))
         if counts.on_batch is not None:

@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 from pydantic import Field
 
 from pipeline.config import BatchingConfig, JobConfig, ModelConfig, TaskConfig
+from pipeline.config.base import READS, WRITES
 from pipeline.errors import ModelError, SourceError
 from pipeline.metrics import WorkerCounts
 from pipeline.registry import register_task
@@ -68,11 +69,14 @@ class RecommendTaskConfig(TaskConfig):
     kind: Literal["recommend"] = "recommend"
     supports_incremental: ClassVar[bool] = False  # see check_job
     interactions: str = Field(
-        description="Delta table of `user_id, item_id, timestamp` (the users' seen items)")
+        description="Delta table of `user_id, item_id, timestamp` (the users' seen items)",
+        json_schema_extra=READS)
     items: str | None = Field(
-        None, description="Delta table of the catalog, only to report items the model does not know")
+        None, description="Delta table of the catalog, only to report items the model does not know",
+        json_schema_extra=READS)
     latest_path: str | None = Field(
-        None, description="Delta folder overwritten with the newest run's rows (for serving)")
+        None, description="Delta folder overwritten with the newest run's rows (for serving)",
+        json_schema_extra=WRITES)
     k: int = Field(10, gt=0, le=1000, description="items per user")
     batch_size: int = Field(256, gt=0, description="users per matrix product (bounds worker memory)")
     exclude_seen: bool = Field(True, description="never recommend an item the user interacted with")

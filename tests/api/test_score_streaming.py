@@ -7,10 +7,12 @@ the deltalake library; the connector run: the connector's streaming sink).
 from __future__ import annotations
 
 import pyarrow.parquet as pq
+import pytest
 from deltalake import DeltaTable
 
 from pipeline import score
-from tests.support.scoring import EMBED, SCORE_SETTINGS, assert_same_as_run_job, documents, run_job_rows
+from tests.support.load_log import loads_by_worker
+from tests.support.scoring import EMBED, SCORE_SETTINGS, assert_same_as_run_job, documents
 
 
 def _delta_writer(path: str):
@@ -24,9 +26,9 @@ def _delta_writer(path: str):
     return write
 
 
-def test_a_streaming_dataframe_scored_into_the_callers_sinks(any_spark, tmp_path, tiny_embed_model, writer):
-    parquet = documents(tmp_path)
-    reference = run_job_rows(any_spark, tmp_path, tiny_embed_model)
+def test_a_streaming_dataframe_scored_into_the_callers_sinks(embed_reference, any_spark, tmp_path,
+                                                             tiny_embed_model, writer):
+    parquet, reference = embed_reference
     incoming = tmp_path / "incoming"
     incoming.mkdir()
     table = pq.read_table(parquet)
@@ -53,3 +55,37 @@ def test_a_streaming_dataframe_scored_into_the_callers_sinks(any_spark, tmp_path
     query.awaitTermination()
     rows = DeltaTable(delta).to_pyarrow_table().to_pylist()
     assert assert_same_as_run_job(rows, reference) == 40
+
+
+@pytest.fixture
+def load_log_kind():
+    from pipeline.registry import unregister_task
+    from tests.support import load_log
+
+    load_log.register()
+    yield load_log.KIND
+    unregister_task(load_log.KIND)  # a test kind: never part of the docs' config reference
+
+
+def test_the_model_stays_loaded_in_the_workers_between_micro_batches(spark, tmp_path, tiny_embed_model,
+                                                                     load_log_kind):
+    """Three micro-batches of one task each on local[2]: each Python worker loads the model once, for the query's
+    life, and some worker scores more than one micro-batch with it."""
+    incoming, log = tmp_path / "incoming", tmp_path / "loads"
+    incoming.mkdir()
+    log.mkdir()
+    table = pq.read_table(documents(tmp_path, n=24))
+    for n in range(3):
+        pq.write_table(table.slice(8 * n, 8), incoming / f"part-{n}.parquet")
+    stream = spark.readStream.schema(spark.read.parquet(str(incoming)).schema).option("maxFilesPerTrigger", 1) \
+        .parquet(str(incoming))
+    scored = score(stream, load_log_kind, model=str(tiny_embed_model), id_column="doc_id", load_log=str(log),
+                   **SCORE_SETTINGS)
+    query = scored.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ck")) \
+        .trigger(availableNow=True).start()
+    query.awaitTermination()
+    micro_batches = [p for p in query.recentProgress if p.numInputRows]
+    assert len(micro_batches) == 3 and sum(p.numInputRows for p in micro_batches) == 24
+    loads = loads_by_worker(log)
+    assert loads and set(loads.values()) == {1}, f"a worker loaded the model again: {loads}"
+    assert len(loads) < len(micro_batches), f"every micro-batch had a worker of its own: {loads}"

@@ -8,12 +8,11 @@ from pipeline import register_function
 from pipeline.config import ConfigError
 from pipeline.errors import ModelError
 from pipeline.rows import MODEL_LINEAGE_COLUMNS, STATUS_FIELDS
-from tests.support.scoring import EMBED, SCORE_SETTINGS, assert_same_as_run_job, documents, run_job_rows
+from tests.support.scoring import EMBED, SCORE_SETTINGS, assert_same_as_run_job
 
 
-def test_the_sql_function_gives_run_jobs_rows(any_spark, tmp_path, tiny_embed_model):
-    parquet = documents(tmp_path)
-    reference = run_job_rows(any_spark, tmp_path, tiny_embed_model)
+def test_the_sql_function_gives_run_jobs_rows(embed_reference, any_spark, tiny_embed_model):
+    parquet, reference = embed_reference
     any_spark.read.parquet(str(parquet)).createOrReplaceTempView("api_docs")
     settings = {k: v for k, v in EMBED.items() if k != "task"}
     udf = register_function(any_spark, "tiny_embed", "embed", model={"path": str(tiny_embed_model), "name": "tiny-bert"},
@@ -48,6 +47,12 @@ def test_the_sql_function_gives_run_jobs_rows(any_spark, tmp_path, tiny_embed_mo
 def test_a_function_is_registered_only_when_its_settings_and_model_hold(spark, tiny_embed_model, name, kwargs,
                                                                          error, message):
     kwargs = {"model": str(tiny_embed_model), **kwargs}
+    before = _user_functions(spark)
     with pytest.raises(error, match=message):
         register_function(spark, name, "embed", **kwargs)
-    assert not spark.catalog.functionExists(name.replace("-", "_"))
+    assert _user_functions(spark) == before, f"{name!r} was registered"
+
+
+def _user_functions(spark) -> set[str]:
+    """The session's own functions (temporary and persistent), by name as Spark lists them."""
+    return {row[0] for row in spark.sql("SHOW USER FUNCTIONS").collect()}

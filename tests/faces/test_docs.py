@@ -4,8 +4,9 @@ and the site builds strict and opens in a real browser.
 A fenced block right after the line ``<!-- runnable -->`` (or ``<!-- runnable: FILE -->``) in README.md or in
 docs/ runs here, the blocks of one page in order, in a folder of the page's own that holds what the examples
 name: ``data/reviews`` (a Delta table of ``review_id``, ``body``, ``stars``), ``models/my-encoder`` (a tiny
-random BERT), ``models/my-classifier`` (the same with a classification head) and ``models/my-llm`` (a tiny
-random Llama with a chat template). By the block's language:
+random BERT), ``models/my-classifier`` (the same with a classification head), ``models/my-llm`` (a tiny
+random Llama with a chat template), ``models/my-vlm`` (a tiny random LLaVA with its processor) and
+``data/photos`` (two images and a file that is not one). By the block's language:
 
 - ``yaml``: written to FILE (``job.yaml`` when none is named) and run as a job (``load_config`` and
   ``run_job`` on the suite's session); its summary must say every row was written once, and its output
@@ -75,6 +76,15 @@ def examples(tmp_path_factory: pytest.TempPathFactory) -> Path:
     build_tiny_bert(root / "models" / "my-encoder", kind="embed")
     build_tiny_bert(root / "models" / "my-classifier", kind="classify")
     save_model_folder(root / "models" / "my-llm")
+    from tests.support import image_samples
+    from tests.support.vision_models import save_vlm_folder
+
+    save_vlm_folder(root / "models" / "my-vlm")  # a tiny LLaVA and its processor
+    photos = root / "data" / "photos"
+    photos.mkdir()
+    (photos / "cup.png").write_bytes(image_samples.png(1))
+    (photos / "dog.jpg").write_bytes(image_samples.jpeg(0))
+    (photos / "broken.jpg").write_bytes(b"not an image")
     (root / "bin").mkdir()
     sbi = root / "bin" / "sbi"  # the docs' `sbi`, running this checkout with the suite's interpreter
     sbi.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m pipeline "$@"\n')
@@ -230,9 +240,24 @@ def test_the_number_check_catches_an_unlinked_figure() -> None:
 
 # ------------------------------------------------------------------ the site
 
+def _current_site() -> Path | None:
+    """``site/`` when `make docs` built it strict (its ``.strict-ok``) after the last change to anything it is built
+    from (mkdocs.yml, docs/, the docstrings in pipeline/): CI builds it right before the tests; else None."""
+    stamp = REPO / "site" / ".strict-ok"
+    if not stamp.is_file():
+        return None
+    sources = [REPO / "mkdocs.yml", *(REPO / "docs").rglob("*"), *(REPO / "pipeline").rglob("*.py")]
+    newest = max(p.stat().st_mtime for p in sources if p.is_file())
+    return stamp.parent if stamp.stat().st_mtime > newest else None
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``mkdocs build --strict`` into a fresh folder: a warning (a broken link or anchor among them) fails it."""
+    """``mkdocs build --strict`` into a fresh folder: a warning (a broken link or anchor among them) fails it; or
+    the site `make docs` built that way from the files as they are (:func:`_current_site`), not built twice."""
+    current = _current_site()
+    if current is not None:
+        return current
     out = tmp_path_factory.mktemp("site")
     done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(REPO / "mkdocs.yml"),
                            "--site-dir", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300,

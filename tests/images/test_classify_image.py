@@ -51,6 +51,7 @@ def test_good_and_bad_images_each_get_a_row(tiny_image_model):
     assert counts["batch_sizes"] == {"3": 2, "2": 1} and counts["status"]["ok"] == 8
 
 
+@pytest.mark.beside  # no Spark: it balances the connector run
 def test_batched_equals_unbatched(tiny_image_model):
     images = [samples.jpeg(i, size=(40 + 7 * i, 30 + 5 * i)) for i in range(7)]
     loaded = make_task(tiny_image_model).load(tiny_image_model, "cpu")

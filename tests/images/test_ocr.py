@@ -80,6 +80,7 @@ def real_ocr():
     return task, task.load(task.resolve_model_dir("package:rapidocr_onnxruntime"), "cpu")
 
 
+@pytest.mark.beside  # no Spark: it balances the connector run
 def test_real_ocr_models_read_a_rendered_page(real_ocr):
     """The PP-OCRv4 models of the rapidocr wheel, run by our steps on onnxruntime, read every line exactly."""
     task, loaded = real_ocr
@@ -186,6 +187,7 @@ def _scan(image, *, skew, seed=0):
     return scans.jpeg_bytes(page, 50)
 
 
+@pytest.mark.beside  # no Spark: it balances the connector run
 def test_real_models_read_skewed_noisy_and_two_column_pages(real_ocr):
     """Rendered pages, skewed by 3 degrees either way with scan noise, blur and JPEG q50, read back in order."""
     from pipeline.images.decode import decode_image
@@ -208,6 +210,7 @@ def test_real_models_read_skewed_noisy_and_two_column_pages(real_ocr):
         assert len(got) == 7 and all(char_error_rate(a, b) < 0.2 for a, b in zip(got, [title, *left, *right])), got
 
 
+@pytest.mark.beside  # no Spark: it balances the connector run
 def test_real_models_read_an_upside_down_page_and_a_photo_at_an_angle(real_ocr):
     import cv2
 
@@ -232,6 +235,7 @@ def test_real_models_read_an_upside_down_page_and_a_photo_at_an_angle(real_ocr):
     assert all(len(line["quad"]) == 8 for line in out[1])
 
 
+@pytest.mark.beside  # no Spark: it balances the connector run
 def test_real_models_on_a_big_scan_a_blank_page_and_a_multipage_tiff(real_ocr):
     """A page with a 600 dpi scan's line heights (the detector sees it capped at det_max_side, lines over 96 px
     high are shrunk with area averaging), a blank page (ok, no lines), a 2-page TIFF (both pages, their text

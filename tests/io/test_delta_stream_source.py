@@ -22,7 +22,9 @@ def _reader(path, **options) -> DeltaStreamReader:
     table = store.table()
     settings = stream_options(store, arrow_schema=pa.schema(table.schema().to_arrow()),
                               schema_string=table.schema().to_json(), starting_version=options.get("starting_version"),
-                              max_files=options.get("max_files"), max_bytes=None)
+                              max_files=options.get("max_files"), max_bytes=options.get("max_bytes"),
+                              own_limits=options.get("own_limits", False), resume_offset=options.get("resume_offset"),
+                              until_version=options.get("until_version"))
     return DeltaStreamReader(settings)
 
 
@@ -109,6 +111,51 @@ def test_a_query_over_the_reader_reads_every_appended_row_once(spark, tmp_path):
 
     run()
     assert seen == [(0, ["i000", "i001", "i002"]), (1, ["i003", "i005"])], "source.where applied"
+    from pipeline.io.streams import checkpoint_offset
+
+    assert checkpoint_offset(spark, str(tmp_path / "chk")) == {"version": 1, "snapshot": False}, "Spark's own log"
     write_deltalake(str(path), _ids(6, 2), mode="append")
     run()
     assert seen[2:] == [(2, ["i006", "i007"])]
+
+
+def test_below_spark_4_2_the_reader_keeps_the_start_and_applies_the_limit_itself(tmp_path):
+    """pyspark 4.0 and 4.1 ask ``latestOffset()`` with no start and no limit: with ``own_limits`` the reader reads
+    on from the offset it handed out last (or the checkpoint's, ``resume_offset``), within its own limit, and
+    stops at ``until_version``. Without the start kept, each call would read from the first version again."""
+    path = tmp_path / "t"
+    write_deltalake(str(path), _ids(0, 2))
+    for start in range(2, 10, 2):
+        write_deltalake(str(path), _ids(start, 2), mode="append")
+    reader = _reader(path, starting_version=0, max_files=2, own_limits=True)
+    ends, start = [], reader.initialOffset()
+    while (end := reader.latestOffset()) != start and len(ends) < 6:  # the 4.0 runner's call; then start -> end
+        ends.append((_read(reader, start, end), end["version"]))
+        start = end
+    assert [v for _, v in ends] == [1, 3, 4] and sum(len(ids) for ids, _ in ends) == 10
+
+    resumed = _reader(path, starting_version=0, max_bytes=1, own_limits=True,
+                      resume_offset={"version": 1, "snapshot": False}, until_version=3)
+    assert [resumed.latestOffset()["version"] for _ in range(3)] == [2, 3, 3], "one commit each, up to until"
+    unlimited = _reader(path, starting_version=0, max_files=2)  # no own limits: to the latest version, as before
+    assert unlimited.latestOffset() == {"version": 4, "snapshot": False}
+
+
+def test_the_checkpoints_last_offset_is_read_and_another_readers_refused(spark, tmp_path):
+    import json
+
+    from pipeline.io.streams import checkpoint_offset
+
+    checkpoint = tmp_path / "chk"
+    assert checkpoint_offset(spark, str(checkpoint)) is None, "no checkpoint yet: a new stream"
+    (checkpoint / "offsets").mkdir(parents=True)
+    meta = json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": 1, "conf": {}})
+    for batch, version in ((0, 1), (1, 3), (2, 12)):  # as Spark 4.0 to 4.2 write them: v1, metadata, one per source
+        (checkpoint / "offsets" / str(batch)).write_text(f"v1\n{meta}\n" + json.dumps({"version": version,
+                                                                                     "snapshot": False}))
+    (checkpoint / "offsets" / ".2.crc").write_bytes(b"x")
+    assert checkpoint_offset(spark, str(checkpoint)) == {"version": 12, "snapshot": False}, "the last, by number"
+    (checkpoint / "offsets" / "3").write_text(f"v1\n{meta}\n" + json.dumps({"sourceVersion": 1, "reservoirVersion": 4}))
+    with pytest.raises(SourceError, match=r"holds another reader's offsets .* micro-batch 3\): it was written with "
+                                          "the Delta connector"):
+        checkpoint_offset(spark, str(checkpoint))

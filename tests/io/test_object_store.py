@@ -445,6 +445,7 @@ def test_keys_given_only_as_variables_in_the_config_reach_s3_and_are_never_shown
         assert value not in shown, f"{value} shown"
 
 
+@pytest.mark.drills  # a driver killed
 @pytest.mark.timeout(1500)  # two whole jobs, one in its own JVM: minutes on a loaded 2-core machine
 def test_a_driver_killed_before_its_commit_on_s3_leaves_each_key_once_after_the_rerun(
         spark, request, writer, tmp_path, tiny_embed_model):
@@ -486,6 +487,7 @@ def test_a_driver_killed_before_its_commit_on_s3_leaves_each_key_once_after_the_
     assert orphans <= set(_keys(server, prefix + "/")), "no sweep on S3: the dead write's files stay, in no version"
 
 
+@pytest.mark.drills  # a Python worker killed
 @pytest.mark.timeout(300)
 def test_a_worker_killed_mid_write_on_s3_is_retried_and_its_object_is_never_live(spark, request, writer):
     """The worker drill of tests/run/test_commits.py on S3: the deltalake writer's commit leaves exactly the objects

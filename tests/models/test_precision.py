@@ -167,8 +167,9 @@ def test_fallback_reaches_the_run_summary(spark, tmp_path, tiny_embed_model):
     summary = run_job(config, spark=spark, out=out)
     loads = sum(summary.model_loads.values())
     assert loads >= 1 and summary.precision_used == {"fp32": loads}
-    (reason,) = summary.precision_fallbacks
-    assert reason.startswith("bf16->fp32") and summary.precision_fallbacks[reason] == loads
+    # one load measured; a second worker waited for its verdict and replayed it
+    assert all(reason.startswith("bf16->fp32") for reason in summary.precision_fallbacks)
+    assert sum(summary.precision_fallbacks.values()) == loads
     assert "precision fallback      : bf16->fp32" in out.getvalue()
 
 

@@ -280,8 +280,10 @@ def test_run_job_calibrates_on_its_own_rows_and_prints_the_agreement(spark, tmp_
     summary = run_job(config, spark=spark, out=out)
     loads = sum(summary.model_loads.values())
     assert summary.precision_used == {"int8": loads}
-    (check,) = summary.precision_checks
-    assert "on 24 run rows (pass)" in check and summary.precision_checks[check] == loads
+    # one worker measured; a second one, if any, replayed its verdict
+    (check,) = [c for c in summary.precision_checks if "remembered verdict" not in c]
+    assert check.endswith("on 24 run rows (pass)") and summary.precision_checks[check] == 1
+    assert sum(summary.precision_checks.values()) == loads
     assert "precision gate          : int8: mean cosine" in out.getvalue()
     # the same rows every time they are drawn, whatever the order the source gives them in
     from pipeline.io.sources import read_delta

@@ -43,6 +43,7 @@ def test_prepared_tables_have_movielens_row_counts(warehouse):
     assert set(data.interactions["item_id"]) <= set(data.items["item_id"])
 
 
+@pytest.mark.beside  # no Spark: it balances the connector run
 def test_two_tower_beats_popularity(warehouse):
     data = read_recs_tables(warehouse)
     result = train_two_tower(data, TrainConfig(epochs=3, seed=7, holdout_per_user=2), log=None)

@@ -70,7 +70,9 @@ def test_a_model_trained_on_a_corrupted_day_is_refused(spark, tmp_path):
     assert second.action == "passed" and not second.flagged and second.history == ("r1",)
     assert {"items", "status", "topk_fill"} <= {f.measure for f in second.findings}
     # a retrain rescales the cosines: the scores are shown, never gated
-    assert all(f.ignored for f in second.findings if f.measure in ("score", "top_score"))
+    scores = [f for f in second.findings if f.measure in ("score", "top_score")]
+    assert {f.measure for f in scores} == {"score", "top_score"}, "the scores are shown"
+    assert all(f.ignored for f in scores), "and never gated"
 
     _day(tmp_path, seed=5, corrupt=True)
     dated, latest = DeltaTable(str(tmp_path / "out/recommendations")), DeltaTable(str(tmp_path / "out/latest"))

@@ -108,6 +108,7 @@ def test_a_retried_run_that_already_committed_is_a_no_op(spark, tmp_path, tiny_e
 
 
 # ----------------------------------------------------------------------------- crash leftovers
+@pytest.mark.drills  # a Python worker killed
 @pytest.mark.timeout(300)  # one write (and the connector's VACUUM): a minute on a loaded 2-core machine
 def test_a_worker_killed_in_the_middle_of_write_is_retried_and_its_file_is_never_live(spark, tmp_path, writer):
     """The deltalake writer's commit deletes the dead attempt's half-written file. The connector leaves it in
@@ -127,6 +128,7 @@ def test_a_worker_killed_in_the_middle_of_write_is_retried_and_its_file_is_never
     assert on_disk(path) == in_log(path), "Delta's VACUUM removes the dead attempt's file"
 
 
+@pytest.mark.drills  # a driver killed
 @pytest.mark.timeout(1500)  # two whole jobs, one in its own JVM: minutes on a loaded 2-core machine
 def test_a_driver_killed_before_its_commit_leaves_nothing_after_the_rerun(spark, tmp_path, tiny_embed_model, writer):
     """The deltalake writer's driver is killed with its executors' files in the table folder; the connector's
@@ -179,6 +181,7 @@ def test_a_driver_killed_before_its_commit_leaves_nothing_after_the_rerun(spark,
         assert killed and all(m.endswith((".claimed", ".finished")) for m in killed), markers
 
 
+@pytest.mark.drills  # a driver killed
 @pytest.mark.connector
 @pytest.mark.timeout(900)  # a job in a JVM of its own, its rerun, and for the MERGE a seed run before
 @pytest.mark.parametrize("call", ["save", "merge"])

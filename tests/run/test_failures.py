@@ -46,6 +46,7 @@ INFER_FAILS = {"fail_infer_partitions": [0, 1]}
     ("classic", {"kill_worker_partitions": [1]}),
     ("connect", INFER_FAILS),
 ], ids=["inference-fails", "write-fails", "worker-dies", "connect-inference-fails"])
+@pytest.mark.drills  # the retry drills
 def test_failed_attempts_are_retried_and_never_committed(request, monkeypatch, tmp_path, tiny_embed_model,
                                                          kind, faults):
     if kind == "connect":

@@ -15,11 +15,13 @@ import json
 import shutil
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
+import yaml
 from deltalake import DeltaTable
 
+from pipeline.cli import main
 from pipeline.drift import Verdict
-from pipeline.errors import DriftRefused
 from pipeline.runner import run_job
 from pipeline.runs import read_runs
 from pipeline.staging.plans import staged_tasks
@@ -28,6 +30,7 @@ from tests.support.data import make_corpus, shuffle_weights, write_delta
 from tests.support.jobs import job_config
 
 ROWS, TASKS = 240, 2
+POISON = {"poison_marker": "POISON"}
 
 
 def _config(tmp_path: Path, model: Path, ds: str, run_id: str, **run):
@@ -37,8 +40,23 @@ def _config(tmp_path: Path, model: Path, ds: str, run_id: str, **run):
                       run={"ds": ds, "run_id": run_id, "quality": quality, **run})
 
 
-def _night(tmp_path: Path, **corpus) -> None:
-    write_delta(tmp_path / "docs", make_corpus(ROWS, **corpus), mode="overwrite")
+def _night(tmp_path: Path, *, poison: int | None = None, **corpus) -> str | None:
+    """That night's source; ``poison``: that row's text fails its batch every time (quarantined, status error):
+    its id is returned."""
+    table = make_corpus(ROWS, **corpus)
+    if poison is not None:
+        texts = table["text"].to_pylist()
+        texts[poison] = f"a {POISON['poison_marker']} review"
+        table = table.set_column(table.schema.get_field_index("text"), "text", pa.array(texts, pa.string()))
+    write_delta(tmp_path / "docs", table, mode="overwrite")
+    return None if poison is None else table["doc_id"][poison].as_py()
+
+
+def _job_file(tmp_path: Path, config) -> Path:
+    """``config`` as the YAML file `python -m pipeline run --conf` reads."""
+    path = tmp_path / f"{config.run.run_id}.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_unset=True)))
+    return path
 
 
 def _verdict(summary) -> Verdict:
@@ -49,7 +67,8 @@ def _verdict(summary) -> Verdict:
 
 
 @pytest.mark.slow  # five runs of a tiny encoder: 45 s on a shared 2-core machine
-def test_a_swapped_encoder_is_refused_then_accepted_and_emptied_texts_are_flagged(spark, tiny_embed_model, tmp_path):
+def test_a_swapped_encoder_is_refused_then_accepted_and_emptied_texts_are_flagged(spark, tiny_embed_model, tmp_path,
+                                                                                  capsys):
     model = Path(shutil.copytree(tiny_embed_model, tmp_path / "encoder"))
     out = io.StringIO()
     _night(tmp_path, seed=1)
@@ -61,26 +80,36 @@ def test_a_swapped_encoder_is_refused_then_accepted_and_emptied_texts_are_flagge
     assert second.action == "passed" and second.history == ("n1",) and not second.flagged
     assert {"status", "input_chars", "tokens", "label", "score", "embedding"} <= {f.measure for f in second.findings}
 
-    shuffle_weights(model)  # the wrong checkpoint, same architecture, dropped into the model folder
-    _night(tmp_path, seed=3, start=2 * ROWS)
-    scores = str(tmp_path / "scores")
+    # the wrong checkpoint, same architecture, dropped into the model folder, on a night with a row that fails
+    # (quarantined once published): `python -m pipeline run` exits 3 and commits nothing, the quarantine included
+    shuffle_weights(model)
+    poisoned = _night(tmp_path, seed=3, start=2 * ROWS, poison=7)
+    scores, quarantine = str(tmp_path / "scores"), tmp_path / "scores_quarantine"
     version = DeltaTable(scores).version()
-    with pytest.raises(DriftRefused, match="embedding: centroid shift") as refused:
-        run_job(_config(tmp_path, model, "2026-11-03", "n3"), spark=spark, out=out)
-    assert "Nothing was committed" in str(refused.value) and "--accept-drift" in str(refused.value)
+    assert not quarantine.exists(), "the normal nights quarantined nothing"
+    night3 = _job_file(tmp_path, _config(tmp_path, model, "2026-11-03", "n3", faults=POISON))
+    assert main(["run", "--conf", str(night3)]) == 3, "the drift gate's refusal is exit status 3"
+    refused = capsys.readouterr().err
+    assert "embedding: centroid shift" in refused and "Nothing was committed" in refused, refused
+    assert "--accept-drift" in refused
     assert DeltaTable(scores).version() == version, "the refused night published nothing"
+    assert not quarantine.exists(), "the gate comes before the quarantine commit too"
     plans = [p for p in (tmp_path / "scores_staging").iterdir() if p.is_dir()]
     assert sum(len(staged_tasks(str(p))) for p in plans) == TASKS, "the scored rows stay staged"
     refused_row = {r["run_id"]: r for r in read_runs(str(tmp_path / "scores_runs"))}["n3"]
     assert refused_row["outcome"] == "refused" and json.loads(refused_row["drift"])["action"] == "refused"
-    assert json.loads(refused_row["profile"])["vec"]["embedding"]["n"] == ROWS
+    assert json.loads(refused_row["profile"])["vec"]["embedding"]["n"] == ROWS - 1
 
-    accepted = run_job(_config(tmp_path, model, "2026-11-03", "n3b", accept_drift=True), spark=spark, out=out)
-    assert accepted.rows_reused == ROWS and accepted.rows_scored == 0 and accepted.resumed_tasks == TASKS
-    assert not accepted.model_loads, "published from staging: no model loaded, nothing scored again"
-    assert _verdict(accepted).action == "accepted" and accepted.delta_version == version + 1
+    assert main(["run", "--conf", str(night3), "--run-id", "n3b", "--accept-drift"]) == 0
+    accepted = {r["run_id"]: r for r in read_runs(str(tmp_path / "scores_runs"))}["n3b"]
+    summary = json.loads(accepted["summary_json"])
+    assert summary["rows_reused"] == ROWS and summary["rows_scored"] == 0 and summary["resumed_tasks"] == TASKS
+    assert not accepted["model_loads"], "published from staging: no model loaded, nothing scored again"
+    assert json.loads(accepted["drift"])["action"] == "accepted" and accepted["delta_version"] == version + 1
     day3 = DeltaTable(scores).to_pyarrow_table(filters=[("ds", "=", dt.date(2026, 11, 3))])
-    assert day3.num_rows == ROWS and set(day3["run_id"].to_pylist()) == {"n3b"}
+    assert day3.num_rows == ROWS - 1 and set(day3["run_id"].to_pylist()) == {"n3b"}
+    failed = DeltaTable(str(quarantine)).to_pyarrow_table().to_pylist()
+    assert [(r["doc_id"], r["status"], r["run_id"]) for r in failed] == [(poisoned, "error", "n3b")]
 
     # the accepted night is the new normal: the same encoder on a night with a third of its texts empty
     _night(tmp_path, seed=4, start=3 * ROWS, empty_share=1 / 3)

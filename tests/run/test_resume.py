@@ -78,6 +78,7 @@ def test_a_staged_task_is_reused_only_for_the_same_input_and_a_half_written_one_
     assert TaskStage(str(tmp_path / "elsewhere"), 0).failed, "a folder this host cannot see: no staging, no failure"
 
 
+@pytest.mark.drills  # the resume drill
 def test_a_rerun_replays_the_finished_tasks_and_scores_the_rest(spark, tmp_path, tiny_embed_model, writer):
     write_delta(tmp_path / "docs", make_documents(20))
     with pytest.raises(InjectedFaultError):  # every task scored and staged, the driver dies before any commit
@@ -143,6 +144,7 @@ def killed_setup(tmp_path, tiny_embed_model):
     return config_file
 
 
+@pytest.mark.drills  # a driver killed
 @pytest.mark.timeout(900)  # two drivers in JVMs of their own
 def test_a_driver_killed_at_half_resumes_with_the_same_command(tmp_path, killed_setup):
     driver = start_driver(killed_setup, tmp_path / "first.log", SLOW)
@@ -161,6 +163,7 @@ def test_a_driver_killed_at_half_resumes_with_the_same_command(tmp_path, killed_
     assert [outcome for _, outcome in runs] == ["started", "ok"] and runs[1][0] == saved["run_id"], runs
 
 
+@pytest.mark.drills  # drivers killed
 @pytest.mark.timeout(1200)  # three drivers, two in JVMs of their own
 def test_a_driver_killed_twice_the_second_time_in_its_commit_resumes_every_task(spark, tmp_path, killed_setup):
     driver = start_driver(killed_setup, tmp_path / "first.log", SLOW)

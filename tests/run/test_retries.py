@@ -65,6 +65,7 @@ def test_local_masters_get_a_retry_budget():
                       "sink": {"path": "y"}, "spark": {"local_task_attempts": 0}})
 
 
+@pytest.mark.drills  # a Python worker killed
 @pytest.mark.slow  # a Spark of its own in a subprocess
 def test_a_killed_worker_is_retried_on_the_default_master(tmp_path, tiny_embed_model):
     """The CLI as shipped: ``local[*]`` from the default config, nothing hand-set; a Python worker dies mid-task."""
@@ -82,6 +83,7 @@ def test_a_killed_worker_is_retried_on_the_default_master(tmp_path, tiny_embed_m
 # ------------------------------------------------------------------ worker errors as one line
 
 
+@pytest.mark.drills  # a worker failing every attempt, in a Spark of its own
 @pytest.mark.slow  # a Spark of its own in a subprocess
 @pytest.mark.beside
 def test_a_worker_exception_reaches_the_cli_as_one_line(tmp_path, tiny_embed_model):

@@ -7,6 +7,7 @@ import io
 import json
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from pipeline.config import load_config
@@ -52,15 +53,36 @@ def test_failed_run_keeps_error_class_and_message(tmp_path: Path) -> None:
     assert rows["other"]["outcome"] == "started"  # a crash mid-run leaves this
 
 
-def test_unwritable_runs_table_only_warns(tmp_path: Path) -> None:
+def test_an_unwritable_runs_table_fails_the_run_unless_the_job_says_best_effort(tmp_path: Path) -> None:
+    """run.record: required (the default) refuses to start a run it cannot record, and fails a finished run
+    whose final row cannot be written, saying what was committed; best_effort warns and goes on."""
+    from pipeline.errors import RecordError
+
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     config = job_config(tmp_path, runs_path=str(blocker / "runs"))
+    assert config.run.record == "required"
+    with pytest.raises(RecordError, match=r"could not write the 'started' row of run r1 to the runs table "
+                                          r".*/file/runs: FileExistsError: .*Nothing was run; .*run.record: best_effort"):
+        RunRecorder.begin(config, run_id="r1", ds=dt.date(2026, 11, 30), out=io.StringIO())
+
+    recorder = RunRecorder.begin(job_config(tmp_path), run_id="r2", ds=dt.date(2026, 11, 30), out=io.StringIO())
+    recorder.path = str(blocker / "runs")  # the table became unwritable while the run ran
+    with pytest.raises(RecordError, match=r"the run's output is committed \(/out, version 4\), but its row in the "
+                                          r"runs table .*/file/runs could not be written: FileExistsError"):
+        recorder.end(summary=summary("r2"))
+    failing = RunRecorder.begin(job_config(tmp_path), run_id="r3", ds=dt.date(2026, 11, 30), out=io.StringIO())
+    failing.path = str(blocker / "runs")
+    failing.end(error=ValueError("boom"))  # a run that already fails is not failed again by its record: a line
+
     out = io.StringIO()
-    recorder = RunRecorder.begin(config, run_id="r1", ds=dt.date(2026, 11, 30), out=out)
-    recorder.end(summary=summary("r1"))  # must not raise
+    recorder = RunRecorder.begin(job_config(tmp_path, runs_path=str(blocker / "runs"), record="best_effort"),
+                                 run_id="r4", ds=dt.date(2026, 11, 30), out=out)
+    recorder.end(summary=summary("r4"))  # must not raise
     assert "warning: could not record the run (started)" in out.getvalue()
     assert "warning: could not record the run (ok)" in out.getvalue()
+    assert "(run.record: best_effort, the run goes on unrecorded)" in out.getvalue()
+    assert f"runs table              : not recorded at {blocker / 'runs'}: FileExistsError" in out.getvalue()
     assert recorder.row is not None and recorder.row["outcome"] == "ok"
 
 
@@ -191,15 +213,28 @@ def test_storage_keys_are_secrets_everywhere_a_config_shows(tmp_path: Path, monk
     assert run_row(config=load_config(conf), **kw)["config_hash"] == row["config_hash"]
 
 
-def test_a_runs_table_the_deltalake_package_cannot_reach_is_skipped_and_said_so(tmp_path: Path) -> None:
+def test_a_runs_table_the_deltalake_package_cannot_reach_waits_for_the_runs_spark_session(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gs:// (abfss://, a Volume) runs table is written through the run's session and its Delta connector: the
+    started row waits for the session; a run that ends before it has one is not recorded, and says why."""
+    import pipeline.recorder
+    from pipeline.errors import RecordError
+
+    monkeypatch.setattr(pipeline.recorder, "_active_session", lambda: None)  # no other test's session in reach
+
     config = job_config(tmp_path, runs_path="gs://bucket/runs")
+    recorder = RunRecorder.begin(config, run_id="r1", ds=dt.date(2026, 11, 30), out=io.StringIO())
+    assert recorder.pending and recorder.version is None and recorder.via_spark.endswith("not gs:")
+    with pytest.raises(RecordError, match=r"runs table gs://bucket/runs could not be written: it is written "
+                                          r"through the run's Spark session \(.*not gs:\), and the run ended "
+                                          "before it had one"):
+        recorder.end(summary=summary("r1"))
     out = io.StringIO()
-    recorder = RunRecorder.begin(config, run_id="r1", ds=dt.date(2026, 11, 30), out=out)
-    recorder.end(summary=summary("r1"))
-    assert out.getvalue() == (
-        "runs table              : not recorded at gs://bucket/runs: the runs table is written with deltalake "
-        "from the driver, and the deltalake package here reaches local or mounted paths, s3:// and s3a://, "
-        "not gs:; set run.runs_path to one of those\n")
+    recorder = RunRecorder.begin(job_config(tmp_path, runs_path="gs://bucket/runs", record="best_effort"),
+                                 run_id="r2", ds=dt.date(2026, 11, 30), out=out)
+    recorder.end(summary=summary("r2"))
+    assert "runs table              : not recorded at gs://bucket/runs: it is written through the run's Spark " \
+           "session" in out.getvalue()
     assert recorder.row is not None and recorder.row["outcome"] == "ok"
 
 
@@ -283,3 +318,30 @@ def test_every_row_records_what_the_run_ran_with_and_an_older_table_gains_the_co
     recorded = json.loads(rows["r1"]["versions"])
     assert {"spark_batch_inference", "pyspark", "torch", "transformers", "python"} <= set(recorded)
     assert recorded == runtime_versions()
+
+
+@pytest.mark.connector
+def test_the_runs_table_through_the_connector_on_both_session_kinds(any_spark, tmp_path: Path) -> None:
+    """The connector's runs table (a Volume's, an abfss:// one): created by the first row, the started row replaced
+    by the final one in one MERGE, an older table's missing columns added, and every row read back by deltalake
+    (the report and the drift gate read it so), from a classic and a Spark Connect session alike."""
+    from pipeline.runs import write_run_row_through_spark
+
+    config = job_config(tmp_path)
+    path = str(tmp_path / "runs")
+    started = run_row(config=config, run_id="r1", ds=dt.date(2026, 11, 30), started_at=dt.datetime.now(dt.timezone.utc),
+                      outcome="started")
+    old = {k: v for k, v in started.items() if k not in ("versions", "profile", "drift")}
+    any_spark.createDataFrame(pa.Table.from_pylist([old], schema=pa.schema(
+        [f for f in RUNS_SCHEMA if f.name in old]))).write.format("delta").save(path)  # a table from before
+    final = run_row(config=config, run_id="r1", ds=dt.date(2026, 11, 30), started_at=started["started_at"],
+                    outcome="ok", ended_at=dt.datetime.now(dt.timezone.utc), summary=summary("r1"),
+                    model_name="tiny")
+    quality = quality_record()
+    final.update(profile=json.dumps(quality["profile"]), drift=json.dumps(quality["drift"]))
+    version = write_run_row_through_spark(any_spark, path, final)
+    write_run_row_through_spark(any_spark, path, {**started, "run_id": "r2"})
+    rows = {r["run_id"]: r for r in read_runs(path)}
+    assert version == 1 and set(rows) == {"r1", "r2"}
+    assert rows["r1"]["outcome"] == "ok" and rows["r1"]["rows_in"] == 100 and json.loads(rows["r1"]["profile"])
+    assert rows["r2"]["outcome"] == "started" and rows["r1"]["versions"]

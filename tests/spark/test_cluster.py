@@ -8,7 +8,7 @@ from deltalake import DeltaTable
 
 from tests.support.drivers import run_job_script
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.beside]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.beside, pytest.mark.drills]
 
 
 def test_local_cluster_with_fake_gpus(tmp_path, tiny_embed_model):

@@ -9,6 +9,7 @@ import threading
 import time
 
 import pyarrow as pa
+import pytest
 
 import pipeline.spark.progress_math as progress_math
 from pipeline.spark.progress import (JobProgress, StageProgress, TaskRowsFile, inference_tasks_done, progress_line,
@@ -112,6 +113,7 @@ def _status_store_probe() -> None:
     print(json.dumps({"rows": n, "seen": seen}))
 
 
+@pytest.mark.beside  # a Spark of its own in a subprocess
 def test_classic_status_store_counts_the_chunks_a_running_task_emitted():
     """Classic: the inference node's output rows reach the driver with heartbeats, before the task ends.
 

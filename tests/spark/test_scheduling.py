@@ -139,18 +139,9 @@ def test_bundle_fields_and_references() -> None:
         assert args[args.index("--ds") + 1] == "{{job.start_time.iso_date}}"
         conf = args[args.index("--conf") + 1]
         assert conf == f"${{workspace.file_path}}/conf/{name}.yaml" and (REPO / f"conf/{name}.yaml").is_file()
-        # the same config, overlay and overrides load here
-        overlays = [args[i + 1].replace("${workspace.file_path}", str(REPO)) for i, a in enumerate(args) if a == "--overlay"]
-        values = {"${var.warehouse}": "s3://lake/sbi", "${var.models}": "/Volumes/main/sbi/models",
-                  "${var.state}": "/Volumes/main/sbi/state"}
-        sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
-        for var, value in values.items():
-            sets = [s.replace(var, value) for s in sets]
-        config = load_config(REPO / f"conf/{name}.yaml", overlays=overlays, overrides=sets + ["run.ds=2026-11-30"])
-        assert config.sink.writer == "delta" and config.sink.path.startswith("s3://lake/sbi/")
-        # models from the Unity Catalog Volume of var.models, never a path of a dev checkout
-        assert config.model.path.startswith("/Volumes/main/sbi/models/"), config.model.path
-        assert config.run.state_path == "/Volumes/main/sbi/state"
+        # the same config, overlay and overrides load here (every path: test_each_bundle_job_resolves_every_path...)
+        config = _bundle_job_config(bundle, name, {})
+        assert config.sink.writer == "delta"
         # the task installs the libraries of exactly the extras its job needs (pyproject.toml's)
         from pipeline.registry import get_task_kind
 
@@ -158,6 +149,98 @@ def test_bundle_fields_and_references() -> None:
         [requirements] = [lib.requirements for t in job.tasks if t.spark_python_task for lib in t.libraries
                           if lib.requirements]
         assert _requirement_lines(BUNDLE.parent / requirements) == _extra_lines(kind.job.extras(config, kind.task)), name
+
+
+# the variables as the description of each offers them: the defaults (every table on a Volume), and a warehouse on
+# Azure storage (tables through the connector; the runs table and staging stay on the state Volume)
+VARIABLE_SETS = {"defaults": {},
+                 "abfss": {"warehouse": "abfss://lake@account.dfs.core.windows.net/sbi"}}
+# a string in a resolved config that looks like a path (a slash, no spaces or braces): every one must be a location
+_PATH_LIKE = re.compile(r"[^\s{}]*/[^\s{}]*")
+
+
+def _bundle_variables(bundle: Bundle, given: dict[str, str]) -> dict[str, str]:
+    """The bundle's variables as ``databricks bundle deploy`` resolves them: the given ones over the defaults."""
+    return {name: str(given.get(name, var.default)) for name, var in bundle.variables.items()}
+
+
+def _resolve(text: str, variables: dict[str, str]) -> str:
+    """``${var.*}`` as the bundle resolves them, ``${workspace.file_path}`` as the synced bundle root (this
+    checkout: sync.paths is the repository) and the job run's date; anything else left is an error."""
+    text = re.sub(r"\$\{var\.([a-z_]+)\}", lambda m: variables[m.group(1)], text)
+    text = text.replace("${workspace.file_path}", str(REPO)).replace("{{job.start_time.iso_date}}", "2026-11-30")
+    assert "${" not in text and "{{" not in text, f"unresolved reference in {text!r}"
+    return text
+
+
+def _bundle_job_config(bundle: Bundle, name: str, given: dict[str, str]):
+    """The config ``jobs/<name>.py`` loads on Databricks: its task's parameters resolved with only the bundle's
+    variables, parsed and loaded by the library's own CLI (``job_main``: ``run`` and the parameters)."""
+    from pipeline.cli import config_from_args
+
+    variables = _bundle_variables(bundle, given)
+    [task] = [t.spark_python_task for t in bundle.resources["jobs"][name].tasks if t.spark_python_task]
+    args = build_parser().parse_args(["run", *[_resolve(p, variables) for p in task.parameters]])
+    return config_from_args(args)
+
+
+@pytest.mark.parametrize("values", list(VARIABLE_SETS), ids=list(VARIABLE_SETS))
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_each_bundle_job_resolves_every_path_from_the_bundles_variables(name: str, values: str,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every table, folder and file the job reads or writes (``JobConfig.locations``) is absolute and under one of
+    the bundle's variables, whatever the driver's working folder (``jobs/`` for a Python-script task on
+    Databricks); none is a relative demo path, a path of a dev checkout or a demo filter. The runs table and
+    staging are on the state Volume (run.state_path is used, not only set), the recorder writes the runs table
+    there through the session's Delta connector, and the report task reads that table."""
+    from pipeline.locations import uri_scheme
+    from pipeline.recorder import RunRecorder
+
+    for conf in [REPO / "conf" / f"{name}.yaml", REPO / "conf" / "env" / "databricks.yaml"]:
+        for env_name in re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", conf.read_text()):
+            monkeypatch.delenv(env_name, raising=False)  # a fresh cluster: only the bundle's variables
+    bundle = Bundle.model_validate(yaml.safe_load(BUNDLE.read_text()))
+    variables = _bundle_variables(bundle, VARIABLE_SETS[values])
+    roots = {key: variables[key].rstrip("/") + "/" for key in ("warehouse", "models", "state")}
+    monkeypatch.chdir(REPO / "jobs")  # the driver's folder on Databricks: the script's
+    config = _bundle_job_config(bundle, name, VARIABLE_SETS[values])
+    locations = config.locations()
+    assert {"source.path", "model.path", "sink.path", "run.runs_path", "run.staging_path"} <= set(locations)
+    # tables in the warehouse, models from the models Volume (never a dev checkout's or a package's demo model)
+    assert config.source.path.startswith(roots["warehouse"]) and config.sink.path.startswith(roots["warehouse"])
+    assert config.model.path.startswith(roots["models"]), config.model.path
+    for key, location in locations.items():
+        assert uri_scheme(location) is not None or Path(location).is_absolute(), f"{key} {location!r} is relative"
+        assert any(location.startswith(root) or location + "/" == root for root in roots.values()), \
+            f"{key} {location!r} is under none of the bundle's variables {sorted(roots.values())}"
+        assert not location.startswith(str(REPO)), f"{key} {location!r} is in the checkout"
+    # the walk misses no path-like value: each is a location it found
+    dumped = config.model_dump(mode="json")
+
+    def strings(value, where=""):
+        if isinstance(value, dict):
+            for k, v in value.items():
+                yield from strings(v, f"{where}.{k}" if where else k)
+        elif isinstance(value, list):
+            for v in value:
+                yield from strings(v, where)
+        elif isinstance(value, str):
+            yield where, value
+
+    unlisted = {k: v for k, v in strings(dumped) if _PATH_LIKE.fullmatch(v) and k not in locations}
+    assert not unlisted, f"path-like values no READS or WRITES field names: {unlisted}"
+    # nothing of the demo's narrowing survives into the platform's job
+    assert config.source.limit is None and config.source.where is None
+    # the state Volume is used: the runs table and staging are there, and the recorder writes that table
+    assert config.resolved_runs_path() == f"{roots['state']}{name}/runs"
+    assert config.run.staging_path == f"{roots['state']}{name}/staging"
+    recorder = RunRecorder(config, run_id="r", ds=config.run.resolved_ds())
+    assert recorder.path == config.resolved_runs_path() and "Unity Catalog Volume" in recorder.via_spark
+    if name == "score_documents":  # the report task reads the runs table the job writes, and writes to the Volume
+        [report] = [t.python_wheel_task for t in bundle.resources["jobs"][name].tasks if t.python_wheel_task]
+        args = build_parser().parse_args([_resolve(p, variables) for p in report.parameters])
+        assert args.target == config.resolved_runs_path()
+        assert args.out.startswith(roots["state"]) and args.out.endswith("_2026-11-30.html")
 
 
 def _requirement_lines(path: Path) -> set[str]:
@@ -169,8 +252,9 @@ def _extra_lines(extras: tuple[str, ...]) -> set[str]:
     return {req for extra in extras for req in optional[extra]}
 
 
-def test_a_catalog_table_job_keeps_its_state_in_the_databricks_overlays_volume(monkeypatch) -> None:
-    """conf/env/databricks.yaml gives a sink.table job working quarantine, runs-table and staging locations."""
+def test_a_job_keeps_its_state_in_the_databricks_overlays_volume(monkeypatch) -> None:
+    """conf/env/databricks.yaml gives a job working runs-table and staging locations (and a sink.table job its
+    quarantine) on the state Volume."""
     monkeypatch.setenv("SBI_STATE_PATH", "/Volumes/main/ml/state")
     config = load_config(REPO / "conf/score_documents.yaml", overlays=[REPO / "conf/env/databricks.yaml"],
                          overrides=["sink.table=main.ml.document_scores", "sink.path=null"])
@@ -182,8 +266,15 @@ def test_a_catalog_table_job_keeps_its_state_in_the_databricks_overlays_volume(m
                       overrides=["sink.table=main.ml.document_scores", "sink.path=null",
                                  "sink.quarantine_path=/Volumes/main/ml/q"])
     assert own.sink.resolved_quarantine_path() == "/Volumes/main/ml/q"
-    path_sink = load_config(REPO / "conf/score_documents.yaml", overlays=[REPO / "conf/env/databricks.yaml"])
-    assert path_sink.run.staging_path is None and path_sink.resolved_runs_path() == path_sink.sink.path + "_runs"
+    # a path sink keeps its runs table and staging there too (the driver and executors reach a Volume as files);
+    # its quarantine stays beside its output, written by the same writer
+    path_sink = load_config(REPO / "conf/score_documents.yaml", overlays=[REPO / "conf/env/databricks.yaml"],
+                            overrides=["sink.path=abfss://lake@acct.dfs.core.windows.net/sbi/document_scores"])
+    assert path_sink.resolved_runs_path() == "/Volumes/main/ml/state/score_documents/runs"
+    assert path_sink.run.staging_path == "/Volumes/main/ml/state/score_documents/staging"
+    assert path_sink.sink.resolved_quarantine_path() == path_sink.sink.path + "_quarantine"
+    local = load_config(REPO / "conf/score_documents.yaml")  # no state_path: beside the output, as before
+    assert local.run.staging_path is None and local.resolved_runs_path() == local.sink.path + "_runs"
 
 
 def test_bundle_report_task_runs_the_report_cli() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 
 from deltalake import DeltaTable
+import pytest
 
 from pipeline.runner import run_job
 
@@ -31,6 +32,7 @@ def test_model_torch_threads_overrides_task_cpus(spark, tmp_path, tiny_embed_mod
     assert summary.details["torch threads"] == "3 (2 tasks)"
 
 
+@pytest.mark.beside  # a Spark of its own in a subprocess
 def test_task_cpus_two_runs_one_task_with_two_torch_threads(tmp_path, tiny_embed_model):
     """spark.task.cpus=2 on local[2]: one task at a time, planned as one task, its worker on two torch threads."""
     result = run_job_script("task_cpus_job.py", tmp_path, tiny_embed_model, timeout_s=900)

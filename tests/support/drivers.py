@@ -1,6 +1,7 @@
 """Drivers in processes of their own for the kill drills: start ``tests/support/commit_job.py`` on a config file, and
 SIGKILL it with everything below it once a condition holds (tests/run/test_resume.py, tests/run/test_commits.py);
 and callables run at once in threads, for the overlapping-commit tests (:func:`at_once`, :func:`entered_together`);
+a test's helper thread whose failure fails the test and stops what it drove (:class:`Helper`, :func:`wait_for`);
 and the job scripts that print one ``RESULT <json>`` line (:func:`run_job_script`)."""
 
 from __future__ import annotations
@@ -69,6 +70,34 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def below_of(pid: int) -> tuple[list[int], set[int]]:
+    """The processes below ``pid`` and their process groups, taken while ``pid`` lives: once it exits, its
+    children belong to init and ``descendants`` no longer finds them (the driver's JVM and its workers)."""
+    below = descendants(pid)
+    groups = {pid}
+    for child in below:
+        try:
+            groups.add(os.getpgid(child))  # the daemon's group: a worker it forks meanwhile is in it too
+        except ProcessLookupError:
+            pass
+    return below, groups
+
+
+def kill_below(snapshot: tuple[list[int], set[int]]) -> None:
+    """SIGKILL every process group and process of a ``below_of`` snapshot (this test's own group spared)."""
+    below, groups = snapshot
+    for group in groups - {os.getpgrp()}:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in below:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def kill_when(driver: subprocess.Popen, ready: Callable[[], bool], log: Path, *, timeout_s: float = 300) -> None:
     """SIGKILL the driver and everything below it once ``ready()`` holds, as a lost node takes them all.
 
@@ -82,23 +111,7 @@ def kill_when(driver: subprocess.Popen, ready: Callable[[], bool], log: Path, *,
             assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.1)
     finally:
-        below = descendants(driver.pid)
-        groups = set()
-        for pid in below:
-            try:
-                groups.add(os.getpgid(pid))  # the daemon's group: a worker it forks meanwhile is in it too
-            except ProcessLookupError:
-                pass
-        for group in {driver.pid, *groups} - {os.getpgrp()}:
-            try:
-                os.killpg(group, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for pid in below:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_below(below_of(driver.pid))
         driver.wait(timeout=60)
 
 
@@ -139,3 +152,52 @@ def entered_together(fn: Callable[..., object], parties: int = 2) -> Callable[..
         return fn(*args, **kwargs)
 
     return together
+
+
+def wait_for(check: Callable[[], object], what: str, *, timeout_s: float = 120, every_s: float = 0.5) -> None:
+    """Poll ``check`` until it holds; an AssertionError naming ``what`` was awaited once ``timeout_s`` passed."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"waited {timeout_s:g} s for {what}"
+        time.sleep(every_s)
+
+
+class Helper:
+    """A test's helper thread (it feeds a stream, changes a source, sends a signal) whose failure fails the test.
+
+    ``on_error`` runs in the thread once ``target`` raised, to stop what the test's main thread waits on (a stream
+    that would otherwise run until its timeout: send it a SIGTERM), and again every ``repeat_s`` seconds until the
+    test joins the thread (a SIGTERM that came before the run installed its handler is lost). :meth:`join` raises
+    the thread's exception, or an AssertionError when it is still running; call it in a ``finally`` so its error
+    is the one reported.
+    """
+
+    def __init__(self, target: Callable[[], object], *, on_error: Callable[[], object] | None = None,
+                 repeat_s: float = 2.0) -> None:
+        self.target, self.on_error, self.repeat_s = target, on_error, repeat_s
+        self.error: BaseException | None = None
+        self.joined = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.target()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test by join()
+            self.error = exc
+            while self.on_error is not None and not self.joined.is_set():
+                try:
+                    self.on_error()
+                except Exception:  # noqa: BLE001 - the target's error is the one reported; try again
+                    pass
+                self.joined.wait(self.repeat_s)
+
+    def start(self) -> "Helper":
+        self.thread.start()
+        return self
+
+    def join(self, timeout_s: float = 60) -> None:
+        self.joined.set()
+        self.thread.join(timeout_s)
+        if self.error is not None:
+            raise AssertionError(f"the helper thread failed: {self.error}") from self.error
+        assert not self.thread.is_alive(), f"the helper thread still runs after {timeout_s:g} s"

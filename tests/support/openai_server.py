@@ -86,8 +86,12 @@ class OpenAIServer:
 
     def __init__(self, *, llm_dir: Path | None = None, llm_name: str = "tiny-llm", embed_dir: Path | None = None,
                  embed_name: str = "tiny-embed", api_key: str | None = None, max_model_len: int = 512,
-                 fail_marker: str = "<<refuse>>") -> None:
+                 fail_marker: str = "<<refuse>>", vlm_dir: Path | None = None, vlm_name: str = "tiny-vlm") -> None:
         self.llm_dir, self.llm_name, self.embed_dir, self.embed_name = llm_dir, llm_name, embed_dir, embed_name
+        # a vision-language model: chat messages with image_url parts (data URIs), each image decoded and noted
+        self.vlm_dir, self.vlm_name = vlm_dir, vlm_name
+        self.images: list[dict[str, Any]] = []
+        self._vlm: Any = None
         self.api_key, self.max_model_len, self.fail_marker = api_key, max_model_len, fail_marker
         self.requests: Counter[str] = Counter()
         self.arrivals: list[tuple[float, str]] = []
@@ -118,6 +122,10 @@ class OpenAIServer:
             from pipeline.generation.loading import load_causal_lm
 
             self._llm = load_causal_lm(self.llm_dir, device="cpu", precision="fp32")
+        if self.vlm_dir is not None:
+            from pipeline.generation.vision import load_vision_lm
+
+            self._vlm = load_vision_lm(self.vlm_dir, device="cpu", precision="fp32")
         if self.embed_dir is not None:
             from pipeline.models.loading import load_model
 
@@ -126,14 +134,18 @@ class OpenAIServer:
     # -- the API ------------------------------------------------------------------------------------
     def _app(self) -> Any:
         from starlette.applications import Starlette
+
+        return Starlette(routes=self._routes())
+
+    def _routes(self) -> list[Any]:
         from starlette.routing import Route
 
-        return Starlette(routes=[
+        return [
             Route("/v1/models", self._models, methods=["GET"]),
             Route("/v1/chat/completions", self._chat, methods=["POST"]),
             Route("/v1/completions", self._completions, methods=["POST"]),
             Route("/v1/embeddings", self._embeddings, methods=["POST"]),
-        ])
+        ]
 
     def _refused(self, request: Any) -> Any:
         if self.api_key and request.headers.get("authorization") != f"Bearer {self.api_key}":
@@ -145,7 +157,7 @@ class OpenAIServer:
 
         if (refused := self._refused(request)) is not None:
             return refused
-        served = [(self.llm_name, self.llm_dir), (self.embed_name, self.embed_dir)]
+        served = [(self.llm_name, self.llm_dir), (self.embed_name, self.embed_dir), (self.vlm_name, self.vlm_dir)]
         data = [{"id": name, "object": "model", "created": int(time.time()), "owned_by": "sbi-tests",
                  "root": str(folder), "parent": None, "max_model_len": self.max_model_len}
                 for name, folder in served if folder is not None]
@@ -165,10 +177,24 @@ class OpenAIServer:
             self.paths[path] += 1
         return body, None
 
+    async def answer(self, path: str, body: dict[str, Any]) -> Any:
+        """The response to ``body`` posted to ``path`` (``/chat/completions``, ``/completions``, ``/embeddings``),
+        as the live routes answer it, without counting it: what the batch API's lines get (``BatchServer``)."""
+        answers = {"/chat/completions": self._answer_chat, "/completions": self._answer_completion,
+                   "/embeddings": self._answer_embeddings}
+        if path not in answers:
+            return _error(404, f"no route {path}", "NotFoundError")
+        return await answers[path](body)
+
     async def _chat(self, request: Any) -> Any:
         body, refused = await self._body(request, "/chat/completions")
         if refused is not None:
             return refused
+        return await self._answer_chat(body)
+
+    async def _answer_chat(self, body: dict[str, Any]) -> Any:
+        if body.get("model") == self.vlm_name and self._vlm is not None:
+            return await self._chat_with_images(body)
         if body.get("model") != self.llm_name or self._llm is None:
             return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
         tokenizer = self._llm[0]
@@ -177,16 +203,56 @@ class OpenAIServer:
         text = " ".join(str(m.get("content", "")) for m in body.get("messages") or [])
         return await self._generate(body, list(ids), text, chat=True)
 
+    async def _chat_with_images(self, body: dict[str, Any]) -> Any:
+        """A chat turn for the vision-language model: each ``image_url`` part's data URI decoded (and noted in
+        ``images``), the messages rendered by the processor's chat template, the images expanded into their
+        tokens; the usage's ``prompt_tokens`` counts them, as a real server's does."""
+        import base64
+        import io
+
+        from PIL import Image
+
+        messages, images = [], []
+        for message in body.get("messages") or []:
+            content = message.get("content")
+            parts = [{"type": "text", "text": content}] if isinstance(content, str) else []
+            for part in content if isinstance(content, list) else []:
+                if part.get("type") == "image_url":
+                    url = str((part.get("image_url") or {}).get("url", ""))
+                    head, _, data = url.partition(";base64,")
+                    if not head.startswith("data:image/") or not data:
+                        return _error(400, f"image_url must be a base64 data URI, got {url[:40]!r}")
+                    try:
+                        image = Image.open(io.BytesIO(base64.b64decode(data))).convert("RGB")
+                    except Exception as exc:  # noqa: BLE001 - what the server says to a bad image
+                        return _error(400, f"cannot decode the image: {exc}")
+                    images.append(image)
+                    with self._lock:
+                        self.images.append({"mime": head[len("data:"):], "size": image.size})
+                    parts.append({"type": "image"})
+                elif part.get("type") == "text":
+                    parts.append({"type": "text", "text": part.get("text", "")})
+            messages.append({"role": message.get("role"), "content": parts})
+        processor = self._vlm[0]
+        text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        encoded = processor(text=[text], images=images or None, add_special_tokens=False, return_tensors="pt")
+        inputs = {k: v for k, v in encoded.items() if k not in ("input_ids", "attention_mask")}
+        return await self._generate(body, encoded["input_ids"][0].tolist(), text, chat=True, inputs=inputs)
+
     async def _completions(self, request: Any) -> Any:
         body, refused = await self._body(request, "/completions")
         if refused is not None:
             return refused
+        return await self._answer_completion(body)
+
+    async def _answer_completion(self, body: dict[str, Any]) -> Any:
         if body.get("model") != self.llm_name or self._llm is None:
             return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
         prompt = str(body.get("prompt", ""))
         return await self._generate(body, self._llm[0](prompt)["input_ids"], prompt, chat=False)
 
-    async def _generate(self, body: dict[str, Any], ids: list[int], text: str, *, chat: bool) -> Any:
+    async def _generate(self, body: dict[str, Any], ids: list[int], text: str, *, chat: bool,
+                        inputs: dict[str, Any] | None = None) -> Any:
         from starlette.concurrency import run_in_threadpool
         from starlette.responses import JSONResponse
 
@@ -196,7 +262,7 @@ class OpenAIServer:
         if len(ids) + max_tokens > self.max_model_len:
             return _error(400, f"This model's maximum context length is {self.max_model_len} tokens. However, you "
                                f"requested {len(ids) + max_tokens} tokens.")
-        completion, tokens, reason = await run_in_threadpool(self._decode, body, ids, max_tokens)
+        completion, tokens, reason = await run_in_threadpool(self._decode, body, ids, max_tokens, inputs)
         usage = {"prompt_tokens": len(ids), "completion_tokens": tokens, "total_tokens": len(ids) + tokens}
         choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
         if chat:
@@ -207,38 +273,43 @@ class OpenAIServer:
                              "text_completion", "created": int(time.time()), "model": body["model"],
                              "choices": [choice], "usage": usage})
 
-    def _decode(self, body: dict[str, Any], ids: list[int], max_tokens: int) -> tuple[str, int, str]:
+    def _decode(self, body: dict[str, Any], ids: list[int], max_tokens: int,
+                inputs: dict[str, Any] | None = None) -> tuple[str, int, str]:
         from pipeline.generation import BatchGenerator, GenerationRequest, SamplingParams
 
-        tokenizer, model = self._llm
+        tokenizer, model = self._llm if inputs is None else (self._vlm[0].tokenizer, self._vlm[1])
         schema = ((body.get("response_format") or {}).get("json_schema") or {}).get("schema")
         sampling = SamplingParams(temperature=float(body.get("temperature", 1.0)), top_p=float(body.get("top_p", 1.0)),
                                   stop=tuple(body.get("stop") or ()))
         with self._lock:
-            constraint = self._constraint(schema) if schema else None
+            constraint = self._constraint(schema, inputs is not None) if schema else None
             gen = BatchGenerator(model, tokenizer, mode="static", slots=1, max_seq_len=self.max_model_len,
                                  sampling=sampling, constraint=constraint)
-            result = gen.generate([GenerationRequest(ids, max_tokens, int(body.get("seed") or 0))])[0]
+            result = gen.generate([GenerationRequest(ids, max_tokens, int(body.get("seed") or 0), inputs=inputs)])[0]
         return result.completion, result.completion_tokens, result.finish_reason
 
-    def _constraint(self, schema: dict[str, Any]) -> Any:
+    def _constraint(self, schema: dict[str, Any], vision: bool = False) -> Any:
         from pipeline.generation.engine import eos_ids
         from pipeline.generation.grammar import JsonConstraint
 
-        key = json.dumps(schema, sort_keys=True)
+        key = json.dumps(schema, sort_keys=True) + str(vision)
         if key not in self._constraints:
-            tokenizer, model = self._llm
-            self._constraints[key] = JsonConstraint.compile(tokenizer, schema, vocab_size=model.config.vocab_size,
+            tokenizer, model = self._llm if not vision else (self._vlm[0].tokenizer, self._vlm[1])
+            vocab = model.config.get_text_config().vocab_size
+            self._constraints[key] = JsonConstraint.compile(tokenizer, schema, vocab_size=vocab,
                                                             stop_token_ids=sorted(eos_ids(model, tokenizer)))
         return self._constraints[key]
 
     async def _embeddings(self, request: Any) -> Any:
-        from starlette.concurrency import run_in_threadpool
-        from starlette.responses import JSONResponse
-
         body, refused = await self._body(request, "/embeddings")
         if refused is not None:
             return refused
+        return await self._answer_embeddings(body)
+
+    async def _answer_embeddings(self, body: dict[str, Any]) -> Any:
+        from starlette.concurrency import run_in_threadpool
+        from starlette.responses import JSONResponse
+
         if body.get("model") != self.embed_name or self._embed is None:
             return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
         inputs = body.get("input")

@@ -22,8 +22,8 @@ from pipeline.runner import run_job
 from tests.support.data import make_documents, write_delta
 from tests.support.jobs import job_config
 
-__all__ = ["EMBED", "NULL_ID_ROW", "SCORE_SETTINGS", "assert_same_as_run_job", "documents", "run_job_rows",
-           "user_write"]
+__all__ = ["EMBED", "NULL_ID_ROW", "SCORE_SETTINGS", "assert_same_as_run_job", "assert_same_value", "documents",
+           "run_job_rows", "untouchable_frame", "user_write"]
 
 NULL_ID_ROW = 5
 # score(df)'s arguments for the test job's task, model and batching (tests/support/jobs.job_config)
@@ -66,6 +66,26 @@ def run_job_rows(spark: Any, tmp_path: Path, model_dir: Path | str, *, model_nam
     return by_id
 
 
+def untouchable_frame(spark: Any, marker: Path) -> Any:
+    """Three rows (``doc_id``, ``text``, ``n``, ``status_note``) that touch ``marker`` whenever a Spark job
+    computes them, whatever columns the job reads: the rows pass a Python filter, which no plan prunes (a
+    column function on ``text`` would not run for a ``count()``, which reads no column)."""
+    from pyspark.sql import functions as F
+
+    path = str(marker)
+
+    @F.udf("boolean")
+    def computed(n):  # noqa: ANN001 - hints would make pyspark guess another UDF kind
+        import pathlib
+
+        pathlib.Path(path).touch()
+        return True
+
+    return spark.range(3).where(computed("id")).select(
+        F.col("id").cast("string").alias("doc_id"), F.concat(F.lit("text "), F.col("id").cast("string")).alias("text"),
+        F.col("id").cast("int").alias("n"), F.lit("x").alias("status_note"))
+
+
 def user_write(scored: Any, path: Path, writer: str) -> pa.Table:
     """The caller's own write of ``scored`` to Delta (``writer``: ``delta``, the connector's ``save``; else the
     deltalake library over ``toArrow()``), read back."""
@@ -83,12 +103,21 @@ def _pairs(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and isinstance(value[0], tuple)
 
 
+def assert_same_value(ours: Any, theirs: Any, where: str) -> None:
+    """Two values equal: floats (embeddings, scores) to :data:`ATOL`, maps as dicts, the rest exactly."""
+    _same(ours, theirs, where)
+
+
 def _same(ours: Any, theirs: Any, where: str) -> None:
     ours, theirs = (dict(v) if _pairs(v) else v for v in (ours, theirs))
     if isinstance(theirs, dict) or isinstance(ours, dict):
         assert ours is not None and theirs is not None and sorted(ours) == sorted(theirs), where
         for key in theirs:
             _same(ours[key], theirs[key], f"{where}[{key}]")
+    elif isinstance(theirs, list) and not all(isinstance(v, (int, float)) for v in theirs):  # lists of structs
+        assert isinstance(ours, list) and len(ours) == len(theirs), f"{where}: {ours!r} != {theirs!r}"
+        for n, (a, b) in enumerate(zip(ours, theirs)):
+            _same(a, b, f"{where}[{n}]")
     elif isinstance(theirs, (list, float)):
         np.testing.assert_allclose(np.asarray(ours, dtype=np.float32), np.asarray(theirs, dtype=np.float32),
                                    rtol=0, atol=ATOL, err_msg=where)

@@ -322,6 +322,7 @@ def test_embed_job_on_the_endpoint_embeds_each_row_once_with_its_tokens(spark, t
     assert summary.prompt_tokens == sum(rows[k]["n_tokens"] for k in ("r00", "r01", "r04"))
 
 
+@pytest.mark.drills  # a Python worker killed
 def test_a_worker_killed_mid_task_is_retried_without_requesting_its_answered_rows_again(spark, tmp_path, server,
                                                                                          proxy, monkeypatch):
     from pipeline.runner import run_job

@@ -19,7 +19,7 @@ from pipeline.io.delta.plan import WritePlan, WriteResult, sql_literal
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["write_with_connector"]
+__all__ = ["plain_string_types", "write_with_connector"]
 
 # Delta's error classes for a commit that lost to a concurrent one whose files it should have read
 _CONCURRENT = ("ConcurrentAppend", "DELTA_CONCURRENT_APPEND", "ConcurrentWrite", "DELTA_CONCURRENT_WRITE",
@@ -132,7 +132,7 @@ def _merge_keyed(df: "DataFrame", plan: WritePlan) -> WriteResult:
 
 
 def _connector_source(df: "DataFrame", plan: WritePlan) -> "DataFrame":
-    """``df`` as the connector writes it (:func:`_plain_string_types`). Under a write drill
+    """``df`` as the connector writes it (:func:`plain_string_types`). Under a write drill
     (``exit_write_partitions``, ``fail_write_partitions``, ``stall_write``) its rows first pass through
     :func:`_drill_write_stage` inside the write's own tasks, so the drill fires in the connector's write stage."""
     drills = {k: plan.faults[k] for k in _CONNECTOR_WRITE_DRILLS if plan.faults.get(k)}
@@ -140,7 +140,7 @@ def _connector_source(df: "DataFrame", plan: WritePlan) -> "DataFrame":
         import functools
 
         df = df.mapInArrow(functools.partial(_drill_write_stage, drills=drills), df.schema)
-    return _plain_string_types(df)
+    return plain_string_types(df)
 
 
 def _drill_write_stage(batches: Any, *, drills: Mapping[str, Any]) -> Any:
@@ -206,7 +206,7 @@ def _merge_left_out(metrics: Mapping[str, Any]) -> int:
     return max(0, source - inserted)
 
 
-def _plain_string_types(df: "DataFrame") -> "DataFrame":
+def plain_string_types(df: "DataFrame") -> "DataFrame":
     """``df`` with its string-bearing columns cast to their own type, spelled plainly.
 
     On Spark Connect (4.2) the columns a ``mapInArrow`` returns carry an explicit default collation,

@@ -17,7 +17,13 @@ version did; delta-rs offers no per-commit actions in Python):
   columns; a restart reads on with the new schema (older files give nulls for an added column).
 
 ``stream.max_files_per_trigger`` / ``max_bytes_per_trigger`` end a micro-batch before the commit that would
-pass the limit (whole commits, at least one; where pyspark passes the read limit: 4.2 and later).
+pass the limit (whole commits, at least one). From Spark 4.2 pyspark hands ``latestOffset`` the micro-batch's start
+and the limit. Below it pyspark asks ``latestOffset()`` with neither, so the reader keeps them itself (options
+``own_limits``, ``resume_offset``): the start is the checkpoint's last offset when the query starts (read on the
+driver, :func:`pipeline.io.streams.open_stream`), then each end it hands out. An available-now query there reads
+one micro-batch only (Spark 4.0 and 4.1 run a source without ``SupportsTriggerAvailableNow`` as a single batch),
+so the job runs it on a processing-time trigger, with ``until_version`` (the table's version when it starts)
+as the last version read, and stops it there.
 """
 
 from __future__ import annotations
@@ -119,13 +125,22 @@ def _unquote(path: str) -> str:
 
 
 def stream_options(store: Any, *, arrow_schema: pa.Schema, schema_string: str, starting_version: int | None,
-                   max_files: int | None, max_bytes: int | None) -> dict[str, str]:
-    """The Spark options of a ``sbi_delta_stream`` read (the S3 settings under the key Spark redacts)."""
+                   max_files: int | None, max_bytes: int | None, resume_offset: dict | None = None,
+                   own_limits: bool = False, until_version: int | None = None) -> dict[str, str]:
+    """The Spark options of a ``sbi_delta_stream`` read (the S3 settings under the key Spark redacts).
+
+    ``own_limits``: the reader applies the read limits itself (pyspark below 4.2), from ``resume_offset`` (the
+    checkpoint's last offset; None: the stream's first) and, for an available-now run, to ``until_version``."""
     options = {"path": store.location, "arrow_schema": arrow_schema.serialize().to_pybytes().hex(),
                "schema_string": schema_string}
-    for key, value in (("starting_version", starting_version), ("max_files", max_files), ("max_bytes", max_bytes)):
+    for key, value in (("starting_version", starting_version), ("max_files", max_files), ("max_bytes", max_bytes),
+                       ("until_version", until_version)):
         if value is not None:
             options[key] = str(value)
+    if own_limits:
+        options["own_limits"] = "1"
+        if resume_offset is not None:
+            options["resume_offset"] = json.dumps(resume_offset)
     if store.remote:
         options["storage_options_secret"] = json.dumps(store.options)
     return options
@@ -154,7 +169,10 @@ class DeltaStreamReader(DataSourceStreamReader, _AvailableNow):
         self.starting_version = _int(options.get("starting_version"))
         self.max_files, self.max_bytes = _int(options.get("max_files")), _int(options.get("max_bytes"))
         self._commits: dict[int, CommitFiles] = {}
-        self._target: int | None = None  # an available-now query's last version
+        self._target: int | None = _int(options.get("until_version"))  # an available-now query's last version
+        # below Spark 4.2: the limits applied here, from the start the reader keeps (see the module's docstring)
+        self.own_limits = options.get("own_limits") == "1"
+        self._start: dict | None = json.loads(options["resume_offset"]) if options.get("resume_offset") else None
 
     def prepareForTriggerAvailableNow(self) -> None:
         """An available-now query reads to the version the table has now, in micro-batches within the limit."""
@@ -174,8 +192,14 @@ class DeltaStreamReader(DataSourceStreamReader, _AvailableNow):
 
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
         """The offset this micro-batch reads to: the table's latest version, or (with a read limit, after the
-        first micro-batch) the last commit that keeps the new files within it. pyspark 4.0 asks without
-        ``start`` and ``limit``: to the latest version."""
+        first micro-batch) the last commit that keeps the new files within it. pyspark below 4.2 asks without
+        ``start`` and ``limit``: from the start this reader keeps, within its own limits (``own_limits``), else
+        to the latest version."""
+        if start is None and self.own_limits:
+            start = self._start if self._start is not None else self.initialOffset()
+            end = self.latestOffset(start, _Limits(self.max_files, self.max_bytes))
+            self._start = end  # Spark reads this micro-batch to it; the next starts there
+            return end
         latest = self.store.table().version() if self._target is None else self._target
         if start is None or start.get("snapshot"):
             return {"version": latest, "snapshot": False}
@@ -222,6 +246,14 @@ class DeltaStreamReader(DataSourceStreamReader, _AvailableNow):
         actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
         return [{"path": _unquote(a["path"]), "partition_values": {c: log_string(a.get(f"partition.{c}")) for c in columns}}
                 for a in actions]
+
+
+@dataclass(frozen=True)
+class _Limits:
+    """The read limits as pyspark 4.2's ``ReadMaxFiles`` / ``ReadMaxBytes`` carry them (below 4.2: the options')."""
+
+    max_files: int | None
+    max_bytes: int | None
 
 
 def _int(value: str | None) -> int | None:
