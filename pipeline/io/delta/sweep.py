@@ -144,11 +144,17 @@ def _writes_found(root: Path, keep_write_ids: frozenset[str]) -> tuple[dict[str,
 def _close(root: Path, write_id: str, markers: dict[str, tuple[str, Path]], *, dry_run: bool) -> None:
     """A dead write's ``claimed`` or ``committing`` marker made ``finished`` (still the proof its files are ours,
     kept as long): no later commit takes it for a torn write (:func:`sweep_due`) and sweeps again for it."""
-    state = markers.get(write_id, ("", None))[0]
-    if dry_run or state not in ("claimed", "committing"):
+    state, path = markers.get(write_id, ("", None))
+    if dry_run or state not in ("claimed", "committing") or path is None:
+        return
+    try:
+        last_heard = path.stat().st_mtime
+    except FileNotFoundError:
         return
     finish_marker(root, write_id, closed_by_sweep=state)
-    markers[write_id] = ("finished", marker_path(root, write_id, "finished"))
+    closed = marker_path(root, write_id, "finished")
+    os.utime(closed, (last_heard, last_heard))  # its age stays the write's: retention counts from its last sign
+    markers[write_id] = ("finished", closed)
 
 
 def sweep_due(root: Any, *, own: str, grace_s: float) -> str | None:
