@@ -25,7 +25,7 @@ export HF_HUB_OFFLINE := 1
 	demo-extract-logs bench-extract bench-extract-vllm demo-recs demo-images demo-images-data lint test test-drills \
 	test-vllm bench bench-batching bench-gpu bench-generate bench-generate-width bench-scaling bench-row-keys \
 	bench-small-jobs bench-images bench-resume bench-precision bench-precision-nights bench-endpoint \
-	bench-feed bench-profile bench-streaming bench-score-df lock lock-vllm \
+	bench-feed bench-profile bench-streaming bench-driver bench-score-df lock lock-vllm \
 	clean
 
 $(STAMP): requirements.lock requirements-data.lock pyproject.toml
@@ -344,6 +344,20 @@ bench-profile: demo-data
 STREAM_ROWS ?= 100000
 bench-streaming: demo-data
 	PYTHONPATH=. $(PY) bench/bench_streaming.py --rows $(STREAM_ROWS) --json bench/results_streaming.json $(BENCH_ARGS)
+
+# The driver's fixed work (docs/performance.md, "The driver's fixed work"): the demo job run twice on 5,000 rows (the
+# second run is make demo's second run) on the jar-free writer and through the connector (spark-submit, as make demo
+# runs it): seconds, Spark jobs and Delta log reads per driver stage; then a processing_time stream of 200
+# micro-batches of 100 rows: the fixed cost per micro-batch, the first 20 against the last 20 -> bench/results_driver*.json
+bench-driver: demo-data jars-delta
+	SBI_NO_JARS=1 PYTHONPATH=. $(PY) bench/bench_driver.py batch --rows 5000 --runs 2 --writer deltalake \
+	  --json bench/results_driver_deltalake.json $(BENCH_ARGS)
+	PYTHONPATH=. $(VENV)/bin/spark-submit $(JAR_ARGS) --master 'local[*,4]' --driver-memory 2g \
+	  --conf spark.ui.enabled=false --conf spark.ui.showConsoleProgress=false --conf spark.log.level=WARN \
+	  --conf spark.databricks.delta.snapshotPartitions=$$(nproc) \
+	  bench/bench_driver.py batch --rows 5000 --runs 2 --json bench/results_driver_connector.json $(BENCH_ARGS)
+	SBI_NO_JARS=1 PYTHONPATH=. $(PY) bench/bench_driver.py stream --micro-batches 200 --batch-rows 100 \
+	  --json bench/results_driver_stream.json $(BENCH_ARGS)
 
 # Image benchmark (docs/benchmarks_images.md): images/s of the pipeline vs a single-process loop, and the
 # OCR recogniser's padding with and without width bucketing.

@@ -26,6 +26,11 @@ N is the core count (``--cores``). Runs, each one timed after a warm-up:
   pipeline can reach on these rows, whatever the model costs.
 - pipeline ``task.cpus=N`` (with ``--full``, or ``--units`` naming ``task-cpus``): the same
   on ``local[N]`` with ``spark.task.cpus=N``: one task at a time, N torch threads in its worker.
+- the whole job (``job``, in the default units): ``run_job`` in a process of its own (``bench/whole_job.py``),
+  timed from the call to the returned summary: the session's start, the model check and load, planning,
+  inference, the commits, the read-back and the summary all in. Its docs/s by that wall against the limit
+  (the goal: at least 0.90), and the driver's stages (every stage but inference and check) as a share of
+  the wall (the goal: at most 5%).
 - the breakdown (with ``--full``, or ``--breakdown``), once: the pipeline without its persist,
   and the Delta write of already scored rows alone.
 - ``predict_batch_udf`` (batch 64, the tokenizer padding each batch to its longest row, as
@@ -284,6 +289,21 @@ def run_pipeline(spark: Any, input_path: str, out_dir: Path, *, precision: str, 
             "rows_per_worker": summary.rows_per_worker, "cpu_seconds": cpu}
 
 
+def run_whole_job(input_path: str, out_dir: Path, cores: int, precision: str) -> dict:
+    """``bench/whole_job.py`` in a process of its own: the whole job by wall, its driver stages."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "whole_job.py"), "--input", input_path, "--out",
+                           str(out_dir), "--cores", str(cores), "--precision", precision, "--batch", str(BATCH),
+                           "--max-length", str(MAX_LENGTH)], capture_output=True, text=True, cwd=REPO)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    if done.returncode != 0 or "RESULT " not in done.stdout:
+        raise SystemExit(f"the whole job failed: {done.stdout[-2000:]}{done.stderr[-3000:]}")
+    result = json.loads(done.stdout.split("RESULT ", 1)[1].splitlines()[0])
+    # docs/s by the whole job's wall (Recorder divides rows by "seconds")
+    return {**result, "job_seconds": result["seconds"], "seconds": result["wall"]}
+
+
 def time_write_alone(spark: Any, scored_path: Path, out_dir: Path) -> dict:
     """Seconds to write an already scored output (cached in memory first) again through the same Delta sink."""
     from pipeline.config import SinkConfig
@@ -406,8 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--udf-rows", type=int, default=256, help="rows for predict_batch_udf and the row UDF")
     parser.add_argument("--skip-udfs", action="store_true")
     parser.add_argument("--units", default=None,
-                        help="what to run, of raw (both layouts), pipeline (with the null-forward run) and "
-                             "task-cpus; default raw,pipeline (with --full all three)")
+                        help="what to run, of raw (both layouts), pipeline (with the null-forward run), job (the "
+                             "whole job in a process of its own) and task-cpus; default raw,pipeline,job (with "
+                             "--full all four)")
     parser.add_argument("--breakdown", action=argparse.BooleanOptionalAction, default=None,
                         help="the one-off runs without persist and of the write alone (default: with --full)")
     parser.add_argument("--json", default="bench/results_limit.json", help="raw results ('' for none)")
@@ -415,12 +436,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.full:
         args.rows, args.udf_rows = max(args.rows, 20_000), max(args.udf_rows, 1000)
-    args.units = args.units or ("raw,pipeline,task-cpus" if args.full else "raw,pipeline")
+    args.units = args.units or ("raw,pipeline,job,task-cpus" if args.full else "raw,pipeline,job")
     args.breakdown = args.full if args.breakdown is None else args.breakdown
     args.units = set(args.units.split(","))
-    unknown = args.units - {"raw", "pipeline", "task-cpus"}
+    unknown = args.units - {"raw", "pipeline", "job", "task-cpus"}
     if unknown:
-        parser.error(f"--units: unknown {sorted(unknown)}; choose from raw, pipeline, task-cpus")
+        parser.error(f"--units: unknown {sorted(unknown)}; choose from raw, pipeline, job, task-cpus")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
@@ -520,9 +541,17 @@ def main(argv: list[str] | None = None) -> int:
                     spark.stop()
             return run
 
+        def job_unit() -> Callable[[list[str], bool], None]:
+            def run(order: list[str], first: bool) -> None:
+                for p in order:
+                    rec.measure(f"job local[{n}] {p}", lambda: run_whole_job(input_path, work / "job", n, p))
+            return run
+
         units = [raw_unit(1, n), raw_unit(n, 1)] if "raw" in args.units else []
         if "pipeline" in args.units:
             units.append(pipeline_unit(1, udfs=not args.skip_udfs, extras=True))
+        if "job" in args.units:
+            units.append(job_unit())
         if n > 1 and "task-cpus" in args.units:
             units.append(pipeline_unit(n))
 
@@ -559,10 +588,13 @@ def summarise(runs: dict[str, list[dict]], precisions: list[str], n: int) -> dic
         if not limit:
             continue
         out[f"limit {p}"] = stats(limit)
-        for name in (f"pipeline local[{n}] {p}", f"pipeline local[{n}] task.cpus={n} {p}"):
+        for name in (f"pipeline local[{n}] {p}", f"pipeline local[{n}] task.cpus={n} {p}", f"job local[{n}] {p}"):
             if name in runs:
                 ratios = [r["docs_per_s"] / lim for r, lim in zip(runs[name], limit)]
                 out[f"{name} / limit"] = stats(ratios)
+    for name, rs in runs.items():
+        if name.startswith("job "):  # the driver's stages as a share of the whole job's wall
+            out[f"driver share: {name}"] = stats([r["driver_seconds"] / r["wall"] for r in rs])
     return out
 
 
@@ -628,7 +660,7 @@ def report(results: dict) -> str:
              "", "| run | precision | docs/s median | min | max | vs limit (median of per-repeat ratios) | "
              "load avg before/after runs |", "|---|---|---:|---:|---:|---:|---|"]
     for name, st in s.items():
-        if name.endswith("/ limit") or name.startswith("limit ") or name.startswith("breakdown"):
+        if name.endswith("/ limit") or name.startswith(("limit ", "breakdown", "driver share")):
             continue
         base, _, precision = name.rpartition(" ")
         loads = [x for r in runs[name] for x in (r["load_before"], r["load_after"])]
@@ -659,6 +691,14 @@ def report(results: dict) -> str:
                      f"{(med['infer_seconds'] - med['forward_seconds']) / workers:.1f} | "
                      f"{med['seconds'] - med['infer_seconds'] / workers:.1f} | {med['tokens'] / med['padded']:.3f} | "
                      f"{rs[0]['rows'] // max(1, rs[0]['tasks']):,} | {cold.get('load_seconds', 0.0):.1f} |")
+    for name, st in s.items():
+        if name.startswith("driver share: "):
+            job = name[len("driver share: "):]
+            stages = runs[job][-1]["stage_seconds"]
+            lines += ["", f"The whole job ({job}: `run_job` in a process of its own, from the call to the returned "
+                      f"summary): {fmt_ratio(s.get(f'{job} / limit'))} of the limit by wall (goal: 0.90); the "
+                      f"driver's stages {st['median']:.1%} of the wall ({st['min']:.1%}-{st['max']:.1%}; goal: at "
+                      "most 5%). Last repeat's stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in stages.items())]
     for p in results["precisions"]:
         lines += _gap_lines(runs, p, n)
     kinds = sorted({k for name, rs in runs.items() for r in rs

@@ -17,6 +17,8 @@ executor's environment after Spark started would not). Keys:
                            (every attempt): a lost row and a duplicated one that a row count cannot see
 ``lose_row_at_commit``     the output commit leaves out the row with this id (a writer that loses a row after
                            the checks before the commit): only the read-back after the commit can see it
+``swap_row_at_commit``     ``[lost id, doubled id]``: the output commit leaves out the first id's row and writes the
+                           second's twice, as many rows as it was sent: only the keys of the read-back see it
 ``fail_before_commit``     the driver fails after inference and the checks, before any commit (every task's
                            output scored, and staged: a crash a rerun resumes from)
 ``fail_after_quarantine_commit`` the driver fails right after committing the quarantine table,
@@ -64,7 +66,7 @@ from pipeline.errors import InjectedFaultError, SimulatedOutOfMemoryError
 
 __all__ = ["InjectedFaultError", "SimulatedOutOfMemoryError", "activate", "after_output_commit", "at_batch_step",
            "after_quarantine_commit", "before_commits",
-           "lost_at_output_commit", "quarantine_write_faults",
+           "lost_at_output_commit", "quarantine_write_faults", "swapped_at_output_commit",
            "check_batch", "from_env", "on_commit", "on_output", "on_task_start", "on_write"]
 
 ENV = "SBI_FAULTS"
@@ -200,6 +202,12 @@ def at_batch_step(faults: Mapping[str, Any], step: str) -> None:
 def lost_at_output_commit(faults: Mapping[str, Any]) -> Any:
     """Driver-side fault (``lose_row_at_commit``): the id the output commit leaves out, else None."""
     return faults.get("lose_row_at_commit")
+
+
+def swapped_at_output_commit(faults: Mapping[str, Any]) -> tuple[Any, Any] | None:
+    """Driver-side fault (``swap_row_at_commit``): ``(id left out, id written twice)`` by the output commit."""
+    swap = faults.get("swap_row_at_commit")
+    return (swap[0], swap[1]) if swap else None
 
 
 def on_commit(write_id: str, faults: Mapping[str, Any]) -> None:

@@ -192,6 +192,22 @@ class StageClock:
         self.on_lap(name, spent, **facts)
         return spent
 
+    def lap_until(self, name: str, until: float, **facts: Any) -> float:
+        """:meth:`lap` as of ``until`` (a reading of :attr:`clock`, no later than now): what ran beside it
+        after ``until`` goes to the next lap.
+
+        >>> ticks = iter([0.0, 5.0])
+        >>> clock = StageClock(clock=lambda: next(ticks))
+        >>> clock.lap_until("model check", 1.5), clock.lap("session"), clock.seconds
+        (1.5, 3.5, {'model check': 1.5, 'session': 3.5})
+        """
+        self.between()
+        spent = max(0.0, until - self.last)
+        self.last = max(self.last, until)
+        self.seconds[name] = self.seconds.get(name, 0.0) + spent
+        self.on_lap(name, spent, **facts)
+        return spent
+
     def skip(self) -> None:
         """Start the next stage now: the time since the last lap is nobody's (e.g. already attributed)."""
         self.last = self.clock()

@@ -54,10 +54,12 @@ class SmallJob:
 
 
 def small_job(config: JobConfig, *, spark: Any = None, environ: Mapping[str, str] | None = None,
-              active_session: bool | None = None) -> SmallJob:
+              active_session: bool | None = None, source_state: Any = None) -> SmallJob:
     """Whether ``config`` runs as a small job (see the module's conditions); ``spark``: a session passed in.
 
-    ``active_session``: whether a SparkSession is active in this process (None: ask pyspark).
+    ``active_session``: whether a SparkSession is active in this process (None: ask pyspark);
+    ``source_state``: the Delta source's log as the run read it (:class:`pipeline.io.delta.state.TableState`;
+    None: read here).
 
     >>> from pipeline.config import build_config
     >>> raw = {"job": "j", "source": {"path": "/d", "limit": 100}, "model": {"path": "/m"},
@@ -74,7 +76,7 @@ def small_job(config: JobConfig, *, spark: Any = None, environ: Mapping[str, str
     if refusal:
         return SmallJob(False, refusal)
     limit = config.spark.small_job_rows
-    rows, source = _source_rows(config)
+    rows, source = _source_rows(config, source_state)
     if rows is None:
         return SmallJob(False, source)
     if rows > limit:
@@ -122,11 +124,14 @@ def _refusal(config: JobConfig, *, spark: Any, env: Mapping[str, str], active_se
     return None
 
 
-def _source_rows(config: JobConfig) -> tuple[int | None, str]:
+def _source_rows(config: JobConfig, state: Any = None) -> tuple[int | None, str]:
     """The most rows the job can read and where that bound comes from; ``(None, why)`` when unknown."""
     limit = config.source.limit
     delta = config.source.format == "delta" and bool(config.source.path)
-    rows, features = _delta_log_rows(str(config.source.path)) if delta else (None, [])
+    if delta and state is not None:  # the log the run read once
+        rows, features = state.rows(), list(state.unreadable)
+    else:
+        rows, features = _delta_log_rows(str(config.source.path)) if delta else (None, [])
     if features:  # a light session reads through deltalake, which cannot: the connector's session can
         return None, f"the source uses {', '.join(features)}, which only the Delta connector reads"
     if limit is not None and limit <= config.spark.small_job_rows:

@@ -12,11 +12,13 @@ files have readers of their own (:mod:`pipeline.io.file_readers`).
 
 from __future__ import annotations
 
+import contextvars
 import os
 import tempfile
 import uuid
 import weakref
-from typing import TYPE_CHECKING, Any
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from pipeline.config import DELTA_CONNECTOR_CONF, SourceConfig
 from pipeline.errors import SourceError
@@ -30,9 +32,28 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = [
-    "SourceError", "check_source", "has_delta_connector", "is_delta_table", "read_delta", "read_source",
-    "select_input",
+    "SourceError", "check_source", "has_delta_connector", "is_delta_table", "pinned_versions", "read_delta",
+    "read_source", "select_input",
 ]
+
+# the versions the run in this context reads its Delta tables at, by resolved location (pinned_versions)
+_PINNED: "contextvars.ContextVar[Mapping[str, int]]" = contextvars.ContextVar("sbi_pinned_versions", default={})
+
+
+@contextmanager
+def pinned_versions(versions: Mapping[str, int | None]) -> Iterator[None]:
+    """Within the block, a read of one of these Delta tables (``{location: version}``) without a version reads
+    that version, not the latest: a run reads each table at the version its plan read from the log, so what
+    the log counted is what is scored. Pin only a table whose log ``deltalake`` read and can honour: a pinned
+    table's files are read from that log, with the connector too (no Spark job to rebuild its snapshot).
+    Per context (thread), so runs side by side in one process do not mix."""
+    pinned = {resolve_location(str(k)): int(v) for k, v in versions.items() if v is not None}
+    token = _PINNED.set({**_PINNED.get(), **pinned})
+    try:
+        yield
+    finally:
+        _PINNED.reset(token)
+
 
 # Reader features whose semantics a plain Parquet read would get wrong.
 _UNSUPPORTED_READER_FEATURES = {
@@ -111,9 +132,13 @@ def read_delta(spark: "SparkSession", path: str, *, version: int | None = None) 
     Either way the DataFrame is one snapshot, pinned when it is made: a connector read without
     ``versionAsOf`` would resolve the table's latest version again at every action, so a job that
     reads its own output (an incremental run's anti-join, evaluated again after its commit) would
-    see its own new rows. No table at ``path`` raises :class:`SourceError`.
+    see its own new rows. No table at ``path`` raises :class:`SourceError`. Without ``version``, a table
+    pinned for this context (:func:`pinned_versions`) is read at its pinned version, through deltalake.
     """
-    if has_delta_connector(spark):
+    pinned = version is None and resolve_location(str(path)) in _PINNED.get()
+    if pinned:
+        version = _PINNED.get()[resolve_location(str(path))]
+    if has_delta_connector(spark) and not pinned:
         location = resolve_location(path)
         if version is None:
             version = latest_version(spark, location)

@@ -42,7 +42,7 @@ import os
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from pipeline.locations import local_path, uri_scheme
 
@@ -265,20 +265,26 @@ class TableStore:
 
         return pq.read_table(self.full(rel), columns=columns, filesystem=self.fs)
 
-    def files(self, *, containing: str = "", suffix: str = ".parquet") -> Iterator[str]:
-        """Relative paths of the files under the table folder whose name holds ``containing``."""
+    def files(self, *, containing: str = "", suffix: str = ".parquet",
+              folders: Iterable[str] | None = None) -> Iterator[str]:
+        """Relative paths of the files under the table folder whose name holds ``containing``: in the whole
+        tree, or only directly in ``folders`` (relative; ``""``: the table folder itself)."""
         if not self.remote:
             from pathlib import Path
 
             root = Path(self.root)
             if root.is_dir():
-                for file in root.rglob(f"*{containing}*{suffix}"):
+                found = (root.rglob(f"*{containing}*{suffix}") if folders is None else
+                         (f for d in sorted(set(folders)) for f in (root / d).glob(f"*{containing}*{suffix}")))
+                for file in found:
                     yield file.relative_to(root).as_posix()
             return
         from pyarrow.fs import FileSelector, FileType
 
         base = self.root.rstrip("/") + "/"
-        for info in self.fs.get_file_info(FileSelector(base, recursive=True, allow_not_found=True)):
+        selectors = ([FileSelector(base, recursive=True, allow_not_found=True)] if folders is None else
+                     [FileSelector(base + d.strip("/"), allow_not_found=True) for d in sorted(set(folders))])
+        for info in (i for sel in selectors for i in self.fs.get_file_info(sel)):
             name = info.path.rsplit("/", 1)[-1]
             if info.type == FileType.File and containing in name and name.endswith(suffix):
                 yield info.path[len(base):]

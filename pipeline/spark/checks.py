@@ -16,6 +16,13 @@ mismatch, a small sample of the differing keys reach the driver::
     if not check.ok:
         raise JobError(check.describe())
 
+That join reads the input a second time, so a run pays it only when the cheap form disagrees: the
+input's :class:`~pipeline.rows.KeyTally` observed as the scoring pass reads it
+(:func:`observe_input_tally`) against the scored rows' tallies, written and quarantined, taken in the
+same pass (:func:`scored_totals`, which also brings the tasks' counts home). Equal tallies mean the same
+multiset of keys but for a 2**-64 chance; unequal ones (a lost row, a duplicated one, a retried stage
+counted twice) run the join above, which names the keys.
+
 :func:`error_budget` is pure: it decides whether a run's failed rows are too
 many to commit (``run.max_error_fraction``, ``run.max_errors``);
 :func:`top_errors` finds the most common messages to show when they are.
@@ -26,12 +33,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pipeline.rows import QUARANTINED_STATUSES
+from pipeline.rows import KEY_SEPARATOR, QUARANTINED_STATUSES, KeyTally
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["ErrorBudget", "IdentityCheck", "error_budget", "identity_check", "key_counts", "top_errors"]
+__all__ = ["ErrorBudget", "IdentityCheck", "InputTally", "ScoredTotals", "error_budget", "identity_check",
+           "key_counts", "key_hash_halves", "observe_input_tally", "scored_totals", "tally_of", "top_errors"]
 
 # the grouped key columns every key_counts frame has
 KEY_ID, KEY_HASH, KEY_N, KEY_ERRORS = "_key_id", "_key_hash", "_key_n", "_key_errors"
@@ -146,6 +154,103 @@ def identity_check(in_keys: "DataFrame", out_keys: "DataFrame", *, sample: int =
         shown = [{"id": r["id"], "content_hash": r["content_hash"], "rows_in": int(r["rows_in"]),
                   "rows_out": int(r["rows_out"])} for r in differing.limit(sample).collect()]
     return IdentityCheck(rows_in, rows_out, keys_in, keys_out, missing, extra, duplicated, errors, shown)
+
+
+def key_hash_halves(id_col: Any, hash_col: Any) -> tuple[Any, Any]:
+    """The high and low 32 bits of a key's 64-bit hash as two long columns: what
+    :meth:`pipeline.rows.KeyTally.of_keys` computes in Python (sha256 of ``s:<id>`` or ``n``, the separator and
+    the content hash), so Spark's tallies and a writer's agree."""
+    from pyspark.sql import functions as F
+
+    text = F.concat(F.coalesce(F.concat(F.lit("s:"), id_col.cast("string")), F.lit("n")), F.lit(KEY_SEPARATOR),
+                    F.coalesce(hash_col.cast("string"), F.lit("null")))
+    digest = F.sha2(text, 256)
+    return (F.conv(F.substring(digest, 1, 8), 16, 10).cast("long"),
+            F.conv(F.substring(digest, 9, 8), 16, 10).cast("long"))
+
+
+def _tally_columns(id_col: Any, hash_col: Any, *, where: Any = None, prefix: str = "") -> list[Any]:
+    """Three aggregate columns, ``<prefix>rows``, ``<prefix>hi``, ``<prefix>lo``: the rows (where ``where``
+    holds) and the sums of their hashes' halves, as decimals (no sum of 32-bit halves overflows them)."""
+    from pyspark.sql import functions as F
+
+    hi, lo = key_hash_halves(id_col, hash_col)
+    one = F.lit(1)
+    if where is not None:
+        hi, lo, one = (F.when(where, c) for c in (hi, lo, one))
+    return [F.coalesce(F.sum(one), F.lit(0)).cast("long").alias(f"{prefix}rows"),
+            F.sum(hi.cast("decimal(20,0)")).alias(f"{prefix}hi"), F.sum(lo.cast("decimal(20,0)")).alias(f"{prefix}lo")]
+
+
+def tally_of(row: Any, prefix: str = "") -> KeyTally:
+    """The :class:`KeyTally` in a row of :func:`_tally_columns`."""
+    return KeyTally.of_halves(row[f"{prefix}rows"], row[f"{prefix}hi"], row[f"{prefix}lo"])
+
+
+class InputTally:
+    """The input's :class:`KeyTally`, observed while the scoring pass reads it (:func:`observe_input_tally`)."""
+
+    def __init__(self, observation: Any) -> None:
+        self.observation = observation
+
+    def get(self, *, wait_s: float = 10.0) -> KeyTally | None:
+        """The tally once the pass ran; None when it was not observed (then the exact join decides)."""
+        from pipeline.spark.run_metrics import observed_row
+
+        row = observed_row(self.observation, wait_s)
+        if not row or row.get("rows") is None:
+            return None
+        return tally_of(row)
+
+
+def observe_input_tally(inputs: "DataFrame", *, id_column: str = "id",
+                        hash_column: str = "content_hash") -> tuple["DataFrame", InputTally]:
+    """``(inputs, tally)``: ``inputs`` observed for its keys' :class:`KeyTally` (filled by the first action
+    that reads them: the scoring pass, no job of its own)."""
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    import uuid
+
+    # one name per observation: a plan holding two (the rows to write, observed again above the input's) needs both
+    observation = Observation(f"sbi_tally_{uuid.uuid4().hex[:12]}")
+    observed = inputs.observe(observation, *_tally_columns(F.col(id_column), F.col(hash_column)))
+    return observed, InputTally(observation)
+
+
+@dataclass(frozen=True)
+class ScoredTotals:
+    """What the scoring pass brought home: the tallies of the rows for the output and for the quarantine, and
+    the tasks' counts as JSON (the metrics column's values)."""
+
+    written: KeyTally
+    quarantined: KeyTally
+    metrics: list[str]
+
+    @property
+    def errors(self) -> int:
+        return self.quarantined.rows
+
+    @property
+    def total(self) -> KeyTally:
+        return self.written + self.quarantined
+
+
+def scored_totals(scored: "DataFrame", *, id_column: str, hash_column: str = "content_hash",
+                  status_column: str = "status", metrics_column: str | None = None) -> ScoredTotals:
+    """One Spark action over ``scored`` (the scoring pass itself when ``scored`` is persisted and not computed
+    yet): the tallies of its rows to write and to quarantine, and its tasks' counts."""
+    from pyspark.sql import functions as F
+
+    failed = F.col(status_column).isin(*QUARANTINED_STATUSES)
+    failed = F.coalesce(failed, F.lit(False))
+    columns = [*_tally_columns(F.col(id_column), F.col(hash_column), where=~failed, prefix="w_"),
+               *_tally_columns(F.col(id_column), F.col(hash_column), where=failed, prefix="q_")]
+    if metrics_column:  # one string: Spark 4.0's Connect server cannot return an array of them
+        columns.append(F.concat_ws("\n", F.collect_list(F.col(metrics_column))).alias("metrics"))
+    row = scored.agg(*columns).first()
+    metrics = [v for v in (row["metrics"] or "").split("\n") if v] if metrics_column else []
+    return ScoredTotals(tally_of(row, "w_"), tally_of(row, "q_"), metrics)
 
 
 @dataclass(frozen=True)

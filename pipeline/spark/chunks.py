@@ -9,6 +9,8 @@ names, the task's :class:`~pipeline.metrics.WorkerCounts`), never the plan:
   input order (the flagged rows back in their places: a column function's output is matched to its
   input row by position);
 - :func:`profile_chunk`: each output chunk sketched into the task's profile (:mod:`pipeline.sketches`);
+- :func:`carry_failed_inputs`: a quarantined row's own inputs carried out beside its results (the quarantine
+  table keeps them), null on every other row;
 - :func:`with_metrics`: the metrics column that carries the task's counts on its last row (so run metrics
   work on Spark Connect, which has no accumulators);
 - :func:`digesting`, :func:`finish_stage`, :func:`replay_staged`: the worker side of staging
@@ -27,10 +29,13 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.metrics import WorkerCounts
-from pipeline.rows import INVALID_ID, MALFORMED_COLUMN
+from pipeline.rows import INVALID_ID, MALFORMED_COLUMN, QUARANTINED_STATUSES
 
-__all__ = ["Taken", "digesting", "each_hook", "finish_profile", "finish_stage", "in_input_order", "join_results",
+__all__ = ["CARRIED_PREFIX", "Taken", "carry_failed_inputs", "digesting", "each_hook", "finish_profile", "finish_stage", "in_input_order", "join_results",
            "profile_chunk", "replay_staged", "split_null_ids", "task_results", "with_metrics"]
+
+# a quarantined row's input column ``c`` comes out of the task as ``_sbi_input_<c>``
+CARRIED_PREFIX = "_sbi_input_"
 
 # one chunk as split_null_ids left it: rows with an id, the rows without one already flagged (or None), and
 # the mask of which rows those were (or None)
@@ -189,6 +194,31 @@ def task_results(task: Any, loaded: Any, inputs: Iterator[pa.RecordBatch], count
     else:
         for chunk in inputs:
             yield task.process(loaded, chunk, counts)
+
+
+def carry_failed_inputs(out: pa.RecordBatch, keep: tuple[str, ...], carried: tuple[str, ...]) -> pa.RecordBatch:
+    """``out`` (the ``keep`` columns, the ``carried`` input columns, then the task's) in the order of the output
+    schema: kept, the task's, then each carried column as ``_sbi_input_<c>``, null on every row whose status is
+    not quarantined (only a failed row's inputs travel on to the quarantine table).
+
+    >>> out = pa.record_batch({"id": ["a", "b"], "text": ["fine", "bad"], "status": ["ok", "error"]})
+    >>> moved = carry_failed_inputs(out, ("id",), ("text",))
+    >>> moved.schema.names, moved.column("_sbi_input_text").to_pylist()
+    (['id', 'status', '_sbi_input_text'], [None, 'bad'])
+    """
+    if not carried:
+        return out
+    import pyarrow.compute as pc
+
+    names = out.schema.names
+    own = [n for n in names if n not in carried or n in keep]
+    if "status" in names:
+        failed = pc.fill_null(pc.is_in(out.column("status"), pa.array([str(s) for s in QUARANTINED_STATUSES])), False)
+    else:
+        failed = pa.array([False] * out.num_rows)
+    moved = [pc.if_else(failed, out.column(c), pa.scalar(None, out.schema.field(c).type)) for c in carried]
+    return pa.RecordBatch.from_arrays([out.column(n) for n in own] + moved,
+                                      names=own + [CARRIED_PREFIX + c for c in carried])
 
 
 def with_metrics(batch: pa.RecordBatch, column: str | None, counts_json: str | None) -> pa.RecordBatch:

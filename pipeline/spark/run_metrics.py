@@ -26,7 +26,7 @@ from pipeline.metrics import Counts, merge_counts
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["ObservedCounts", "merge_task_counts", "observe_counts"]
+__all__ = ["ObservedCounts", "merge_task_counts", "observe_counts", "observed_row"]
 
 _NAME = "task_counts"
 _SEPARATOR = "\n"  # between the tasks' JSON counts in the one observed string
@@ -79,17 +79,24 @@ def observe_counts(scored: "DataFrame", column: str) -> tuple["DataFrame", Obser
 
 def _get(observation: Any, wait_s: float) -> list[str] | None:
     """The observed values, or None when none arrived (a classic ``get`` would block forever then)."""
+    observed = observed_row(observation, wait_s)
+    values = None if observed is None else observed.get("values")
+    # nothing at all: not observed (Spark 4.0 Connect through a data source write)
+    return None if values is None else [v for v in values.split(_SEPARATOR) if v]
+
+
+def observed_row(observation: Any, wait_s: float) -> dict[str, Any] | None:
+    """What ``observation`` (a ``pyspark.sql.Observation``) collected, or None when nothing arrived within
+    ``wait_s`` (a classic ``get`` blocks forever on an observation its plan never ran; Connect raises)."""
     box: dict[str, Any] = {}
 
     def fetch() -> None:
         try:
-            observed = observation.get.get("values")
-            if observed is not None:  # nothing at all: not observed (Spark 4.0 Connect through a data source write)
-                box["values"] = [v for v in observed.split(_SEPARATOR) if v]
+            box["row"] = dict(observation.get)
         except Exception as exc:  # noqa: BLE001 - Connect raises when nothing was observed
             box["error"] = exc
 
-    thread = threading.Thread(target=fetch, daemon=True, name="observe-counts")
+    thread = threading.Thread(target=fetch, daemon=True, name="observed-row")
     thread.start()
     thread.join(wait_s)
-    return box.get("values")
+    return box.get("row")

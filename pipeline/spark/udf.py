@@ -30,13 +30,15 @@ import pyarrow as pa
 from pipeline.config import BatchingConfig, ModelConfig
 from pipeline.metrics import WorkerCounts, WorkerProgress
 from pipeline.sketches import Profile
-from pipeline.spark.chunks import (Taken, digesting, each_hook, finish_profile, finish_stage, join_results,
-                                   profile_chunk, replay_staged, split_null_ids, task_results, with_metrics)
+from pipeline.spark.chunks import (CARRIED_PREFIX, Taken, carry_failed_inputs, digesting, each_hook, finish_profile,
+                                   finish_stage, join_results, profile_chunk, replay_staged, split_null_ids,
+                                   task_results, with_metrics)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["InferencePlan", "METRICS_COLUMN", "apply_inference", "load_model", "output_schema", "score_partition"]
+__all__ = ["CARRIED_PREFIX", "InferencePlan", "METRICS_COLUMN", "apply_inference", "internal_columns", "load_model",
+           "output_schema", "score_partition"]
 
 # The column that carries each task's counts (JSON, on its last row); dropped before any write.
 METRICS_COLUMN = "_sbi_metrics"
@@ -84,6 +86,9 @@ class InferencePlan:
     # the model's revision (a hash of its weights, checked on the driver): part of the worker cache's key, so
     # a folder whose weights were replaced is loaded again by a reused worker, never served from its cache
     model_revision: str = ""
+    # input columns a quarantined row carries out as ``_sbi_input_<c>`` (null on the other rows), so the
+    # quarantine keeps a failed row's inputs without reading the source again; empty: none (score(df))
+    carry_inputs: tuple[str, ...] = ()
 
     @classmethod
     def for_job(cls, config: Any, *, model_path: str, task_class: Any, **fields: Any) -> "InferencePlan":
@@ -108,8 +113,16 @@ def output_schema(plan: InferencePlan, input_schema: pa.Schema) -> pa.Schema:
     """``id``, the kept source columns, then the task's result and status columns."""
     task_schema = plan.build_task().output_schema()
     kept = [input_schema.field(c) for c in ("id", *plan.keep_columns)]
+    carried = [input_schema.field(c).with_name(CARRIED_PREFIX + c) for c in plan.carry_inputs
+               if c not in ("id", *plan.keep_columns)]
     metrics = [pa.field(plan.metrics_column, pa.string())] if plan.metrics_column else []
-    return pa.schema(kept + list(task_schema) + metrics)
+    return pa.schema(kept + list(task_schema) + carried + metrics)
+
+
+def internal_columns(df: "DataFrame") -> list[str]:
+    """The columns of a scored DataFrame that only the run reads (the tasks' counts, a failed row's carried
+    inputs): dropped before any write."""
+    return [c for c in df.columns if c == METRICS_COLUMN or c.startswith(CARRIED_PREFIX)]
 
 
 def _load(task: Any, model: ModelConfig, device: str) -> Any:
@@ -127,9 +140,7 @@ def _load(task: Any, model: ModelConfig, device: str) -> Any:
     return task.load(path, device)
 
 
-def score_partition(
-    plan: InferencePlan, batches: Iterator[pa.RecordBatch]
-) -> Iterator[pa.RecordBatch]:
+def score_partition(plan: InferencePlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Score one Spark task's Arrow chunks: model from the per-worker cache, results in input order.
 
     The model loads on the first chunk, so an empty task loads nothing. With ``plan.staging_dir`` a
@@ -151,6 +162,7 @@ def score_partition(
         return
     task = plan.build_task()
     keep = ("id", *plan.keep_columns)
+    carried = tuple(c for c in plan.carry_inputs if c not in keep)  # a failed row's inputs, for the quarantine
     first = next(batches, None)
     if first is None:
         return  # an empty task loads nothing
@@ -161,13 +173,12 @@ def score_partition(
         progress.restart()  # rates from the first batch on, not from the model load
     task_schema = task.output_schema()
     profile = Profile() if plan.profile else None
-    # (rows with an id, rows without one already flagged or None, which rows) per chunk, in input order
-    taken: deque[Taken] = deque()
+    taken: deque[Taken] = deque()  # (rows with an id, rows without one flagged or None, which) per chunk, in order
 
     def task_inputs() -> Iterator[pa.RecordBatch]:
         for batch in itertools.chain([first], batches):
-            valid, invalid, missing = split_null_ids(batch, task_schema, keep=keep, id_column=plan.id_column,
-                                                     counts=counts)
+            valid, invalid, missing = split_null_ids(batch, task_schema, keep=(*keep, *carried),
+                                                     id_column=plan.id_column, counts=counts)
             taken.append((valid, invalid, missing))  # its id and kept columns join its results, in order
             if valid.num_rows or invalid is None:  # a chunk of rows without ids only never reaches the model
                 inputs = pa.RecordBatch.from_arrays([valid.column(c) for c in plan.input_columns],
@@ -179,7 +190,8 @@ def score_partition(
     results = task_results(task, loaded, task_inputs(), counts, ctx.cpus() if ctx else 1)
     held: pa.RecordBatch | None = None
     try:
-        for n, out in enumerate(join_results(results, taken, keep, counts)):
+        for n, out in enumerate(join_results(results, taken, (*keep, *carried), counts)):
+            out = carry_failed_inputs(out, keep, carried)
             counts.merge({"rows_per_worker": {counts.worker: out.num_rows}})
             if plan.faults and ctx is not None:
                 out = faults.on_output(out, ctx.partitionId(), n)

@@ -135,17 +135,21 @@ def run_batches(prep: Prepared, plan: RunPlan) -> BatchesDone | BatchesPending:
 
 
 def answered_plan(prep: Prepared, plan: RunPlan, done: BatchesDone) -> RunPlan:
-    """The run's plan with its rows joined, by request key, to the answers, and scored over them (the one
-    thing that changes: ``scored``; and ``batch_api``, what the batches did)."""
+    """The run's plan with its rows joined, by request key, to the answers, and scored over them (what changes:
+    ``scored``, the input's key tally observed under it, and ``batch_api``, what the batches did)."""
     from pathlib import Path
 
     from pyspark.sql import functions as F
 
     from pipeline.rows import ANSWER_COLUMN, REQUEST_KEY_COLUMN
     from pipeline.spark.batch_requests import with_request_keys
+    from pipeline.spark.checks import observe_input_tally
     from pipeline.stages.planning import scored_rows
 
-    keyed = with_request_keys(plan.inputs, _request_plan(prep, plan.inputs))
+    # the input observed again for its key tally: the first scoring pass (whose observation the plan holds) never
+    # runs in batch mode, this one does
+    observed, input_tally = observe_input_tally(plan.inputs)
+    keyed = with_request_keys(observed, _request_plan(prep, plan.inputs))
     if any(Path(done.answers_dir).glob("part-*.jsonl")):
         answers = prep.spark.read.text(done.answers_dir).select(
             F.get_json_object("value", "$.key").alias(REQUEST_KEY_COLUMN), F.col("value").alias(ANSWER_COLUMN))
@@ -154,7 +158,7 @@ def answered_plan(prep: Prepared, plan: RunPlan, done: BatchesDone) -> RunPlan:
         joined = keyed.withColumn(ANSWER_COLUMN, F.lit(None).cast("string"))
     scored = scored_rows(prep, plan.identity, joined.drop(REQUEST_KEY_COLUMN), tasks=plan.tasks,
                          rows_in=plan.rows_in, staging_dir=plan.staging_dir, rows_dir=plan.rows_dir)
-    return dataclasses.replace(plan, scored=scored, batch_api=done.facts)
+    return dataclasses.replace(plan, scored=scored, batch_api=done.facts, input_tally=input_tally)
 
 
 def batch_facts(log: "BatchLog", try_id: str, *, waited_s: float, pending: int = 0) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import time
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
 from pipeline.config import JobConfig
@@ -20,7 +21,7 @@ from pipeline.stages.plan import AlreadyCommitted, Checkpoint, Committed, Prepar
 from pipeline.stages.quality import check_quality
 from pipeline.stages.quarantine import check_quarantine_pair, commit_quarantine, say_swept
 from pipeline.stages.resume import remove_staging
-from pipeline.stages.verify import read_back
+from pipeline.stages.verify import read_back, write_tallied
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -28,17 +29,18 @@ if TYPE_CHECKING:
 __all__ = ["score_and_commit"]
 
 
-def _check_before_commit(check: Any, scored: "DataFrame", config: JobConfig) -> None:
-    """Refuse to commit scored rows that lost or duplicated input rows, or that failed beyond the error budget."""
+def _check_before_commit(check: Any, errors: int, rows: int, scored: "DataFrame", config: JobConfig) -> None:
+    """Refuse to commit scored rows that lost or duplicated input rows (``check``: the exact check's verdict,
+    None when the tallies agreed), or that failed beyond the error budget (``errors`` of ``rows``)."""
     from pipeline.spark.checks import error_budget, top_errors
 
-    if not check.ok:
+    if check is not None and not check.ok:
         raise JobError(
             f"scoring did not return every input row exactly once, so nothing was committed: {check.describe()}. "
             "A source that changed while the job ran (files added to a folder) does this; otherwise it is a bug "
             "or a broken executor, not bad input: rerun the job, and report it if it repeats"
         )
-    budget = error_budget(check.errors, check.rows_out, max_fraction=config.run.max_error_fraction,
+    budget = error_budget(errors, rows, max_fraction=config.run.max_error_fraction,
                           max_errors=config.run.max_errors)
     if budget.exceeded:
         raise JobError(
@@ -81,44 +83,51 @@ def score_and_commit(prep: Prepared, plan: RunPlan, checkpoint: Checkpoint) -> t
     first gets :class:`AlreadyCommitted`. ``checkpoint.committing`` is set once the commits begin."""
     from pyspark import StorageLevel
 
-    from pipeline.spark.checks import key_counts
-
     # Scored rows feed the checks and two writes (quarantine, output): keep them so inference runs once.
     scored = plan.scored.persist(StorageLevel.MEMORY_AND_DISK)
-    # the input keys feed the check before the commits and the one after them
-    in_keys = key_counts(plan.inputs, id_column="id").persist(StorageLevel.MEMORY_AND_DISK)
     started = time.perf_counter()
     try:
         try:
-            errors, counts = _score_and_check(prep, plan, scored, in_keys)
-            quality = check_quality(prep, plan, counts)  # a refused run ends here: nothing committed, staging kept
+            checked = _score_and_check(prep, plan, scored)
+            quality = check_quality(prep, plan, checked.counts)  # a refused run: nothing committed, staging kept
             checkpoint.committing = True
-            result, quarantine = _commit_both(prep, plan, scored, errors=errors)
+            result, quarantine = _commit_both(prep, plan, scored, errors=checked.errors)
         finally:
             scored.unpersist()
         if isinstance(result, AlreadyCommitted):
             return result
-        committed = Committed(result=result, counts=counts, seconds=time.perf_counter() - started,
-                              quarantine_version=quarantine[0], quarantine_run=quarantine[1], quality=quality)
-        return committed, read_back(prep, plan, committed, in_keys)
+        committed = Committed(result=result, counts=checked.counts, seconds=time.perf_counter() - started,
+                              quarantine_version=quarantine[0], quarantine_run=quarantine[1],
+                              quarantine_result=quarantine[2], quality=quality,
+                              written=checked.written, quarantined=checked.quarantined, samples=checked.samples)
+        return committed, read_back(prep, plan, committed)
     finally:
-        in_keys.unpersist()
         if plan.rows_dir:  # the workers' rows-done files are read while the job runs, and only then
             shutil.rmtree(plan.rows_dir, ignore_errors=True)
 
 
-def _score_and_check(prep: Prepared, plan: RunPlan, scored: "DataFrame", in_keys: "DataFrame") -> tuple[int, Any]:
-    """Run inference (the first action over the persisted ``scored`` rows) under the progress line, and hold
-    the checks before any commit: ``(rows failed, the workers' counts)``."""
-    from pipeline.spark.checks import identity_check, key_counts
+@dataclass(frozen=True)
+class _Checked:
+    """What the check before the commits found: rows failed, the workers' counts, the tallies of the rows
+    for the output and the quarantine (None: the exact check ran instead), a few rows for the summary."""
+
+    errors: int
+    counts: dict[str, Any]
+    written: Any = None
+    quarantined: Any = None
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _score_and_check(prep: Prepared, plan: RunPlan, scored: "DataFrame") -> _Checked:
+    """Run inference (the first action over the persisted ``scored`` rows, which brings the tallies and the
+    tasks' counts home) under the progress line, and hold the checks before any commit. The input's keys are
+    joined with the scored ones only when their tallies disagree."""
     from pipeline.spark.progress import JobProgress, stage_source
-    from pipeline.spark.run_metrics import observe_counts
+    from pipeline.spark.run_metrics import merge_task_counts
+    from pipeline.spark.checks import scored_totals
     from pipeline.spark.udf import METRICS_COLUMN
 
     config = prep.config
-    # the tasks' counts are observed on the first action over the scored rows (the check, which runs
-    # inference and fills the cache); their column is never written
-    observed_scored, observed = observe_counts(scored, METRICS_COLUMN)
     progress = (JobProgress(stage_source(prep.spark, rows_dir=plan.rows_dir), job=config.job,
                             planned_tasks=plan.tasks, rows_total=plan.rows_in, interval=config.run.progress_interval_s,
                             emit=prep.log.progress, reused_tasks=plan.staged_before)
@@ -126,30 +135,61 @@ def _score_and_check(prep: Prepared, plan: RunPlan, scored: "DataFrame", in_keys
     prep.clock.lap("planning", rows=plan.rows_in, tasks=plan.tasks)
     prep.stage("inference and check")
     with progress, _budget_stop(prep, plan):
-        scored_check = identity_check(
-            in_keys, key_counts(observed_scored, id_column=config.source.id_column, status_column="status"))
-    counts = observed.counts() if plan.rows_in else {}
+        totals = scored_totals(scored, id_column=config.source.id_column, metrics_column=METRICS_COLUMN)
+    counts = merge_task_counts(totals.metrics) if plan.rows_in else {}
+    seen = plan.input_tally.get() if plan.input_tally is not None else None
+    agreed = seen is not None and seen == totals.total and seen.rows == plan.rows_in
+    check = None if agreed else _exact_check(prep, plan, scored)
     try:
-        _check_before_commit(scored_check, scored, config)
+        _check_before_commit(check, totals.errors if check is None else check.errors,
+                             totals.total.rows if check is None else check.rows_out, scored, config)
     except JobError:
         remove_staging(prep, plan.identity.run_key)  # rows judged bad: a rerun scores them again, never replays them
         raise
-    prep.clock.lap("inference and check", rows=scored_check.rows_out, errors=scored_check.errors)
-    return scored_check.errors, counts
+    errors = totals.errors if check is None else check.errors
+    samples = _samples(prep, plan, scored)
+    prep.clock.lap("inference and check", rows=totals.total.rows, errors=errors, exact=check is not None)
+    if check is not None:
+        return _Checked(errors, counts, samples=samples)
+    return _Checked(errors, counts, totals.written, totals.quarantined, samples)
+
+
+def _exact_check(prep: Prepared, plan: RunPlan, scored: "DataFrame") -> Any:
+    """The input's keys joined with the scored ones (a second read of the input): what differs, by key."""
+    from pipeline.spark.checks import identity_check, key_counts
+
+    return identity_check(key_counts(plan.inputs, id_column="id"),
+                          key_counts(scored, id_column=prep.config.source.id_column, status_column="status"))
+
+
+def _samples(prep: Prepared, plan: RunPlan, scored: "DataFrame") -> list[dict[str, Any]]:
+    """The summary's sample rows, from the scored rows in hand (cached): written rows, their id and results."""
+    from pyspark.sql import functions as F
+
+    config = prep.config
+    n = config.run.sample_rows if plan.micro_batch is None else 0  # a stream's summary shows none
+    columns = [c for c in (config.source.id_column, "label", "score", "completion", "finish_reason", "n_tokens",
+                           "status") if c in scored.columns]
+    if not n or not columns:
+        return []
+    ok = scored.where(~F.coalesce(F.col("status").isin(*QUARANTINED_STATUSES), F.lit(False))) \
+        if "status" in scored.columns else scored
+    return [r.asDict() for r in ok.select(*columns).limit(n).collect()]
 
 
 def _commit_both(prep: Prepared, plan: RunPlan, scored: "DataFrame", *,
-                 errors: int) -> tuple[Any, tuple[int | None, str]]:
+                 errors: int) -> tuple[Any, tuple[int | None, str, Any]]:
     """The quarantine commit, then the output's (with the quarantine pair checked around it for an
     ``overwrite_partition`` run), then the run's staging removed: ``(output result or AlreadyCommitted,
-    (quarantine version, run id of its rows))``."""
+    (quarantine version, run id of its rows, its write's result))``."""
     from pipeline import faults as fault_hooks
 
     ident = plan.identity
     metadata = {"sbi.job": prep.config.job, "sbi.run_id": ident.run_id, "sbi.model_revision": prep.model.revision}
     fault_hooks.before_commits(prep.faults)
     prep.stage("quarantine commit")
-    quarantine_version, quarantine_run = commit_quarantine(prep, plan, scored, errors=errors, metadata=metadata)
+    quarantine_version, quarantine_run, quarantine_result = commit_quarantine(prep, plan, scored, errors=errors,
+                                                                              metadata=metadata)
     if pairs := (plan.sink.mode == "overwrite_partition" and quarantine_version is not None):
         check_quarantine_pair(prep, plan, version=quarantine_version,
                               when="this run committed no output, so the pair agrees once that run's output "
@@ -161,7 +201,7 @@ def _commit_both(prep: Prepared, plan: RunPlan, scored: "DataFrame", *,
                               when=f"this run's output (version {result.version}) and that quarantine now hold "
                                    f"different runs' rows: rerun ds {ident.ds}")
     remove_staging(prep, ident.run_key)  # the commit landed: no try of this run reads the staged output again
-    return result, (quarantine_version, quarantine_run)
+    return result, (quarantine_version, quarantine_run, quarantine_result)
 
 
 def _commit_output(prep: Prepared, plan: RunPlan, scored: "DataFrame", *, metadata: dict[str, str]) -> Any:
@@ -171,18 +211,21 @@ def _commit_output(prep: Prepared, plan: RunPlan, scored: "DataFrame", *, metada
     from pipeline import faults as fault_hooks
     from pyspark.sql import functions as F
 
-    from pipeline.io.delta.sink import write_sink
-    from pipeline.spark.udf import METRICS_COLUMN
+    from pipeline.spark.udf import internal_columns
 
     config, ident = prep.config, plan.identity
     prep.stage("commit")
-    to_write = scored.drop(METRICS_COLUMN).where(~F.col("status").isin(*QUARANTINED_STATUSES))
+    to_write = scored.drop(*internal_columns(scored)).where(~F.col("status").isin(*QUARANTINED_STATUSES))
+    ids = F.col(config.source.id_column)
     if (lost := fault_hooks.lost_at_output_commit(prep.faults)) is not None:  # a drill: the commit loses a row
-        to_write = to_write.where(~F.col(config.source.id_column).eqNullSafe(F.lit(lost)))
-    result = write_sink(
-        prep.kind.job.shape_output(to_write, config), plan.sink,
+        to_write = to_write.where(~ids.eqNullSafe(F.lit(lost)))
+    if (swap := fault_hooks.swapped_at_output_commit(prep.faults)) is not None:  # a drill: one lost, one twice
+        to_write = to_write.where(~ids.eqNullSafe(F.lit(swap[0]))).unionByName(to_write.where(ids == F.lit(swap[1])))
+    result = write_tallied(
+        prep, prep.kind.job.shape_output(to_write, config), plan.sink,
         partition_values={"ds": ident.ds}, commit_metadata=metadata, faults=prep.faults, txn_app_id=ident.app_id,
         txn_version=ident.txn_version, key_columns=plan.key_columns, read_version=plan.read_version, in_driver=prep.small,
+        base_version=_version_read(plan.sink_state),
     )
     prep.clock.lap("commit", version=result.version)
     if result.already_committed:  # a concurrent try of this very run committed first
@@ -190,3 +233,10 @@ def _commit_output(prep: Prepared, plan: RunPlan, scored: "DataFrame", *, metada
                                 output=str(plan.sink.path or plan.sink.table))
     say_swept(prep, result)
     return result
+
+
+def _version_read(state: Any) -> int | None:
+    """The output's version as the plan read its log (-1: no table yet; None: not read)."""
+    if state is None or (state.exists and state.version is None):
+        return None
+    return state.version if state.exists else -1

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeline.config import JobConfig
 from pipeline.identity import RunIdentity, run_identity
@@ -29,11 +29,14 @@ __all__ = ["Identified", "identify"]
 @dataclass(frozen=True)
 class Identified:
     """This try's identity; why its source is a new input though its version looks the same (a rebuilt
-    table; None: nothing to say); and, for a retry whose commit landed, that commit (then the run ends)."""
+    table; None: nothing to say); for a retry whose commit landed, that commit (then the run ends); and what
+    the source's log said, read once (:class:`pipeline.io.delta.state.TableState`; None: not a Delta source
+    whose log is read here)."""
 
     identity: RunIdentity
     source_note: str | None
     done: AlreadyCommitted | None = None
+    source_state: Any = None
 
 
 def identify(prep: Prepared) -> Identified:
@@ -44,7 +47,8 @@ def identify(prep: Prepared) -> Identified:
 
     config, spark = prep.config, prep.spark
     prep.stage("idempotency")
-    snapshot = source_snapshot(config.source)
+    state = prep.source_state
+    snapshot = state.snapshot if state is not None else source_snapshot(config.source)
     ident = run_identity(config, model_revision=prep.model.revision, source_snapshot=snapshot)
     note = _rebuilt_source_note(config, snapshot)
     if note:
@@ -54,7 +58,7 @@ def identify(prep: Prepared) -> Identified:
         if done and _run_rows_remain(spark, config, by=done[1], ds=ident.ds):
             remove_staging(prep, ident.run_key)  # a try killed after its commit left it; nothing will read it again
             return Identified(ident, note, AlreadyCommitted(version=done[0], by=done[1], output=str(config.sink.path),
-                                                            writer=resolve_writer(spark, config.sink)))
+                                                            writer=resolve_writer(spark, config.sink)), state)
         if done:
             # the transaction id outlived the rows (the day deleted, restored or overwritten since): the rows
             # missing by key are scored, under this try's own transaction id, or the commit would be skipped
@@ -62,7 +66,7 @@ def identify(prep: Prepared) -> Identified:
                      f"{config.sink.path}; scoring the rows missing by key", ident)
             ident = ident.retry_of_gone_rows()
     prep.clock.lap("idempotency")
-    return Identified(ident, note)
+    return Identified(ident, note, source_state=state)
 
 
 def _run_rows_remain(spark: "SparkSession", config: JobConfig, *, by: str | None, ds: dt.date) -> bool:

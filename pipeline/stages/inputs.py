@@ -79,8 +79,17 @@ def _known_bad(spark: "SparkSession", config: JobConfig, fingerprint: str) -> "D
             .select(quarantine[id_col].alias("_bad_id"), quarantine["content_hash"].alias("_bad_hash")).distinct())
 
 
+def _sink_version(spark: "SparkSession", path: str, known: int | None) -> int | None:
+    """The output's version to compare keys at: ``known`` (the plan's read of its log; -1: no table), else asked."""
+    from pipeline.io.sources import table_version
+
+    if known is not None:
+        return None if known < 0 else known
+    return table_version(spark, path)
+
+
 def _incremental_filter(spark: "SparkSession", inputs: "DataFrame", config: JobConfig,
-                        fingerprint: str) -> NewInputs:
+                        fingerprint: str, sink_version: int | None = None) -> NewInputs:
     """Rows whose (id, content hash, task fingerprint) the output lacks (an anti-join in Spark).
 
     ``fingerprint`` is this run's :func:`pipeline.fingerprint.task_fingerprint`: a row scored
@@ -89,7 +98,7 @@ def _incremental_filter(spark: "SparkSession", inputs: "DataFrame", config: JobC
     ``known_bad``, lazily, to be counted) unless ``run.retry_quarantined``, so one poison row
     left in the source neither fails every night's error budget nor grows the quarantine.
     """
-    from pipeline.io.sources import SourceError, read_delta, table_version
+    from pipeline.io.sources import SourceError, read_delta
 
     if not config.sink.path:
         raise JobError("run.incremental needs sink.path (the output Delta table to compare against)")
@@ -100,7 +109,9 @@ def _incremental_filter(spark: "SparkSession", inputs: "DataFrame", config: JobC
             on = inputs["id"].eqNullSafe(bad["_bad_id"]) & (inputs["content_hash"] == bad["_bad_hash"])
             known = inputs.join(bad, on=on, how="left_semi")
             inputs = inputs.join(bad, on=on, how="left_anti")
-    version = table_version(spark, config.sink.path)  # the commit writes only keys no commit since this wrote
+    version = _sink_version(spark, config.sink.path, sink_version)  # the commit writes only keys no commit since wrote
+    if version is None:
+        return NewInputs(inputs, known, None)  # no output yet: everything is new
     try:
         done = read_delta(spark, config.sink.path, version=version)
     except SourceError:
@@ -139,38 +150,41 @@ def _done_keys(spark: "SparkSession", path: str, id_column: str, ds: dt.date,
     return table.select(F.col(id_column).alias("_done_id"))
 
 
-def append_key_filter(spark: "SparkSession", inputs: NewInputs, config: JobConfig, ds: dt.date) -> NewInputs:
+def append_key_filter(spark: "SparkSession", inputs: NewInputs, config: JobConfig, ds: dt.date, *,
+                      sink_version: int | None = None, rows_before: int | None = None) -> NewInputs:
     """``inputs`` without the rows whose key (id, ds) the output already holds, with the row count before
     and the output's version compared against.
 
     An append is keyed on the row, not the run: a retry with another setting (a smaller batch after
     an out-of-memory error), or a rerun after part of the day went, writes only the keys missing.
     The id compares null-safely. (The quarantine is not consulted: a retry scores a failed row again,
-    and its quarantine commit, keyed on the run, finds the earlier try's.)
+    and its quarantine commit, keyed on the run, finds the earlier try's.) ``sink_version``: the output's
+    version as the plan read its log (-1: no table; None: asked here); ``rows_before``: the rows before the
+    filter when the source's log counted them (None: counted here).
     """
-    from pipeline.io.sources import table_version
-
-    version = table_version(spark, config.sink.path) if config.sink.path else None
+    version = _sink_version(spark, config.sink.path, sink_version) if config.sink.path else None
     done = _done_keys(spark, config.sink.path, config.source.id_column, ds, version) if config.sink.path else None
     if done is None:
         return replace(inputs, read_version=version)
-    before = inputs.rows.count()
+    before = rows_before if rows_before is not None else inputs.rows.count()
     # a sort-merge join: a day of millions of ids must never be broadcast (10M ids ran the driver out of memory)
     done = done.hint("merge")
     rows = inputs.rows.join(done, on=inputs.rows["id"].eqNullSafe(done["_done_id"]), how="left_anti")
     return replace(inputs, rows=rows, read_version=version, rows_before=before)
 
 
-def read_new_inputs(spark: "SparkSession", config: JobConfig, *, fingerprint: str, task: Any = None) -> NewInputs:
+def read_new_inputs(spark: "SparkSession", config: JobConfig, *, fingerprint: str, task: Any = None,
+                    sink_version: int | None = None) -> NewInputs:
     """The validated rows to score: ``id``, the task's input columns, ``content_hash`` and the kept columns.
 
     The task kind reads them (:meth:`pipeline.tasks.job.TaskJob.read_inputs`). With ``run.incremental``
-    only rows that are new, changed, or were scored with another task ``fingerprint`` remain.
+    only rows that are new, changed, or were scored with another task ``fingerprint`` remain (compared at
+    the output's ``sink_version`` when the plan read it: -1 for no table).
     """
     kind, task = kind_and_task(config, task)
     inputs = hashed_inputs(kind.job.read_inputs(spark, config, task), config, task)
     if config.run.incremental:
-        return _incremental_filter(spark, inputs, config, fingerprint)
+        return _incremental_filter(spark, inputs, config, fingerprint, sink_version)
     return NewInputs(inputs)
 
 

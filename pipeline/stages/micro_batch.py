@@ -30,6 +30,7 @@ from pipeline.errors import JobError, RunStopped
 from pipeline.identity import RunIdentity
 from pipeline.metrics import StageClock
 from pipeline.run_counts import RunCounts
+from pipeline.spark.checks import observe_input_tally
 from pipeline.stages.commit import score_and_commit
 from pipeline.stages.inputs import hashed_inputs
 from pipeline.stages.plan import AlreadyCommitted, Checkpoint, Prepared, RunPlan
@@ -39,7 +40,7 @@ from pipeline.stages.scoring import plan_inference_tasks, score_inputs
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["BatchResult", "MicroBatches", "score_micro_batch"]
+__all__ = ["BatchResult", "MicroBatches", "StreamMemo", "score_micro_batch"]
 
 
 @dataclass(frozen=True)
@@ -73,18 +74,35 @@ class BatchResult:
         rate = self.rows_in / self.seconds if self.seconds > 0 else 0.0
         quarantined = f", {self.rows_quarantined:,} quarantined (version {self.quarantine_version})" \
             if self.rows_quarantined else ""
+        infer = float(self.counts.get("infer_seconds", 0.0))  # summed over the micro-batch's tasks
         return (f"micro-batch {self.batch_id}: {self.rows_in:,} rows in, {self.rows_out:,} out{quarantined} -> "
-                f"{self.output} version {self.version} in {self.seconds:,.1f} s ({rate:,.1f} docs/s)")
+                f"{self.output} version {self.version} in {self.seconds:,.2f} s ({infer:,.2f} s inference in its "
+                f"tasks; {rate:,.1f} docs/s)")
 
 
-def score_micro_batch(prep: Prepared, identity: RunIdentity, batch: "DataFrame", batch_id: int) -> BatchResult:
+class StreamMemo:
+    """What a stream reads once and its micro-batches share: whether the output's columns were checked (the
+    first micro-batch checks them against the table's schema; a later change is the commit's to refuse) and
+    the drift gate's history of the job's runs (:class:`pipeline.stages.quality.RunsHistory`)."""
+
+    def __init__(self) -> None:
+        from pipeline.stages.quality import RunsHistory
+
+        self.columns_checked = False
+        self.history = RunsHistory()
+
+
+def score_micro_batch(prep: Prepared, identity: RunIdentity, batch: "DataFrame", batch_id: int,
+                      memo: StreamMemo | None = None) -> BatchResult:
     """Score and commit micro-batch ``batch_id`` (``batch``: its rows as read) under ``identity`` (its
-    :meth:`~pipeline.identity.RunIdentity.micro_batch`); ``prep`` is the stream's, on the micro-batch's session."""
+    :meth:`~pipeline.identity.RunIdentity.micro_batch`); ``prep`` is the stream's, on the micro-batch's session;
+    ``memo``: what the stream read once (None: read here)."""
     from pyspark import StorageLevel
 
     from pipeline.io.sources import select_input
 
     config, started = prep.config, time.perf_counter()
+    prep.stage("planning")  # the micro-batch's own jobs from here on, not the last stage of the one before
     sink = config.sink
     inputs = hashed_inputs(select_input(batch, config.source, tuple(prep.task.input_columns)), config, prep.task)
     inputs = inputs.persist(StorageLevel.MEMORY_AND_DISK)  # counted, scored and checked: the source read once
@@ -93,12 +111,17 @@ def score_micro_batch(prep: Prepared, identity: RunIdentity, batch: "DataFrame",
         if not rows_in:
             return BatchResult(batch_id, identity.run_id, identity.ds.isoformat(), output=str(sink.path or sink.table))
         tasks = plan_inference_tasks(prep.spark, config, rows_in, prep.task)
-        scored = score_inputs(inputs, config, tasks=tasks, run_id=identity.run_id, ds=identity.ds,
+        observed, input_tally = observe_input_tally(inputs)
+        scored = score_inputs(observed, config, tasks=tasks, run_id=identity.run_id, ds=identity.ds,
                               scored_at=prep.scored_at, model=prep.model, faults=prep.faults, task=prep.task,
-                              fingerprint=identity.task_fingerprint)
-        check_output_columns(prep, scored, sink)
+                              fingerprint=identity.task_fingerprint, carry_failed=True)
+        memo = memo or StreamMemo()
+        if not memo.columns_checked:  # once per stream: the schema read once, not at every micro-batch
+            check_output_columns(prep, scored, sink)
+            memo.columns_checked = True
         plan = RunPlan(identity=identity, sink=sink, key_columns=(), read_version=None, source_note=None,
-                       inputs=inputs, scored=scored, rows_in=rows_in, tasks=tasks, known_bad=0, micro_batch=batch_id)
+                       inputs=inputs, scored=scored, rows_in=rows_in, tasks=tasks, known_bad=0, micro_batch=batch_id,
+                       input_tally=input_tally, runs_history=memo.history)
         outcome = score_and_commit(prep, plan, Checkpoint())
     finally:
         inputs.unpersist()
@@ -143,6 +166,7 @@ class MicroBatches:
         self.idle.set()
         self.stopping = False
         self._ready = threading.Event()
+        self.memo = StreamMemo()  # the output's schema and the drift history, read once for the stream
 
     def begin(self, query_id: str) -> None:
         """The query started with id ``query_id`` (kept in its checkpoint: the same after a restart)."""
@@ -189,4 +213,4 @@ class MicroBatches:
         prep = dataclasses.replace(self.prep, spark=batch.sparkSession, scored_at=now, clock=StageClock())
         assert self.app_id is not None
         identity = self.identity.micro_batch(app_id=self.app_id, batch_id=batch_id, run_id=run_id, ds=ds)
-        return score_micro_batch(prep, identity, batch, batch_id)
+        return score_micro_batch(prep, identity, batch, batch_id, self.memo)

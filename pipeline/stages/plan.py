@@ -27,7 +27,7 @@ The pure rules of the plan (:func:`effective_sink`, :func:`commit_keys`) are her
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pipeline.config import JobConfig, SinkConfig
@@ -65,6 +65,8 @@ class Prepared:
     labels: Any = None
     # a small job (pipeline.small_jobs): its session was built light and its commits run in the driver
     small: bool = False
+    # the Delta source's log, read once (pipeline.io.delta.state.TableState; None: not a Delta source read here)
+    source_state: Any = None
 
     def say(self, line: str, identity: RunIdentity | None = None, *, warning: bool = False) -> None:
         """One line of this run's output: ``[job] run <id>: line`` (``[job] line`` without an identity);
@@ -123,6 +125,15 @@ class RunPlan:
     # a stream's micro-batch (its batch id; None: a batch run): its commits carry the query's transaction at
     # this version, its quarantine is written only when rows failed, and its rows are read back by scored_at
     micro_batch: int | None = None
+    # the input's key tally, observed as the scoring pass reads the rows (pipeline.spark.checks.InputTally)
+    input_tally: Any = None
+    # what the plan read of the output and quarantine tables, once (pipeline.io.delta.state.TableState; None:
+    # no such table, or not read)
+    sink_state: Any = None
+    quarantine_state: Any = None
+    # the drift gate's history of the job's runs, read once for a stream (pipeline.stages.quality.RunsHistory;
+    # None: read when the gate runs)
+    runs_history: Any = None
     # batch mode of a served model (task.endpoint.mode batch): what the provider's batches did (the summary's
     # batch_api; pipeline.stages.batch), once they ended and ``scored`` reads their answers; None: live
     batch_api: dict[str, Any] | None = None
@@ -160,15 +171,23 @@ class Committed:
     seconds: float
     quarantine_version: int | None
     quarantine_run: str
+    # the quarantine write's result (None: no quarantine commit)
+    quarantine_result: Any = None
     # the output's profile and the drift verdict ({"profile": ..., "drift": ...}); None: run.quality off
     quality: dict[str, Any] | None = None
+    # the key tallies (pipeline.rows.KeyTally) of the rows sent to the output and to the quarantine, from the
+    # scoring pass (None: the exact check ran, and the read-back reads the tables); a few rows for the summary
+    written: Any = None
+    quarantined: Any = None
+    samples: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class ReadBack:
-    """The committed rows read back at their versions, and the counts they add up to."""
+    """The counts the commits add up to, from their own log entries or from the rows read back at their
+    versions (``written``: those rows; None when the log entries agreed and nothing was read)."""
 
-    written: "DataFrame"
+    written: "DataFrame | None"
     rows_out: int
     rows_quarantined: int
     incomplete: str | None

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.config import SinkConfig
 from pipeline.errors import JobError
 from pipeline.identity import RunIdentity
+from pipeline.spark.checks import observe_input_tally
 from pipeline.stages.identify import Identified
 from pipeline.stages.inputs import append_key_filter, read_new_inputs
 from pipeline.stages.plan import Prepared, RunPlan, commit_keys, effective_sink
@@ -29,26 +30,25 @@ __all__ = ["batch_mode", "check_output_columns", "plan_run", "scored_rows"]
 def plan_run(prep: Prepared, identified: Identified) -> RunPlan:
     """The rows to score (new ones only for incremental runs and appends), their inference tasks, the
     lazily scored rows and the sink they go to: the run's :class:`RunPlan`, made once."""
+    from pipeline.io.delta.state import read_state
+
     config, spark, ident = prep.config, prep.spark, identified.identity
     prep.stage("planning")
     sink = effective_sink(config.sink, incremental=config.run.incremental)
-    new = read_new_inputs(spark, config, fingerprint=ident.task_fingerprint, task=prep.task)
-    known_bad = new.known_bad.count() if new.known_bad is not None else 0
-    if config.sink.mode == "append" and not config.run.incremental:
-        new = append_key_filter(spark, new, config, ident.ds)
-    rows_in = new.rows.count()
-    if new.rows_before is not None and new.rows_before > rows_in:
-        prep.say(f"{new.rows_before - rows_in:,} of {new.rows_before:,} row(s) already in {config.sink.path} for "
-                 f"ds {ident.ds} (key: id, ds): not scored again", ident)
-    _check_shrink(prep, ident.ds, rows_in + known_bad)
+    # each table's log read once: the version the keys are compared at, the shrink guard, the schema check
+    sink_state = read_state(config.sink.path, table=config.sink.table)
+    quarantine_state = read_state(config.sink.resolved_quarantine_path(), files=False) if config.sink.path else None
+    new, rows_in, known_bad = _rows_to_score(prep, identified, sink_state)
+    _check_shrink(prep, ident.ds, rows_in + known_bad, sink_state)
     tasks = plan_inference_tasks(spark, config, rows_in, prep.task)
     from pipeline.spark.progress import rows_folder
 
     rows_dir = rows_folder(spark) if config.run.progress and rows_in else None  # workers' rows done, same host
     staging = open_staging(prep, ident, rows=rows_in, tasks=tasks)
-    scored = scored_rows(prep, ident, new.rows, tasks=tasks, rows_in=rows_in, staging_dir=staging.folder,
+    observed, input_tally = observe_input_tally(new.rows)  # the input's keys tallied as the scoring pass reads them
+    scored = scored_rows(prep, ident, observed, tasks=tasks, rows_in=rows_in, staging_dir=staging.folder,
                          rows_dir=rows_dir)
-    check_output_columns(prep, scored, sink)
+    check_output_columns(prep, scored, sink, state=sink_state)
     mode_note = " incremental" if config.run.incremental else ""
     prep.say(f"scoring {rows_in:,}{mode_note} rows in {tasks} tasks with {prep.model.name} @ {prep.model.revision} "
              f"-> {sink.path or sink.table} (ds {ident.ds}, mode {sink.mode})", ident)
@@ -59,7 +59,46 @@ def plan_run(prep: Prepared, identified: Identified) -> RunPlan:
                    key_columns=commit_keys(sink, id_column=config.source.id_column, incremental=config.run.incremental),
                    read_version=new.read_version, source_note=identified.source_note, inputs=new.rows, scored=scored,
                    rows_in=rows_in, tasks=tasks, known_bad=known_bad, rows_dir=rows_dir, staging_dir=staging.folder,
-                   staged_before=staging.staged_before, resume_note=staging.resume_note)
+                   staged_before=staging.staged_before, resume_note=staging.resume_note, input_tally=input_tally,
+                   sink_state=sink_state, quarantine_state=quarantine_state)
+
+
+def _rows_to_score(prep: Prepared, identified: Identified, sink_state: Any) -> tuple[Any, int, int]:
+    """``(new inputs, rows to score, known-bad rows left out)``: the source read at the version its log was read
+    at; counted from that log where no filter or anti-join stands between the table and the rows scored."""
+    from pipeline.io.sources import pinned_versions
+
+    config, spark, ident = prep.config, prep.spark, identified.identity
+    source = identified.source_state
+    sink_version = None if sink_state is None else (sink_state.version if sink_state.exists else -1)
+    readable = source is not None and not source.unreadable  # else the connector reads (and pins) it
+    with pinned_versions({str(config.source.path): source.version} if readable else {}):
+        new = read_new_inputs(spark, config, fingerprint=ident.task_fingerprint, task=prep.task,
+                              sink_version=sink_version)
+    known_bad = new.known_bad.count() if new.known_bad is not None else 0
+    logged = _logged_rows(prep, source)
+    if config.sink.mode == "append" and not config.run.incremental:
+        new = append_key_filter(spark, new, config, ident.ds, sink_version=sink_version, rows_before=logged)
+    rows_in = logged if logged is not None and new.rows_before is None and not config.run.incremental \
+        else new.rows.count()
+    if new.rows_before is not None and new.rows_before > rows_in:
+        prep.say(f"{new.rows_before - rows_in:,} of {new.rows_before:,} row(s) already in {config.sink.path} for "
+                 f"ds {ident.ds} (key: id, ds): not scored again", ident)
+    return new, rows_in, known_bad
+
+
+def _logged_rows(prep: Prepared, source: Any) -> int | None:
+    """The rows the source gives, from its log's counts (``source.limit`` applied), when nothing but the log
+    stands between the table and the rows read: no ``source.where``, the default reader of the task kind."""
+    from pipeline.tasks.job import TaskJob
+
+    config = prep.config
+    if source is None or config.source.where or type(prep.kind.job).read_inputs is not TaskJob.read_inputs:
+        return None
+    total = source.rows()
+    if total is None:
+        return None
+    return min(total, config.source.limit) if config.source.limit else total
 
 
 def scored_rows(prep: Prepared, ident: RunIdentity, rows: "DataFrame", *, tasks: int, rows_in: int | None = None,
@@ -71,12 +110,14 @@ def scored_rows(prep: Prepared, ident: RunIdentity, rows: "DataFrame", *, tasks:
     requests = _request_settings(prep, ident, staging_dir=staging_dir, tasks=tasks, rows=rows_in or 0)
     return score_inputs(rows, prep.config, tasks=tasks, run_id=ident.run_id, ds=ident.ds, scored_at=prep.scored_at,
                         model=prep.model, faults=prep.faults, task=prep.task, progress_dir=rows_dir,
-                        staging_dir=staging_dir, fingerprint=ident.task_fingerprint, **requests)
+                        staging_dir=staging_dir, fingerprint=ident.task_fingerprint, carry_failed=True,
+                        **requests)
 
 
-def _check_shrink(prep: Prepared, ds: dt.date, rows: int) -> None:
+def _check_shrink(prep: Prepared, ds: dt.date, rows: int, sink_state: Any = None) -> None:
     """Refuse, before any work, to replace a day (or a table) with far fewer rows than it holds now: an empty or
-    shrunk source is almost always an upstream failure (``run.min_rows_fraction``; ``--allow-empty`` to go on)."""
+    shrunk source is almost always an upstream failure (``run.min_rows_fraction``; ``--allow-empty`` to go on).
+    What the output holds comes from the log the plan read (``sink_state``), else from Spark."""
     from pipeline.io.delta.tables import rows_held
 
     config = prep.config
@@ -84,7 +125,9 @@ def _check_shrink(prep: Prepared, ds: dt.date, rows: int) -> None:
     if config.run.allow_empty or config.run.incremental or sink.mode == "append" or not config.run.min_rows_fraction:
         return
     where = {"ds": ds} if sink.mode == "overwrite_partition" else None
-    held = rows_held(prep.spark, path=sink.path, table=sink.table, partition=where)
+    held = sink_state.rows(where) if sink_state is not None else None
+    if held is None:
+        held = rows_held(prep.spark, path=sink.path, table=sink.table, partition=where)
     per_input = prep.kind.job.output_rows_per_input(config)  # e.g. a user's top k recommendations
     need = config.run.min_rows_fraction * held / per_input
     if held and rows < need:
@@ -97,16 +140,22 @@ def _check_shrink(prep: Prepared, ds: dt.date, rows: int) -> None:
             "or rerun with --allow-empty (run.allow_empty: true) to replace it anyway")
 
 
-def check_output_columns(prep: Prepared, scored: "DataFrame", sink: SinkConfig) -> None:
+def check_output_columns(prep: Prepared, scored: "DataFrame", sink: SinkConfig, *, state: Any = None) -> None:
     """Before any row is scored: the output table can take this job's columns (a column someone else added
-    stays and gets nulls; one of ours that the table holds with another type is refused, named)."""
+    stays and gets nulls; one of ours that the table holds with another type is refused, named). The table's
+    schema from the log the plan read (``state``: :class:`pipeline.io.delta.state.TableState`), else asked."""
     from pipeline.io.delta.schema import check_output_schema, delta_schema_of, existing_schema
-    from pipeline.spark.udf import METRICS_COLUMN
+    from pipeline.spark.udf import internal_columns
 
-    existing = existing_schema(prep.spark, path=sink.path, table=sink.table)
+    if state is not None and state.schema is not None:
+        existing = state.schema
+    elif state is not None and not state.exists:
+        existing = None
+    else:
+        existing = existing_schema(prep.spark, path=sink.path, table=sink.table)
     if existing is None:
         return
-    ours = delta_schema_of(prep.kind.job.shape_output(scored.drop(METRICS_COLUMN), prep.config).schema)
+    ours = delta_schema_of(prep.kind.job.shape_output(scored.drop(*internal_columns(scored)), prep.config).schema)
     check_output_schema(existing, ours, target=sink.path or sink.table)
 
 

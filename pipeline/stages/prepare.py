@@ -24,7 +24,7 @@ from pipeline.tasks.job import checked_model
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["check_partitioning", "prepare", "uses_object_store"]
+__all__ = ["check_partitioning", "prepare", "source_log", "uses_object_store"]
 
 
 def check_partitioning(config: JobConfig) -> None:
@@ -46,6 +46,49 @@ def uses_object_store(config: JobConfig) -> bool:
     return any(str(loc).startswith(("s3a://", "s3://")) for loc in locations if loc)
 
 
+class _Beside:
+    """``fn(*args)`` in a thread of its own: :meth:`result` is its value or raises its error, :meth:`exception`
+    its error (None: none), ``done_at`` the ``clock()`` reading when it ended (both wait for it)."""
+
+    def __init__(self, fn: Any, *args: Any, clock: Any) -> None:
+        import threading
+
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self.done_at = 0.0
+        self._thread = threading.Thread(target=self._run, args=(fn, args, clock), daemon=True,
+                                        name="sbi-model-check")
+        self._thread.start()
+
+    def _run(self, fn: Any, args: tuple[Any, ...], clock: Any) -> None:
+        try:
+            self._value = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            self._error = exc
+        finally:
+            self.done_at = clock()
+
+    def exception(self) -> BaseException | None:
+        self._thread.join()
+        return self._error
+
+    def result(self) -> Any:
+        if self.exception() is not None:
+            raise self._error  # type: ignore[misc]
+        return self._value
+
+
+def source_log(config: JobConfig) -> Any:
+    """The Delta source's log, read once (:class:`pipeline.io.delta.state.TableState`; its version pins what the
+    run reads); None for other sources, a stream, or a log this process cannot read."""
+    from pipeline.io.delta.state import read_state
+
+    if config.source.format != "delta" or not config.source.path or config.source.stream is not None:
+        return None
+    state = read_state(str(config.source.path))
+    return state if state is not None and state.exists else None
+
+
 def prepare(config: JobConfig, *, spark: "SparkSession | None", log: RunLog, recorder: Any,
             clock: StageClock, labels: Any = None) -> Prepared:
     """Checks that fail in seconds before any Spark work: partitioning, the model, addresses, locations.
@@ -64,18 +107,31 @@ def prepare(config: JobConfig, *, spark: "SparkSession | None", log: RunLog, rec
     kind = get_task_kind(config.task.kind)
     kind.job.check_extras(config, kind.task)  # a missing library fails here with its pip line, not on an executor
     kind, task = kind_and_task(config)
-    config, model = checked_model(config, kind, task)  # before any Spark work: a bad model fails in seconds
-    recorder.note(model_name=model.name, model_revision=model.revision)
-    clock.lap("model check", model=f"{model.name}@{model.revision}")
-    log.stage_now = "session"
     if spark is None:  # a metastore or object store endpoint nobody answers fails in seconds, not minutes
         check_job_addresses(config, timeout_s=config.spark.connect_timeout_s)
-    small = small_job(config, spark=spark)
+    source_state = source_log(config)  # the source's log, read once: the small job's size, then the identity
+    small = small_job(config, spark=spark, source_state=source_state)
     if small:
         log.line(f"[{config.job}] small job ({small.why}): a light local session, committed from the driver "
                  "(spark.small_job_rows: 0 turns this off)")
-    spark = spark or get_session(config.spark, object_stores=uses_object_store(config),
-                                 storage=config.storage.options(), small=small.small)
+    # the model is checked (plain Python and file reads) while the session starts: side by side
+    checking = _Beside(checked_model, config, kind, task, clock=clock.clock)
+    if spark is None:
+        log.stage_now = "session"
+        try:
+            spark = get_session(config.spark, object_stores=uses_object_store(config),
+                                storage=config.storage.options(), small=small.small)
+        except BaseException:
+            log.stage_now = "model check"
+            if (error := checking.exception()) is not None:  # a bad model is the error to report: found first
+                raise error from None
+            log.stage_now = "session"
+            raise
+    log.stage_now = "model check"
+    config, model = checking.result()  # before any Spark job: a bad model fails here
+    recorder.note(model_name=model.name, model_revision=model.revision)
+    clock.lap_until("model check", checking.done_at, model=f"{model.name}@{model.revision}")
+    clock.lap("session", small=small.small or None)  # what the session's start took beyond the model check
     if labels is not None:
         labels.attach(spark)
         labels.stage("pre-flight")
@@ -89,7 +145,6 @@ def prepare(config: JobConfig, *, spark: "SparkSession | None", log: RunLog, rec
     if is_connect(spark):  # a Connect client may talk to a server of another Spark line
         check_spark(spark.version, where="the Spark Connect server")
     recorder.note(spark=spark)
-    clock.lap("session", small=small.small or None)
     # a remote path the session cannot reach fails here, before any work
     check_locations(spark, source=config.source, sink=config.sink,
                     files={"run.summary_path": config.run.summary_path, "run.report_path": config.run.report_path})
@@ -97,5 +152,6 @@ def prepare(config: JobConfig, *, spark: "SparkSession | None", log: RunLog, rec
     recorder.flush()  # a runs table written through the session (a Volume, abfss://): its started row, now
     clock.lap("pre-flight")
     return Prepared(config=config, kind=kind, task=task, model=model, spark=spark, small=small.small,
+                    source_state=source_state,
                     scored_at=dt.datetime.now(dt.timezone.utc).replace(microsecond=0),
                     faults=fault_hooks.from_env(config.run.faults), log=log, clock=clock, labels=labels)

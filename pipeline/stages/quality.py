@@ -21,7 +21,7 @@ from pipeline.drift import Limits, Verdict, compare, pooled
 from pipeline.errors import DriftRefused
 from pipeline.stages.plan import Prepared, RunPlan
 
-__all__ = ["check_quality", "history_profiles", "limits_of"]
+__all__ = ["RunsHistory", "check_quality", "history_profiles", "limits_of"]
 
 
 def limits_of(quality: QualityConfig, task: Any = None) -> Limits:
@@ -71,25 +71,47 @@ def _drift(row: Mapping[str, Any]) -> dict[str, Any]:
         return {}
 
 
-def _history(config: JobConfig, plan: RunPlan, spark: Any = None) -> tuple[list[dict[str, Any]], list[str], str | None]:
-    """The history's profiles and run ids, and why there is none to read (None: read). A runs table deltalake does
-    not reach (``abfss://``, a Volume a Connect client does not mount) is read through ``spark``'s connector."""
+class RunsHistory:
+    """The job's rows of the runs table, read the first time a gate asks and kept: a stream reads them once,
+    not at every micro-batch (its own records since are no part of what its micro-batches are compared with)."""
+
+    def __init__(self) -> None:
+        self._rows: list[Mapping[str, Any]] | None = None
+        self._why: str | None = None
+
+    def rows(self, config: JobConfig, spark: Any = None) -> tuple[list[Mapping[str, Any]], str | None]:
+        """``(rows, why there are none to read)``; None: read."""
+        if self._rows is None:
+            self._rows, self._why = _read_history(config, spark)
+        return self._rows, self._why
+
+
+def _read_history(config: JobConfig, spark: Any = None) -> tuple[list[Mapping[str, Any]], str | None]:
+    """The job's rows of the runs table. One deltalake does not reach (``abfss://``, a Volume a Connect client
+    does not mount) is read through ``spark``'s connector."""
     from pipeline.io.stores import is_table, unreachable_reason
     from pipeline.runs import read_runs
 
     path = config.resolved_runs_path()
     if path is None:
-        return [], [], "no runs table (a catalog sink without run.runs_path or run.state_path): nothing to compare with"
+        return [], "no runs table (a catalog sink without run.runs_path or run.state_path): nothing to compare with"
     readable = not unreachable_reason(path) and is_table(path)
     if not readable and spark is None:
-        return [], [], None
-    ident = plan.identity
+        return [], None
     try:
-        rows = read_runs(path, job=config.job, spark=None if readable else spark)
+        return list(read_runs(path, job=config.job, spark=None if readable else spark)), None
     except Exception:  # noqa: BLE001 - no runs table there yet (the connector says so only by failing the read)
         if readable:
             raise
-        return [], [], None
+        return [], None
+
+
+def _history(config: JobConfig, plan: RunPlan, spark: Any = None) -> tuple[list[dict[str, Any]], list[str], str | None]:
+    """The history's profiles and run ids, and why there is none to read (None: read)."""
+    rows, why = (plan.runs_history or RunsHistory()).rows(config, spark)
+    if why:
+        return [], [], why
+    ident = plan.identity
     profiles, ids = history_profiles(rows, job=config.job, run_id=ident.run_id, ds=ident.ds,
                                      size=config.run.quality.history)
     return profiles, ids, None

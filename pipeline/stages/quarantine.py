@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.config import JobConfig
 from pipeline.errors import JobError
-from pipeline.rows import QUARANTINED_STATUSES
+from pipeline.rows import MALFORMED_COLUMN, QUARANTINED_STATUSES
 from pipeline.stages.inputs import malformed_originals
 from pipeline.stages.plan import LINEAGE_COLUMNS, Prepared, RunPlan
-from pipeline.stages.verify import day_rows
+from pipeline.stages.verify import day_rows, write_tallied
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -20,33 +20,26 @@ if TYPE_CHECKING:
 __all__ = ["check_quarantine_pair", "commit_quarantine", "say_swept"]
 
 
-def _quarantine_rows(scored: "DataFrame", inputs: "DataFrame", config: JobConfig,
-                     input_columns: tuple[str, ...]) -> "DataFrame":
+def _quarantine_rows(scored: "DataFrame", config: JobConfig, input_columns: tuple[str, ...]) -> "DataFrame":
     """Failed rows with their error, lineage and original inputs, one row per failed row.
 
-    The inputs are joined back by id (null-safe) and content hash. Rows sharing
-    both (``source.unique_ids: false``) have the same inputs, the content hash
-    being theirs, so the inputs are deduplicated first: a key read twice and
-    failed twice gives two quarantine rows, not four.
+    The inputs come with the row out of the scoring task (``_sbi_input_<c>``, carried for failed rows only:
+    :func:`pipeline.spark.chunks.carry_failed_inputs`), so the source is not read again; a malformed source
+    line keeps its raw text in the first input column.
     """
     from pyspark.sql import functions as F
 
+    from pipeline.spark.udf import CARRIED_PREFIX
+
     id_col = config.source.id_column
-    failed = scored.where(F.col("status").isin(*QUARANTINED_STATUSES)).select(
-        id_col, "content_hash", "status", "error", *LINEAGE_COLUMNS,
-        *(["ds"] if "ds" in scored.columns else []),
-    )
-    keys = failed.select(F.col(id_col).alias("_k_id"), F.col("content_hash").alias("_k_hash")).distinct()
-    source = malformed_originals(inputs, input_columns)
-    originals = (source
-                 .select(F.col("id").alias("_q_id"), F.col("content_hash").alias("_q_hash"),
-                         *_valid_text_and_bytes(source, input_columns))
-                 .join(keys, on=(F.col("_q_id").eqNullSafe(F.col("_k_id"))) & (F.col("_q_hash") == F.col("_k_hash")),
-                       how="left_semi")
-                 .dropDuplicates(["_q_id", "_q_hash"]))
-    joined = failed.join(originals, on=(failed[id_col].eqNullSafe(originals["_q_id"]))
-                         & (failed["content_hash"] == originals["_q_hash"]), how="left")
-    return joined.drop("_q_id", "_q_hash")
+    failed = scored.where(F.col("status").isin(*QUARANTINED_STATUSES))
+    carried = failed.select(id_col, "content_hash", "status", "error", *LINEAGE_COLUMNS,
+                            *(["ds"] if "ds" in scored.columns else []),
+                            *[F.col(CARRIED_PREFIX + c).alias(c) for c in (*input_columns, MALFORMED_COLUMN)
+                              if CARRIED_PREFIX + c in scored.columns])
+    originals = malformed_originals(carried, input_columns)
+    kept = [c for c in originals.columns if c not in (*input_columns, MALFORMED_COLUMN)]
+    return originals.select(*kept, *_valid_text_and_bytes(originals, input_columns))
 
 
 def _valid_text_and_bytes(inputs: "DataFrame", input_columns: tuple[str, ...]) -> list[Any]:
@@ -67,26 +60,24 @@ def _valid_text_and_bytes(inputs: "DataFrame", input_columns: tuple[str, ...]) -
 
 
 def commit_quarantine(prep: Prepared, plan: RunPlan, scored: "DataFrame", *, errors: int,
-                      metadata: dict[str, str]) -> tuple[int | None, str]:
-    """The quarantine commit, before the output's: ``(version, run id of its rows)``; version None
-    when there is nothing to commit and no quarantine table yet."""
+                      metadata: dict[str, str]) -> tuple[int | None, str, Any]:
+    """The quarantine commit, before the output's: ``(version, run id of its rows, the write's result)``;
+    version and result None when there is nothing to commit and no quarantine table yet."""
     from pipeline import faults as fault_hooks
     from pipeline.io.delta.history import committed_run_via
-    from pipeline.io.delta.sink import write_sink
-    from pipeline.io.sources import is_delta_table
 
     config, spark, sink, ident = prep.config, prep.spark, plan.sink, plan.identity
     quarantine_path = plan.quarantine_path
-    quarantine_version = None
+    quarantine_version, q = None, None
     quarantine_run = ident.run_id
     # quarantine first: a crash before the output commit leaves a partition a rerun replaces
-    if errors or (plan.micro_batch is None and is_delta_table(spark, quarantine_path)):
+    if errors or (plan.micro_batch is None and _quarantine_exists(prep, plan)):
         # a run's is written even when empty once it exists, so a rerun replaces that day's failures too (a
         # micro-batch appends, and a replay of it finds its transaction: it commits only failed rows)
-        q = write_sink(_quarantine_rows(scored, plan.inputs, config, tuple(prep.task.input_columns)), sink,
-                       partition_values={"ds": ident.ds}, commit_metadata=metadata, path=quarantine_path,
-                       txn_app_id=ident.app_id, txn_version=ident.txn_version, in_driver=prep.small,
-                       faults=fault_hooks.quarantine_write_faults(prep.faults))
+        q = write_tallied(prep, _quarantine_rows(scored, config, tuple(prep.task.input_columns)), sink,
+                          partition_values={"ds": ident.ds}, commit_metadata=metadata, path=quarantine_path,
+                          txn_app_id=ident.app_id, txn_version=ident.txn_version, in_driver=prep.small,
+                          faults=fault_hooks.quarantine_write_faults(prep.faults))
         say_swept(prep, q)
         quarantine_version = q.version
         if q.already_committed:  # an earlier try of this run committed them: read back its rows
@@ -94,7 +85,16 @@ def commit_quarantine(prep: Prepared, plan: RunPlan, scored: "DataFrame", *, err
             quarantine_run = (earlier and earlier[1]) or ident.run_id
         fault_hooks.after_quarantine_commit(prep.faults, version=q.version, run_id=ident.run_id)
         prep.clock.lap("quarantine commit", rows=errors, version=q.version)
-    return quarantine_version, quarantine_run
+    return quarantine_version, quarantine_run, q
+
+
+def _quarantine_exists(prep: Prepared, plan: RunPlan) -> bool:
+    """Whether the quarantine table exists: as the plan read it (its log, once), else asked now."""
+    from pipeline.io.sources import is_delta_table
+
+    if plan.quarantine_state is not None:
+        return plan.quarantine_state.exists
+    return is_delta_table(prep.spark, plan.quarantine_path)
 
 
 def check_quarantine_pair(prep: Prepared, plan: RunPlan, *, version: int, when: str) -> None:

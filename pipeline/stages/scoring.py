@@ -53,7 +53,7 @@ def score_inputs(
     inputs: "DataFrame", config: JobConfig, *, tasks: int, run_id: str, ds: dt.date, scored_at: dt.datetime,
     model: ModelInfo, faults: dict[str, Any] | None = None, task: Any = None, progress_dir: str | None = None,
     staging_dir: str | None = None, try_id: str = "", max_tokens: int | None = None, rate_share: float = 1.0,
-    fingerprint: str | None = None,
+    fingerprint: str | None = None, carry_failed: bool = False,
 ) -> "DataFrame":
     """The lazily scored rows with lineage, in ``tasks`` inference tasks of equal rows and mixed lengths.
 
@@ -63,6 +63,8 @@ def score_inputs(
     (a plan folder of :mod:`pipeline.staging.plans`) each finished task stages its rows there, and a task
     a finished earlier try staged for the same input rows reuses them. ``fingerprint``: the run's task
     fingerprint (:attr:`pipeline.identity.RunIdentity.task_fingerprint`; computed from the config when not given).
+    ``carry_failed``: a quarantined row carries its task inputs out (``_sbi_input_<c>``, see
+    :func:`pipeline.spark.udf.internal_columns`) for the quarantine table.
     """
     from pyspark.sql import functions as F
 
@@ -79,6 +81,7 @@ def score_inputs(
         progress_dir=progress_dir, staging_dir=staging_dir, calibration_rows=calibration_rows(inputs, config, task),
         try_id=try_id, max_tokens=max_tokens, rate_share=rate_share, profile=config.run.quality.enabled,
         model_revision=model.revision,
+        carry_inputs=(*task.input_columns, *malformed_input(inputs)) if carry_failed else (),
     )
     scored = apply_inference(_deal(inputs, tasks, task), plan).withColumnRenamed("id", config.source.id_column)
     lineage = model.lineage(fingerprint or task_fingerprint(config, revision=model.revision))

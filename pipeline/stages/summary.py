@@ -55,12 +55,9 @@ def summarize(prep: Prepared, plan: RunPlan, *, committed: Committed, read: Read
     result, merged = committed.result, committed.counts
     # the counters the kind's workers emit besides every kind's (its job's TaskCounts subclass)
     counts = RunCounts.from_merged(merged, task=kind.job.counters)
-    sample_cols = [c for c in (config.source.id_column, "label", "score", "completion", "finish_reason",
-                               "n_tokens", "status")
-                   if c in read.written.columns]
-    prep.clock.lap("read-back", rows=read.rows_out, quarantined=read.rows_quarantined)
+    prep.clock.lap("read-back", rows=read.rows_out, quarantined=read.rows_quarantined, scanned=read.written is not None)
     prep.stage("summary")
-    samples = [r.asDict() for r in read.written.select(*sample_cols).limit(config.run.sample_rows).collect()]
+    samples = committed.samples  # taken from the scored rows in hand, before the commits
     incomplete = read.incomplete or kind.job.check_complete(
         rows_in=plan.rows_in, rows_out=read.rows_out, rows_quarantined=read.rows_quarantined, counts=counts)
     replaced = None

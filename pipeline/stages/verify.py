@@ -1,8 +1,13 @@
-"""Verify: what a run committed, read back at the versions it committed and checked by key against its input.
+"""Verify: what a run committed, checked against its input by the commits' own log entries, and read back at
+the versions committed when those disagree.
 
-The output and the quarantine are read as of the commits this run made (never the latest version: another
-job may have committed on top), and every input key must be there once: in the output, in the quarantine,
-or (after an overlapping run wrote some keys first) in that run's rows.
+Each commit's log entry says what it added: the rows of its add actions (``numRecords``) and, from the
+``deltalake`` writer, the :class:`~pipeline.rows.KeyTally` of their keys that the writer tallied file by file
+(:class:`pipeline.io.delta.plan.WriteResult`). When the output's and the quarantine's match the tallies the
+scoring pass took of the rows sent to each, every input key is there once and nothing is read. Otherwise
+(or after an overlapping run wrote some keys first, or when a tally is missing) both tables are read as of
+the commits this run made (never the latest version: another job may have committed on top) and every
+input key must be there once: in the output, in the quarantine, or in the overlapping run's rows.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from pipeline.stages.plan import Committed, Prepared, ReadBack, RunPlan
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["check_written", "day_rows", "read_back", "rows_written"]
+__all__ = ["check_written", "day_rows", "read_back", "rows_written", "write_tallied"]
 
 
 def rows_written(spark: "SparkSession", path: str, run_id: str, ds: dt.date | None,
@@ -83,10 +88,71 @@ def check_written(in_keys: "DataFrame", written: "DataFrame", quarantined: "Data
     return identity_check(in_keys, key_counts(held, id_column=id_column, status_column="status"))
 
 
-def read_back(prep: Prepared, plan: RunPlan, committed: Committed, in_keys: "DataFrame") -> ReadBack:
-    """Both commits read back at their versions and checked by key against the input."""
-    config, spark, result, ident = prep.config, prep.spark, committed.result, plan.identity
+def write_tallied(prep: Prepared, df: "DataFrame", sink: Any, **options: Any) -> Any:
+    """:func:`pipeline.io.delta.sink.write_sink` of ``df``, keyed rows tallied on the way: the deltalake writer
+    tallies what each file holds and its commit records it; for a writer that records none (the connector)
+    the tally of the rows handed to its write, observed in that write's own job, stands in (``keys_added``)."""
+    import dataclasses
+
+    from pipeline.io.delta.sink import write_sink
+    from pipeline.spark.checks import observe_input_tally
+
+    id_column = prep.config.source.id_column
+    keyed = {id_column, "content_hash"} <= set(df.columns)
+    observed, handed = observe_input_tally(df, id_column=id_column) if keyed else (df, None)
+    result = write_sink(observed, sink, tally_columns=(id_column, "content_hash") if keyed else (), **options)
+    if handed is not None and result.keys_added is None and result.rows_added is not None:
+        result = dataclasses.replace(result, keys_added=handed.get())
+    return result
+
+
+def read_back(prep: Prepared, plan: RunPlan, committed: Committed) -> ReadBack:
+    """Both commits checked by their own log entries against the scoring pass's tallies; read back at their
+    versions and checked by key against the input when those disagree."""
     prep.stage("read-back")
+    logged = _from_log_entries(prep, plan, committed)
+    if logged is not None:
+        return logged
+    return _read_and_check(prep, plan, committed)
+
+
+def _from_log_entries(prep: Prepared, plan: RunPlan, committed: Committed) -> ReadBack | None:
+    """The counts when the commits' log entries add up to what the scoring pass sent each table (rows, and
+    the key tally where the writer recorded one); None when they do not, or cannot say."""
+    result, written, quarantined = committed.result, committed.written, committed.quarantined
+    if written is None or quarantined is None or result.overlapped or not _keyed_output(prep, plan):
+        return None
+    if not _adds_up(result, written):
+        return None
+    if committed.quarantine_version is None:
+        return ReadBack(None, written.rows, 0, None) if quarantined.rows == 0 else None
+    q = committed.quarantine_result
+    if committed.quarantine_run != plan.identity.run_id or q is None or not _adds_up(q, quarantined):
+        return None
+    return ReadBack(None, written.rows, quarantined.rows, None)
+
+
+def _adds_up(result: Any, sent: Any) -> bool:
+    """Whether a commit's log entry added the rows sent (and, where its writer tallied them, the same keys)."""
+    if result.rows_added is None or result.rows_added != sent.rows:
+        return False
+    return result.keys_added is None or result.keys_added == sent
+
+
+def _keyed_output(prep: Prepared, plan: RunPlan) -> bool:
+    """Whether the output holds one row per input row, keyed by id and content hash (not recommendations)."""
+    from pipeline.spark.udf import internal_columns
+
+    shaped = prep.kind.job.shape_output(plan.scored.drop(*internal_columns(plan.scored)), prep.config)
+    return {prep.config.source.id_column, "content_hash", "status"} <= set(shaped.columns)
+
+
+def _read_and_check(prep: Prepared, plan: RunPlan, committed: Committed) -> ReadBack:
+    """Both commits read back at their versions and checked by key against the input (read again)."""
+    from pipeline.spark.checks import key_counts
+
+    config, spark, result, ident = prep.config, prep.spark, committed.result, plan.identity
+    in_keys = key_counts(plan.inputs, id_column="id")
     partition_ds = plan.partition_ds
     written = rows_written(spark, result.output, ident.run_id, partition_ds, version=result.version)
     if plan.micro_batch is not None:  # the run's earlier micro-batches are there too: this one's scored_at

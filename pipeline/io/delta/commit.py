@@ -24,8 +24,9 @@ from typing import Any, Mapping, Sequence
 import pyarrow as pa
 
 from pipeline.io.delta import markers
-from pipeline.io.delta.files import PartFile, check_partitioning, delete_files, partition_string, sweep_orphans
-from pipeline.io.delta.options import APP_ID_KEY, WRITE_ID_KEY, DeltaLakeOptions
+from pipeline.io.delta.files import (TALLY_KEY, PartFile, add_action, attempt_of, check_partitioning,
+                                     delete_files, partition_string, sweep_orphans)
+from pipeline.io.delta.options import APP_ID_KEY, KEYS_KEY, WRITE_ID_KEY, DeltaLakeOptions
 
 __all__ = ["DeltaCommit", "commit_write"]
 
@@ -49,12 +50,16 @@ class DeltaCommit:
         self.partition_by = list(lake.partition_by)
         self.schema = schema
         self.overwrite = overwrite
+        # what the finished marker records: the outcome, and the version the commit read the table at
+        # (the writer finds its commit's log entry from there on: pipeline.io.delta.history.commit_entry)
+        self.facts: dict[str, Any] = {}
 
     def run(self, adds: list[dict[str, Any]]) -> None:
         """Commit ``adds``; record the outcome in the write's marker, then sweep dead writes' leftovers."""
         from deltalake.exceptions import TableNotFoundError
 
-        facts: dict[str, Any] = {}
+        facts = self.facts
+        received = [a["path"] for a in adds]
         try:
             try:
                 table = self.store.table()
@@ -85,29 +90,52 @@ class DeltaCommit:
             raise
         finally:
             markers.finish_marker(self.store, self.write_id, **facts)
-            sweep_orphans(self.store, self.write_id, keep={a["path"] for a in adds} if "error" not in facts else set())
+            self._sweep_own(received, [a["path"] for a in adds], failed="error" in facts)
         markers.finish_marker(self.store, self.write_id, swept=self._sweep())
 
+    def _sweep_own(self, received: list[str], committed: list[str], *, failed: bool) -> None:
+        """Delete this write's files no commit references: all of them after a failure; else, where some
+        can be (a retried task attempt's, a keyed append's left out or rewritten ones), in the folders its
+        files went to. A write whose every task succeeded at its first attempt and whose files all went into
+        the commit has none, and lists nothing (its table's size does not matter)."""
+        if failed:
+            sweep_orphans(self.store, self.write_id, keep=set())
+            return
+        retried = any((attempt_of(p) or 0) > 0 for p in received)
+        if retried or set(received) != set(committed):
+            folders = {p.rsplit("/", 1)[0] if "/" in p else "" for p in (*received, *committed)}
+            sweep_orphans(self.store, self.write_id, keep=set(committed), folders=folders)
+
     def _sweep(self) -> dict[str, Any]:
-        """Sweep dead writes' leftovers; what went, as the finished marker records it."""
-        from pipeline.io.delta.sweep import sweep_leftovers
+        """Sweep dead writes' leftovers when the markers ask for it (:func:`~pipeline.io.delta.sweep.sweep_due`);
+        what went, as the finished marker records it ({}: no sweep was due)."""
+        from pipeline.io.delta.sweep import stamp_swept, sweep_due, sweep_leftovers
 
         try:
+            why = sweep_due(self.store, own=self.write_id, grace_s=self.lake.leftover_grace_s)
+            if why is None:
+                return {}
             report = sweep_leftovers(self.store, grace_s=self.lake.leftover_grace_s)
+            stamp_swept(self.store)
         except Exception as exc:  # noqa: BLE001 - the commit landed; a failed sweep is retried by the next job
             return {"error": f"{type(exc).__name__}: {exc}"[:300]}
-        return {"files": len(report.files), "bytes": report.bytes, "markers": len(report.markers),
+        return {"files": len(report.files), "bytes": report.bytes, "markers": len(report.markers), "why": why,
+                "log_entries": report.log_entries,
                 **({"skipped": report.skipped} if report.skipped else {}),
                 **({"left_alone": report.unproven[:20], "left_alone_count": len(report.unproven)}
                    if report.unproven else {})}
 
-    def _properties(self, tokens: Sequence[str] = (), token_version: int = 0, *, once: bool = False) -> Any:
-        """The commit's properties: its metadata, the run's transaction, ``tokens`` as conflict tokens (delta-rs
-        rejects a commit when one that landed since it read the table carries one of them)."""
+    def _properties(self, adds: list[dict[str, Any]], tokens: Sequence[str] = (), token_version: int = 0, *,
+                    once: bool = False) -> Any:
+        """The commit's properties: its metadata (with the key tally of ``adds``, the files it commits, when
+        each was tallied), the run's transaction, ``tokens`` as conflict tokens (delta-rs rejects a commit when
+        one that landed since it read the table carries one of them)."""
         from deltalake import CommitProperties
         from deltalake.transaction import Transaction
 
         metadata = {**self.lake.commit_metadata, WRITE_ID_KEY: self.write_id}
+        if (keys := _keys_of(adds)) is not None:
+            metadata[KEYS_KEY] = keys
         transactions = [Transaction(t, token_version) for t in tokens]
         if self.lake.txn_app_id:
             metadata[APP_ID_KEY] = self.lake.txn_app_id
@@ -119,13 +147,13 @@ class DeltaCommit:
         """Append ``adds``, or replace the table (or the partition) with them; False when a concurrent try
         of this very run created the table first (nothing committed). ``table`` None: there was none."""
         from deltalake.exceptions import CommitFailedError
-        from deltalake.transaction import AddAction
 
         from pipeline.errors import SinkError, lost_commit_message
 
-        actions = [AddAction(**a) for a in adds]
+        actions = [add_action(a) for a in adds]
+        self.facts["base_version"] = None if table is None else table.version()
         if table is None:
-            if self._create_table(actions, self._properties(once=True)):
+            if self._create_table(actions, self._properties(adds, once=True)):
                 return True
             if self.overwrite:  # another job created the table after this one looked
                 raise SinkError(lost_commit_message(self.path, "it created the table first", winner=self._winner(None)))
@@ -134,15 +162,16 @@ class DeltaCommit:
                 return False
         check_partitioning(table, self.partition_by, self.path)
         mode = "overwrite" if self.overwrite else "append"
-        filters, props = None, self._properties()
+        filters, props = None, self._properties(adds)
         read_version = table.version()
+        self.facts["base_version"] = read_version
         replace_where = self.lake.replace_where
         if self.overwrite and replace_where:
             filters = [(c, "=", partition_string(v)) for c, v in replace_where.items()]
             # A replace of a partition that has no files yet removes nothing, and delta-rs lets two such
             # commits both land (every row twice). The partition's token makes them conflict, like two
             # replaces of a partition that has files.
-            props = self._properties([self.replace_token(replace_where)], read_version + 1)
+            props = self._properties(adds, [self.replace_token(replace_where)], read_version + 1)
         try:
             table.create_write_transaction(
                 actions, mode, self._kept_schema(table), partition_by=self.partition_by or None,
@@ -160,7 +189,6 @@ class DeltaCommit:
         run's commit with the same token lands first, delta-rs rejects this one and the keys are checked
         again against that commit (:mod:`pipeline.io.delta.keys`)."""
         from deltalake.exceptions import CommitFailedError
-        from deltalake.transaction import AddAction
 
         from pipeline.errors import SinkError
         from pipeline.io.delta import keys as delta_keys
@@ -180,15 +208,16 @@ class DeltaCommit:
                 base = current
             tokens = sorted({delta_keys.key_token(key_columns, a["partition_values"]) for a in adds}
                             or {delta_keys.key_token(key_columns, {})})
-            actions = [AddAction(**a) for a in adds]
+            actions = [add_action(a) for a in adds]
+            self.facts["base_version"] = base
             try:
                 if table is None:
-                    if not self._create_table(actions, self._properties(tokens, (base or 0) + 1, once=True)):
+                    if not self._create_table(actions, self._properties(adds, tokens, (base or 0) + 1, once=True)):
                         raise CommitFailedError("another job created the table first")
                 else:
                     table.create_write_transaction(actions, "append", self._kept_schema(table),
                                                    partition_by=self.partition_by or None,
-                                                   commit_properties=self._properties(tokens, (base or 0) + 1))
+                                                   commit_properties=self._properties(adds, tokens, (base or 0) + 1))
                 return adds, dropped
             except Exception as exc:  # noqa: BLE001 - a commit that lost the race: check the winner's keys
                 lost = isinstance(exc, CommitFailedError) or (table is None and self.store.is_table())
@@ -267,7 +296,7 @@ class DeltaCommit:
     def _rewrite(self, partition_values: dict[str, Any], rows: pa.Table) -> dict[str, Any]:
         """A staged file again, with fewer rows (its old file is swept as an orphan after the commit)."""
         key = tuple(partition_values.get(c) for c in self.partition_by)
-        part = PartFile(self.store, self.partition_by, key, self.write_id, "keyed")
+        part = PartFile(self.store, self.partition_by, key, self.write_id, "keyed", tally=self.lake.tally_columns)
         part.write(rows)
         return part.close()
 
@@ -279,3 +308,16 @@ class DeltaCommit:
                     f"rows for partition {add['partition_values']} were written while replacing only {want}; "
                     "every row must belong to the replaced partition"
                 )
+
+
+def _keys_of(adds: list[dict[str, Any]]) -> str | None:
+    """The key tally of the files ``adds`` commit (``rows:hash``), when each file's writer tallied its rows."""
+    from pipeline.rows import KeyTally
+
+    total = KeyTally()
+    for add in adds:
+        part = KeyTally.from_text(add.get(TALLY_KEY)) if add.get(TALLY_KEY) else None
+        if part is None:
+            return None
+        total = total + part
+    return total.to_text()

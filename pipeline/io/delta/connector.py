@@ -47,13 +47,34 @@ def write_with_connector(df: "DataFrame", plan: WritePlan) -> WriteResult:
         w.saveAsTable(plan.table) if plan.table else w.save(plan.path)
     except Exception as exc:  # noqa: BLE001
         raise SinkError(_connector_failure(spark, plan, exc)) from exc
-    version = connector_version(spark, plan.table, plan.target, WRITE_ID_KEY, plan.write_id)
+    committed = _found_commit(spark, plan)
     app_id = plan.options.get("txnAppId")
-    if version is None and app_id:
+    if committed is None and app_id:
         # Delta skipped the write: the table already holds this transaction (an earlier try committed)
         found = connector_version(spark, plan.table, plan.target, APP_ID_KEY, app_id)
         return WriteResult(plan.target, plan.writer, found, plan.write_id, already_committed=True)
-    return WriteResult(plan.target, plan.writer, version, plan.write_id)
+    version, rows, _ = committed if committed else (None, None, {})
+    return WriteResult(plan.target, plan.writer, version, plan.write_id, rows_added=rows)
+
+
+def _found_commit(spark: Any, plan: WritePlan, *, rows_metric: str = "numOutputRows") -> tuple[int, int | None,
+                                                                                                  dict[str, Any]] | None:
+    """``(version, rows it added, its operation metrics)`` of this write's commit: from its own log entry, looked
+    up from the version the run read (where deltalake reads the log: one file, no Spark job), else from one
+    bounded read of the table's history through the connector. None when no commit carries the write's id."""
+    from pipeline.io.delta.history import commit_entry
+    from pipeline.io.delta.state import log_reachable
+    from pipeline.io.stores import table_store
+
+    if plan.base_version is not None and not plan.table and log_reachable(plan.path):
+        entry = commit_entry(table_store(str(plan.path)), plan.write_id,
+                             after=None if plan.base_version < 0 else plan.base_version)
+        if entry is not None:
+            return entry.version, entry.rows_added, dict(entry.metrics or {})
+    found = connector_commit(spark, plan.table, plan.target, WRITE_ID_KEY, plan.write_id)
+    if found is None:
+        return None
+    return found[0], _metric(found[1], rows_metric), dict(found[1])
 
 
 def _merge_keyed(df: "DataFrame", plan: WritePlan) -> WriteResult:
@@ -77,8 +98,9 @@ def _merge_keyed(df: "DataFrame", plan: WritePlan) -> WriteResult:
             w = source.write.format("delta").mode("append").options(**plan.options)
             w = w.partitionBy(*plan.partition_by) if plan.partition_by else w
             w.saveAsTable(plan.table) if plan.table else w.save(plan.path)
-            version = connector_version(spark, plan.table, plan.target, WRITE_ID_KEY, plan.write_id)
-            return WriteResult(plan.target, plan.writer, version, plan.write_id)
+            created = _found_commit(spark, plan)
+            version, rows, _ = created if created else (None, None, {})
+            return WriteResult(plan.target, plan.writer, version, plan.write_id, rows_added=rows)
         except Exception as exc:  # noqa: BLE001 - another run created it meanwhile: merge into it
             if not _connector_table_exists(spark, name):
                 raise SinkError(_connector_failure(spark, plan, exc)) from exc
@@ -103,10 +125,10 @@ def _merge_keyed(df: "DataFrame", plan: WritePlan) -> WriteResult:
         for k, v in before.items():
             spark.conf.unset(k) if v is None else spark.conf.set(k, v)
         spark.catalog.dropTempView(view)
-    # the commit's version and its operation metrics from one bounded history read
-    found = connector_commit(spark, plan.table, plan.target, WRITE_ID_KEY, plan.write_id)
-    version, metrics = found if found else (None, {})
-    return WriteResult(plan.target, plan.writer, version, plan.write_id, overlapped=_merge_left_out(metrics))
+    found = _found_commit(spark, plan, rows_metric="numTargetRowsInserted")
+    version, rows, metrics = found if found else (None, None, {})
+    return WriteResult(plan.target, plan.writer, version, plan.write_id, overlapped=_merge_left_out(metrics),
+                       rows_added=rows)
 
 
 def _connector_source(df: "DataFrame", plan: WritePlan) -> "DataFrame":
@@ -158,6 +180,19 @@ def _connector_table_exists(spark: Any, name: str) -> bool:
         return True
     except Exception:  # noqa: BLE001 - no table there (or none readable)
         return False
+
+
+def _metric(metrics: Mapping[str, Any], name: str) -> int | None:
+    """An operation metric of a commit as an int (None when the commit info has none).
+
+    >>> _metric({"numOutputRows": "12"}, "numOutputRows"), _metric({}, "numOutputRows")
+    (12, None)
+    """
+    value = metrics.get(name)
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def _merge_left_out(metrics: Mapping[str, Any]) -> int:

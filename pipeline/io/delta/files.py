@@ -23,14 +23,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-__all__ = ["PartFile", "check_partitioning", "delete_files", "partition_string", "split_partitions",
+__all__ = ["TALLY_KEY", "PartFile", "add_action", "attempt_of", "check_partitioning", "delete_files", "partition_string", "split_partitions",
            "sweep_orphans", "to_delta_schema", "to_delta_types"]
 
 
-class PartFile:
-    """One Parquet data file for one partition value set, written by one task attempt."""
+# the key of an add action (as the tasks return it, never committed) holding the file's key tally
+TALLY_KEY = "sbi_keys"
 
-    def __init__(self, store: Any, partition_by: list[str], key: tuple, write_id: str, tag: str) -> None:
+
+class PartFile:
+    """One Parquet data file for one partition value set, written by one task attempt; with ``tally`` (the id
+    and content hash columns) it tallies its rows' keys (:class:`pipeline.rows.KeyTally`) as it writes them."""
+
+    def __init__(self, store: Any, partition_by: list[str], key: tuple, write_id: str, tag: str,
+                 tally: tuple[str, ...] = ()) -> None:
         self.partition_values = {c: (None if v is None else str(v)) for c, v in zip(partition_by, key)}
         folder = "/".join(
             f"{c}={quote('__HIVE_DEFAULT_PARTITION__' if v is None else str(v), safe='')}"
@@ -44,6 +50,8 @@ class PartFile:
         self.writer: pq.ParquetWriter | None = None
         self.rows = 0
         self.stats = _FileStats()
+        self.tally_columns = tuple(tally)
+        self.keys: Any = _new_tally() if len(self.tally_columns) == 2 else None
 
     def write(self, table: pa.Table) -> None:
         if self.writer is None:
@@ -52,6 +60,8 @@ class PartFile:
         self.writer.write_table(table)
         self.rows += table.num_rows
         self.stats.update(table)
+        if self.keys is not None:
+            self.keys = _add_tally(self.keys, table, self.tally_columns)
 
     def close(self) -> dict[str, Any]:
         assert self.writer is not None
@@ -65,6 +75,7 @@ class PartFile:
             "modification_time": int(mtime * 1000),
             "data_change": True,
             "stats": json.dumps(self.stats.to_delta(self.rows)),
+            TALLY_KEY: None if self.keys is None else self.keys.to_text(),
         }
 
     def discard(self) -> None:
@@ -76,15 +87,53 @@ class PartFile:
         self.store.remove(self.rel)
 
 
+def _new_tally() -> Any:
+    from pipeline.rows import KeyTally
+
+    return KeyTally()
+
+
+def _add_tally(tally: Any, table: pa.Table, columns: tuple[str, ...]) -> Any:
+    """``tally`` plus the keys of ``table``'s rows; None once a part cannot be tallied (a column missing, an id
+    type with no agreed string form): the file then records no tally."""
+    from pipeline.rows import KeyTally
+
+    if any(c not in table.column_names for c in columns):
+        return None
+    part = KeyTally.of_keys(table[columns[0]].combine_chunks(), table[columns[1]].combine_chunks())
+    return None if part is None else tally + part
+
+
+def add_action(add: dict[str, Any]) -> Any:
+    """A task's add action (a plain dict) as the ``deltalake`` action the commit carries: without the keys
+    only this writer reads (the file's tally)."""
+    from deltalake.transaction import AddAction
+
+    return AddAction(**{k: v for k, v in add.items() if k != TALLY_KEY})
+
+
+def attempt_of(rel: str) -> int | None:
+    """The task attempt a data file of this writer came from (by its name), else None.
+
+    >>> attempt_of("ds=1/part-00003-a1-3f2a9c-0123456789ab.snappy.parquet"), attempt_of("part-keyed-x.parquet")
+    (1, None)
+    """
+    import re
+
+    match = re.match(r"^part-\d{5}-a(\d+)-", rel.rsplit("/", 1)[-1])
+    return int(match.group(1)) if match else None
+
+
 def delete_files(store: Any, adds: Iterable[dict[str, Any]]) -> None:
     """Delete the files of these add actions (a write's own, never committed)."""
     for add in adds:
         store.remove(add["path"])
 
 
-def sweep_orphans(store: Any, write_id: str, keep: set[str]) -> None:
-    """Delete files this write made that no commit references (failed or speculative attempts)."""
-    for rel in list(store.files(containing=write_id)):
+def sweep_orphans(store: Any, write_id: str, keep: set[str], *, folders: Iterable[str] | None = None) -> None:
+    """Delete files this write made that no commit references (failed or speculative attempts): anywhere in
+    the table folder, or only in ``folders`` (where its files went)."""
+    for rel in list(store.files(containing=write_id, folders=folders)):
         if rel not in keep and _unquote_rel(rel) not in keep:
             store.remove(rel)
 

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from typing import Any, Mapping
 
-from pipeline.io.delta.options import APP_ID_KEY, WRITE_ID_KEY
+from pipeline.io.delta.options import APP_ID_KEY, KEYS_KEY, WRITE_ID_KEY
 from pipeline.io.sources import has_delta_connector
 from pipeline.io.stores import is_object_store, open_table
 from pipeline.locations import is_local, local_path
 
 __all__ = [
-    "commit_metadata", "committed_run", "committed_run_via", "connector_commit", "connector_commits",
+    "CommitEntry", "commit_entry", "commit_metadata", "committed_run", "committed_run_via", "connector_commit", "connector_commits",
     "connector_version", "consistent_history", "deltalake_table_version", "deltalake_version",
 ]
 
@@ -39,6 +40,62 @@ def commit_metadata(entry: Mapping[str, Any]) -> dict[str, Any]:
         except ValueError:
             pass
     return found
+
+
+@dataclass(frozen=True)
+class CommitEntry:
+    """What one commit's own log entry (``_delta_log/<version>.json``) says it added: the rows of its add
+    actions (None when a file has no ``numRecords``) and the key tally its writer recorded (None: none)."""
+
+    version: int
+    rows_added: int | None
+    keys_added: Any
+    # the commit's operation metrics (the connector's: numOutputRows, a MERGE's numTargetRowsInserted...)
+    metrics: Mapping[str, Any] | None = None
+
+
+def log_entry(store: Any, version: int) -> list[dict[str, Any]] | None:
+    """The actions of version ``version`` of the table in ``store`` (a :class:`~pipeline.io.stores.TableStore`),
+    read from its one log file; None when there is no such file (not committed yet, or cleaned up)."""
+    raw = store.read_bytes(f"_delta_log/{int(version):020d}.json")
+    if raw is None:
+        return None
+    return [json.loads(line) for line in raw.decode("utf-8").splitlines() if line.strip()]
+
+
+def entry_facts(version: int, actions: list[dict[str, Any]]) -> CommitEntry:
+    """:class:`CommitEntry` of a log entry's ``actions``."""
+    from pipeline.rows import KeyTally
+
+    rows: int | None = 0
+    for action in actions:
+        add = action.get("add")
+        if add is None:
+            continue
+        try:
+            count = json.loads(add.get("stats") or "{}").get("numRecords")
+        except ValueError:
+            count = None
+        rows = None if rows is None or count is None else rows + int(count)
+    info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+    keys = KeyTally.from_text(info.get(KEYS_KEY)) if info.get(KEYS_KEY) else None
+    return CommitEntry(version, rows, keys, dict(info.get("operationMetrics") or {}))
+
+
+def commit_entry(store: Any, write_id: str, *, after: int | None, limit: int = 50) -> CommitEntry | None:
+    """The log entry of the commit carrying ``write_id``: the first of the versions after ``after`` (the
+    version the commit read the table at; None: it created the table) whose commit info names it. Reads one
+    entry, a few more when other commits landed in between; None when none of ``limit`` names it."""
+    version = 0 if after is None else int(after) + 1
+    for _ in range(limit):
+        actions = log_entry(store, version)
+        if actions is None:
+            return None
+        info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+        if commit_metadata(info).get(WRITE_ID_KEY) == write_id:  # either writer's (the connector's userMetadata)
+            return entry_facts(version, actions)
+        version += 1
+    return None
 
 
 def consistent_history(path: str, *, limit: int | None = None, table: Any = None) -> list[dict[str, Any]]:

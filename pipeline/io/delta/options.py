@@ -7,7 +7,8 @@ place it becomes strings and :meth:`~DeltaLakeOptions.from_options` the one plac
 so the planner and the writer cannot disagree on a key or an encoding.
 
 >>> o = DeltaLakeOptions(path="/t", partition_by=("ds",), write_id="w1", replace_where={"ds": "2026-11-29"},
-...                      key_columns=("id", "ds"), read_version=3, txn_app_id="sbi-run-1", txn_version=4)
+...                      key_columns=("id", "ds"), read_version=3, txn_app_id="sbi-run-1", txn_version=4,
+...                      tally_columns=("id", "content_hash"))
 >>> DeltaLakeOptions.from_options(o.to_options()) == o
 True
 >>> o.to_options()["partition_by"], o.to_options()["read_version"]
@@ -20,13 +21,15 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-__all__ = ["APP_ID_KEY", "FORMAT_NAME", "SECRET_KEY", "WRITE_ID_KEY", "DeltaLakeOptions"]
+__all__ = ["APP_ID_KEY", "FORMAT_NAME", "KEYS_KEY", "SECRET_KEY", "WRITE_ID_KEY", "DeltaLakeOptions"]
 
 # the data source's name: ``df.write.format(FORMAT_NAME)``
 FORMAT_NAME = "sbi_delta"
 # commit info keys: which write made a commit, and for which logical run
 WRITE_ID_KEY = "sbi.write_id"
 APP_ID_KEY = "sbi.app_id"
+# commit info key: the KeyTally (rows:hash) of the keys the commit's files hold, as their writers tallied them
+KEYS_KEY = "sbi.keys"
 
 # Spark redacts the value of an option whose key says "secret" (the S3 settings travel under it)
 SECRET_KEY = "storage_options_secret"
@@ -63,6 +66,9 @@ class DeltaLakeOptions:
     key_columns: tuple[str, ...] = ()
     read_version: int | None = None
     storage_options: Mapping[str, str] | None = None
+    # (id column, content hash column): each file's writer tallies their keys (pipeline.rows.KeyTally) and the
+    # commit records the sum, which the run's read-back compares with what it sent; (): no tally
+    tally_columns: tuple[str, ...] = ()
 
     def to_options(self) -> dict[str, str]:
         """The Spark options that carry this write (the S3 settings under the redacted key)."""
@@ -86,6 +92,8 @@ class DeltaLakeOptions:
             options["read_version"] = "" if self.read_version is None else str(self.read_version)
         if self.storage_options is not None:
             options[SECRET_KEY] = json.dumps(dict(self.storage_options))
+        if self.tally_columns:
+            options["tally_columns"] = json.dumps(list(self.tally_columns))
         return options
 
     @classmethod
@@ -111,6 +119,7 @@ class DeltaLakeOptions:
             key_columns=tuple(json.loads(options.get("key_columns") or "[]")),
             read_version=int(read_version) if read_version not in ("", "none", "None") else None,
             storage_options=secret,
+            tally_columns=tuple(json.loads(options.get("tally_columns") or "[]")),
         )
 
     def with_storage(self, storage_options: Mapping[str, str] | None) -> "DeltaLakeOptions":

@@ -12,6 +12,7 @@ its Spark options are that object's one translation to strings.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from dataclasses import dataclass, field
@@ -37,6 +38,11 @@ class WriteResult:
     swept: Mapping[str, Any] = field(default_factory=dict)
     # a keyed write: rows left out because an overlapping run committed the same keys first
     overlapped: int = 0
+    # what the commit added, from its own log entry: the rows of its add actions (the connector's: its operation
+    # metrics; None: not recorded) and the key tally (pipeline.rows.KeyTally) its writer recorded there (the
+    # deltalake writer; None: not tallied; the stages put the tally of the rows handed to the connector here)
+    rows_added: int | None = None
+    keys_added: Any = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,9 @@ class WritePlan:
     in_driver: bool = False
     # the deltalake writer's write, typed; ``options`` is its ``to_options()`` (the S3 settings join at execution)
     lake: DeltaLakeOptions | None = None
+    # the table's version the run read before this write (-1: no table yet; None: unknown): the connector
+    # finds its commit's log entry from there on instead of reading the table's history
+    base_version: int | None = None
 
     @property
     def target(self) -> str:
@@ -98,30 +107,30 @@ def plan_write(
     txn_version: int = 0,
     key_columns: tuple[str, ...] = (),
     read_version: int | None = None,
+    tally_columns: tuple[str, ...] = (),
+    base_version: int | None = None,  # the connector's: where its commit's log entry is looked for from
 ) -> WritePlan:
     """What writing to ``config`` (or to ``path`` with its settings) does; pure, no Spark.
 
     ``connector``: whether the session has the Delta Spark connector
-    (:func:`~pipeline.io.sources.has_delta_connector`). Raises :class:`SinkError`
-    for what cannot be written: a catalog table or a remote URI without the
-    connector, ``sink.writer: delta`` without it, an ``overwrite_partition``
-    without the partition's values.
+    (:func:`~pipeline.io.sources.has_delta_connector`); ``tally_columns`` (id, content hash): the deltalake
+    writer's commit records the :class:`~pipeline.rows.KeyTally` of its files' keys. Raises :class:`SinkError`
+    for what cannot be written: a catalog table or a remote URI without the connector, ``sink.writer:
+    delta`` without it, an ``overwrite_partition`` without the partition's values.
 
     >>> p = plan_write(SinkConfig(path="s3://lake/scores"), partition_values={"ds": "2026-11-29"},
     ...                commit_metadata={"sbi.job": "j"}, connector=True, write_id="w1")
     >>> p.writer, p.format, p.mode, p.path, p.partition_by, p.options["replaceWhere"]
     ('delta', 'delta', 'overwrite', 's3://lake/scores', ('ds',), "ds = '2026-11-29'")
 
-    ``txn_app_id`` (the run key, :func:`pipeline.identity.run_key`) makes an append idempotent: the connector gets Delta's
-    ``txnAppId``/``txnVersion`` options (it skips a write whose app id the table already holds),
-    the deltalake writer records the same transaction and skips such an append itself:
+    ``txn_app_id`` (the run key, :func:`pipeline.identity.run_key`) makes an append idempotent: the connector gets
+    Delta's ``txnAppId``/``txnVersion`` options (it skips a write whose app id the table already holds), the
+    deltalake writer records the same transaction and skips such an append itself:
 
     >>> p = plan_write(SinkConfig(path="s3://lake/scores", mode="append"), partition_values=None,
     ...                commit_metadata=None, connector=True, write_id="w1", txn_app_id="sbi-run-1")
-    >>> p.options["txnAppId"], p.options["txnVersion"]
+    >>> p.options["txnAppId"], p.options["txnVersion"]  # a stream's micro-batch: the batch id as txn_version
     ('sbi-run-1', '0')
-
-    (A stream's micro-batches share their query's app id, with the batch id as ``txn_version``.)
 
     ``key_columns`` keys an append on its rows (``("id", "ds")``; an incremental run's
     ``("id", "content_hash", "task_fingerprint")``): only the keys the table lacks at commit time are
@@ -136,7 +145,6 @@ def plan_write(
     (('id', 'ds'), {'ds': '2026-11-29'}, False)
 
     The deltalake writer's plan is typed, and its options are that object's strings:
-
     >>> p = plan_write(SinkConfig(path="/data/scores", mode="append"), partition_values=None,
     ...                commit_metadata=None, connector=False, write_id="w1", txn_app_id="sbi-run-1")
     >>> p.lake.txn_app_id, p.lake.require_marker, p.options == p.lake.to_options()
@@ -154,14 +162,15 @@ def plan_write(
     metadata = {**(commit_metadata or {}), WRITE_ID_KEY: write_id}
     mode: Literal["append", "overwrite"] = "append" if config.mode == "append" else "overwrite"
     if writer == "delta":
-        return _connector_plan(config, mode=mode, metadata=metadata, txn_app_id=txn_app_id, txn_version=txn_version,
-                               keyed=keyed,
-                               replace=replace, partition_values=partition_values, table=table, location=location,
-                               write_id=write_id, faults=faults)
+        plan = _connector_plan(config, mode=mode, metadata=metadata, txn_app_id=txn_app_id, txn_version=txn_version,
+                               keyed=keyed, replace=replace, partition_values=partition_values, table=table,
+                               location=location, write_id=write_id, faults=faults)
+        return dataclasses.replace(plan, base_version=base_version)
     lake = DeltaLakeOptions(
         path=str(location), write_id=write_id, partition_by=tuple(config.partition_by), commit_metadata=metadata,
         faults=dict(faults or {}), require_marker=True, leftover_grace_s=config.leftover_grace_s,
-        txn_app_id=txn_app_id, txn_version=txn_version, replace_where=replace, key_columns=keyed, read_version=read_version if keyed else None,
+        txn_app_id=txn_app_id, txn_version=txn_version, replace_where=replace, key_columns=keyed,
+        read_version=read_version if keyed else None, tally_columns=tuple(tally_columns),
     )
     return WritePlan("deltalake", FORMAT_NAME, mode, lake.to_options(), tuple(config.partition_by), None, location,
                      write_id, lake=lake)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from pipeline.config import SinkConfig
 from pipeline.errors import SinkError
 from pipeline.io.delta.connector import write_with_connector
-from pipeline.io.delta.history import committed_run, deltalake_table_version, deltalake_version
+from pipeline.io.delta.history import commit_entry, committed_run, deltalake_version
 from pipeline.io.delta.plan import WritePlan, WriteResult, plan_write
 from pipeline.io.sources import has_delta_connector
 from pipeline.io.stores import table_store
@@ -63,7 +63,8 @@ def _write_with_deltalake(df: "DataFrame", plan: WritePlan) -> WriteResult:
         _check_writable(path)
     if not plan.in_driver:
         _register_once(df.sparkSession, DeltaLakeDataSource)
-    marker = (markers.running_marker(store, plan.write_id, table_version=deltalake_table_version(path),
+    # the version the marker names is the one the run read (a keyed append's), not looked up again
+    marker = (markers.running_marker(store, plan.write_id, table_version=lake.read_version,
                                      heartbeat_s=min(30.0, lake.leftover_grace_s / 4))
               if lake.require_marker else nullcontext())
     # the S3 settings travel with the write, not the plan (under the key Spark redacts)
@@ -82,8 +83,14 @@ def _write_with_deltalake(df: "DataFrame", plan: WritePlan) -> WriteResult:
         found = committed_run(path, lake.txn_app_id or "")
         return WriteResult(plan.target, plan.writer, found[0] if found else None, plan.write_id,
                            already_committed=True, swept=swept)
-    return WriteResult(plan.target, plan.writer, deltalake_version(path, plan.write_id), plan.write_id, swept=swept,
-                       overlapped=int(facts.get("overlap_rows") or 0))
+    # the commit's own log entry, from the version it read the table at: what it added, and its version
+    entry = commit_entry(store, plan.write_id, after=facts["base_version"]) if "base_version" in facts else None
+    if entry is None:
+        return WriteResult(plan.target, plan.writer, deltalake_version(path, plan.write_id), plan.write_id,
+                           swept=swept, overlapped=int(facts.get("overlap_rows") or 0))
+    return WriteResult(plan.target, plan.writer, entry.version, plan.write_id, swept=swept,
+                       overlapped=int(facts.get("overlap_rows") or 0), rows_added=entry.rows_added,
+                       keys_added=entry.keys_added)
 
 
 def write_sink(
@@ -99,6 +106,8 @@ def write_sink(
     key_columns: tuple[str, ...] = (),
     read_version: int | None = None,
     in_driver: bool = False,
+    tally_columns: tuple[str, ...] = (),
+    base_version: int | None = None,
 ) -> WriteResult:
     """Write ``df`` as configured; returns where, with which writer, and the Delta version made.
 
@@ -110,12 +119,16 @@ def write_sink(
     write is skipped when the table holds the app id at that version or a later one). ``key_columns`` and ``read_version``: a keyed append
     (:func:`~pipeline.io.delta.plan.plan_write`); ``overlapped`` in the result counts the rows another run wrote first.
     ``in_driver``: the deltalake writer writes and commits from this process (a small job's few rows,
-    :func:`pipeline.io.delta.datasource.write_from_driver`); the connector ignores it.
+    :func:`pipeline.io.delta.datasource.write_from_driver`); the connector ignores it. ``tally_columns``
+    (id, content hash): the deltalake writer tallies the keys it writes (``keys_added`` in the result).
+    ``base_version``: the table's version the run read (-1: none yet; None: unknown), from which the connector
+    finds its commit's log entry.
     """
     plan = plan_write(
         config, partition_values=partition_values, commit_metadata=commit_metadata, path=path,
         connector=has_delta_connector(df.sparkSession), faults=faults, txn_app_id=txn_app_id,
-        txn_version=txn_version, key_columns=key_columns, read_version=read_version,
+        txn_version=txn_version, key_columns=key_columns, read_version=read_version, tally_columns=tally_columns,
+        base_version=base_version,
     )
     if in_driver and plan.writer == "deltalake":
         plan = dataclasses.replace(plan, in_driver=True)

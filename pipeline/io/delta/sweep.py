@@ -22,12 +22,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from pipeline.io.delta.markers import (MARKER_DIR, MARKER_RETENTION_S, STATES, is_our_marker, local_root, marker_path,
-                                       owner_gone, read_marker, remote_store, write_id_of)
+from pipeline.io.delta.markers import (MARKER_DIR, MARKER_RETENTION_S, STATES, finish_marker, is_our_marker, local_root,
+                                       marker_path, owner_gone, read_marker, remote_store, write_id_of)
 
 from pipeline.io.delta.options import WRITE_ID_KEY
 
-__all__ = ["REMOTE_SWEEP", "SweepReport", "sweep_leftovers", "table_data_files"]
+__all__ = ["REMOTE_SWEEP", "SWEPT_STAMP", "SweepReport", "sweep_due", "sweep_leftovers", "table_data_files"]
+
+# in the marker folder: its modification time is when a commit last swept the table (a file, not a marker)
+SWEPT_STAMP = "_swept"
 
 # an object store has no atomic rename to claim a dead write's marker by, and no local pid to check
 REMOTE_SWEEP = ("not swept on an object store: a crashed write's files stay (no version references them, "
@@ -45,6 +48,8 @@ class SweepReport:
     # files named like ours whose write left no marker of ours: nothing proves them ours, so they stay
     unproven: list[str] = field(default_factory=list)
     skipped: str = ""  # why no sweep ran (an object store)
+    # the log files (commit entries and checkpoints) the sweep read to learn which files a version references
+    log_entries: int = 0
 
     def line(self) -> str:
         unproven = (f"; {len(self.unproven)} file(s) named like ours but with no marker of ours left alone"
@@ -53,14 +58,16 @@ class SweepReport:
                 f"{len(self.live_writes)} write(s) still running left alone{unproven}")
 
 
-def _log_facts(root: Path) -> tuple[set[str], set[str]]:
-    """(every path any ``add``/``remove`` in the log or a checkpoint names, write ids of commits)."""
+def _log_facts(root: Path) -> tuple[set[str], set[str], int]:
+    """(every path any ``add``/``remove`` in the log or a checkpoint names, write ids of commits, log files read)."""
     referenced: set[str] = set()
     committed: set[str] = set()
     log = root / "_delta_log"
+    read = 0
     if not log.is_dir():
-        return referenced, committed
+        return referenced, committed, read
     for entry in log.iterdir():
+        read += entry.suffix in (".json", ".parquet")
         if entry.suffix == ".json" and entry.stem.isdigit():
             for line in entry.read_text().splitlines():
                 if not line.strip():
@@ -80,7 +87,7 @@ def _log_facts(root: Path) -> tuple[set[str], set[str]]:
                 for item in table[kind].to_pylist():
                     if item and item.get("path"):
                         referenced.add(unquote(item["path"]))
-    return referenced, committed
+    return referenced, committed, read
 
 
 def _current_files(root: Path) -> set[str]:
@@ -134,6 +141,64 @@ def _writes_found(root: Path, keep_write_ids: frozenset[str]) -> tuple[dict[str,
     return files, markers
 
 
+def _close(root: Path, write_id: str, markers: dict[str, tuple[str, Path]], *, dry_run: bool) -> None:
+    """A dead write's ``claimed`` or ``committing`` marker made ``finished`` (still the proof its files are ours,
+    kept as long): no later commit takes it for a torn write (:func:`sweep_due`) and sweeps again for it."""
+    state, path = markers.get(write_id, ("", None))
+    if dry_run or state not in ("claimed", "committing") or path is None:
+        return
+    try:
+        last_heard = path.stat().st_mtime
+    except FileNotFoundError:
+        return
+    finish_marker(root, write_id, closed_by_sweep=state)
+    closed = marker_path(root, write_id, "finished")
+    os.utime(closed, (last_heard, last_heard))  # its age stays the write's: retention counts from its last sign
+    markers[write_id] = ("finished", closed)
+
+
+def sweep_due(root: Any, *, own: str, grace_s: float) -> str | None:
+    """Why a commit of write ``own`` should sweep the table at ``root`` now; None when nothing asks for it.
+
+    A sweep reads every entry of the table's log, so a commit runs one only when its markers say some write
+    did not finish (``running``, ``committing`` or ``claimed``: a write torn by a crash, or one running beside
+    this one), or when the last sweep (``_sbi_jobs/_swept``) is older than the grace (a leftover nothing marks:
+    a speculative attempt's, a file named like ours with no marker), or when other writes finished and no
+    commit swept yet. One listing of the marker folder's names; nothing read. On an object store, where
+    :func:`sweep_leftovers` only says why it does not sweep, it is always due.
+    """
+    if remote_store(root) is not None:
+        return "an object store"
+    folder = Path(local_root(root)) / MARKER_DIR
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return None
+    others = False
+    for name in names:
+        write_id, _, state = name.rpartition(".")
+        if write_id == own or state not in STATES:
+            continue
+        if state != "finished":
+            return f"write {write_id} is {state}"
+        others = True
+    try:
+        age = time.time() - (folder / SWEPT_STAMP).stat().st_mtime
+    except FileNotFoundError:
+        return "other writes finished since the table was made, and no commit swept it" if others else None
+    return f"the last sweep was {age:,.0f} s ago (grace {grace_s:g} s)" if age > grace_s else None
+
+
+def stamp_swept(root: Any) -> None:
+    """Record that a commit swept the table at ``root`` now (:func:`sweep_due` reads it)."""
+    if remote_store(root) is not None:
+        return
+    stamp = Path(local_root(root)) / MARKER_DIR / SWEPT_STAMP
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.touch()
+    os.utime(stamp)
+
+
 def sweep_leftovers(root: Any, *, grace_s: float, dry_run: bool = False,
                     keep_write_ids: frozenset[str] = frozenset(),
                     marker_retention_s: float = MARKER_RETENTION_S) -> SweepReport:
@@ -152,7 +217,7 @@ def sweep_leftovers(root: Any, *, grace_s: float, dry_run: bool = False,
         return report
     now = time.time()
     files, markers = _writes_found(root, keep_write_ids)
-    referenced, committed = _log_facts(root)
+    referenced, committed, report.log_entries = _log_facts(root)
     referenced |= _current_files(root)
 
     def mtime(path: Path) -> float:
@@ -189,6 +254,7 @@ def sweep_leftovers(root: Any, *, grace_s: float, dry_run: bool = False,
         else:  # no marker of ours names this write: its files are not proven ours, whatever their name
             report.unproven += [f.relative_to(root).as_posix() for f in files.get(write_id, [])]
     for write_id in sorted(dead):
+        _close(root, write_id, markers, dry_run=dry_run)
         for file in files.get(write_id, []):
             rel = file.relative_to(root).as_posix()
             if rel in referenced or unquote(rel) in referenced:

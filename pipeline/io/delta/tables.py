@@ -23,6 +23,8 @@ def replaced_by(spark: "SparkSession", path: str, *, run_id: str, partition: dic
     """
     from pyspark.sql import functions as F
 
+    if _nothing_after(path, version):
+        return None  # no commit after this run's (its log has no next entry): its rows are the latest
     now = _latest_version(spark, path)
     if now is not None and now == version:
         return None  # nothing committed since this run: its rows are the latest
@@ -49,6 +51,20 @@ def log_rows(table: Any, partition: dict[str, Any] | None = None) -> int | None:
     if any(a.get("num_records") is None for a in files):
         return None
     return int(sum(a["num_records"] for a in files))
+
+
+def _nothing_after(path: str, version: int) -> bool:
+    """Whether the log of the table at ``path`` (where deltalake reads it) has no entry after ``version``: one
+    file looked up, whatever the table's size. False when it cannot tell."""
+    from pipeline.io.delta.state import log_reachable
+    from pipeline.io.stores import table_store
+
+    if not log_reachable(path):
+        return False
+    try:
+        return not table_store(path).exists(f"_delta_log/{int(version) + 1:020d}.json")
+    except Exception:  # noqa: BLE001 - unknown: the caller asks the table
+        return False
 
 
 def _latest_version(spark: "SparkSession", path: str) -> int | None:

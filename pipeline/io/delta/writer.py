@@ -79,7 +79,8 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
                     if current is None or current.rows >= self.lake.target_file_rows:
                         if current is not None:
                             message.adds.append(current.close())
-                        current = writers[key] = PartFile(self.store, self.partition_by, key, self.write_id, tag)
+                        current = writers[key] = PartFile(self.store, self.partition_by, key, self.write_id, tag,
+                                                          tally=self.lake.tally_columns)
                     current.write(part)
                     message.rows += part.num_rows
                     if self.lake.faults and ctx is not None and message.rows == part.num_rows:  # the first part: once
