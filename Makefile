@@ -231,9 +231,12 @@ test-int4: $(INT4_STAMP)
 # there (tests/wheel/, .ci/test_wheel.sh): every public entry point and shipped notebook; the results become
 # docs/wheel_matrix.json and the docs' matrix. WHEEL_SPARKS="4.0.1@3.12 4.3.0" picks the pyspark versions (@X.Y: the
 # venv's Python; add 4.0.1 for 4.0 on $(PYTHON) too).
+# WHEEL_JOBS: lines side by side (each a venv, a local Spark and a Connect server of its own; its output printed
+# when it ends).
 WHEEL_SPARKS ?= 4.0.1@3.12 4.1.4 4.2.0 4.3.0
+WHEEL_JOBS ?= 2
 test-wheel: $(STAMP)
-	PYTHON=$(PYTHON) .ci/test_wheel.sh $(WHEEL_SPARKS)
+	PYTHON=$(PYTHON) SBI_WHEEL_JOBS=$(WHEEL_JOBS) .ci/test_wheel.sh $(WHEEL_SPARKS)
 
 # Quantized against fp32 per task (int8 embed in the pipeline, int4 extract/generate), medians of 3 (docs/benchmarks_precision.md)
 bench-precision: $(STAMP) $(INT4_STAMP) jars demo-data $(LLM_DIR)/model.safetensors

@@ -71,9 +71,8 @@ results=$work/results
 rm -rf "$results"
 mkdir -p "$shared" "$results"
 
-status=0
-timings=()
-for run in "${runs[@]}"; do
+line() {  # one Spark line (PYSPARK_VERSION[@PYTHON_X.Y]): its venv, the install checks and the smoke set
+  local run=$1 failed=0
   spark=${run%@*}
   want=$([ "$run" != "$spark" ] && echo "${run#*@}" || true)
   python=$(python_for "$want")
@@ -114,15 +113,48 @@ PY
         SBI_WHEEL_SHARED=$shared PYSPARK_PYTHON="$venv/bin/python" \
         "$venv/bin/python" -m pytest -q -s -p no:cacheprovider -o addopts="" --timeout 900 -rs --durations=8 \
         tests/wheel); then
-    status=1
+    failed=1
     echo "[test-wheel] FAIL: the smoke set failed with pyspark $spark on Python $pyver"
   elif ! "$PYTHON" .ci/wheel_matrix.py complete "$result"; then
-    status=1
+    failed=1
     echo "[test-wheel] FAIL: the smoke set with pyspark $spark on Python $pyver did not run whole"
   fi
   rm -rf "$tests"
-  timings+=("pyspark $spark on Python $pyver: $(( $(date +%s) - line_started )) s")
-  echo "[test-wheel]   ${timings[-1]}"
+  echo "pyspark $spark on Python $pyver: $(( $(date +%s) - line_started )) s" >"$work/line-$1.time"
+  echo "[test-wheel]   $(cat "$work/line-$1.time")"
+  return $failed
+}
+
+# SBI_WHEEL_JOBS lines at a time (default 1): each line's venv, jars and results are its own; the tiny models they
+# share are built under a lock (tests/wheel/conftest.py), and a line's output is printed whole when it ends
+jobs=${SBI_WHEEL_JOBS:-1}
+status=0
+pids=()
+for run in "${runs[@]}"; do
+  rm -f "$work/line-$run.time" "$work/line-$run.log"
+  # in a subshell of its own with -e (a failed install ends the line, not the others); its exit status is the line's
+  if [ "$jobs" -le 1 ]; then
+    set +e
+    (set -e; line "$run") 2>&1 | tee "$work/line-$run.log"
+    rc=${PIPESTATUS[0]}
+    set -e
+    [ "$rc" = 0 ] || status=1
+    continue
+  fi
+  echo "[test-wheel] $run: started ($jobs lines at a time; its output when it ends)"
+  (set -e; line "$run") >"$work/line-$run.log" 2>&1 &
+  pids+=("$!")
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do sleep 2; done
+done
+i=0
+for pid in "${pids[@]}"; do
+  wait "$pid" || status=1
+  cat "$work/line-${runs[$i]}.log"
+  i=$((i + 1))
+done
+timings=()
+for run in "${runs[@]}"; do
+  timings+=("$(cat "$work/line-$run.time" 2>/dev/null || echo "pyspark $run: did not finish")")
 done
 if [ "${SBI_WHEEL_MATRIX:-1}" = 1 ] && ls "$results"/*.json >/dev/null 2>&1; then
   "$PYTHON" .ci/wheel_matrix.py merge "$results"/*.json

@@ -153,11 +153,17 @@ def spark():
 
 
 def _built(folder: Path, build) -> Path:
-    """``folder`` when a line before this one built it (same weights on every line), else built now."""
-    done = folder / ".complete"
-    if not done.exists():
-        build(folder)
-        done.touch()
+    """``folder`` when a line before this one built it (same weights on every line), else built now; under a
+    lock, since lines may run side by side (``SBI_WHEEL_JOBS``): the second waits for the first's build."""
+    import fcntl
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = folder / ".complete"
+        if not done.exists():
+            build(folder)
+            done.touch()
     return folder
 
 

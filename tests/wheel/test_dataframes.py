@@ -68,7 +68,9 @@ def _compare_with_other_lines(shared: Path, rows: dict[str, dict], what: str = "
             np.testing.assert_allclose(np.float32(row["embedding"]), np.float32(other["embedding"]), rtol=0,
                                        atol=ATOL, err_msg=f"{key}: the embedding of {path.stem}")
         compared.append(path.stem)
-    (folder / f"{tag}.json").write_text(json.dumps(mine))
+    partial = folder / f".{tag}.json.part"  # renamed whole: a line beside this one never reads half a file
+    partial.write_text(json.dumps(mine))
+    partial.replace(folder / f"{tag}.json")
     return compared
 
 
