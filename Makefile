@@ -355,10 +355,8 @@ bench-streaming: demo-data
 bench-driver: demo-data jars-delta
 	SBI_NO_JARS=1 PYTHONPATH=. $(PY) bench/bench_driver.py batch --rows 5000 --runs 2 --writer deltalake \
 	  --json bench/results_driver_deltalake.json $(BENCH_ARGS)
-	PYTHONPATH=. $(VENV)/bin/spark-submit $(JAR_ARGS) --master 'local[*,4]' --driver-memory 2g \
-	  --conf spark.ui.enabled=false --conf spark.ui.showConsoleProgress=false --conf spark.log.level=WARN \
-	  --conf spark.databricks.delta.snapshotPartitions=$$(nproc) \
-	  bench/bench_driver.py batch --rows 5000 --runs 2 --json bench/results_driver_connector.json $(BENCH_ARGS)
+	PYTHONPATH=. $(PY) bench/bench_driver.py batch --rows 5000 --runs 2 --launcher spark-submit \
+	  --json bench/results_driver_connector.json $(BENCH_ARGS)
 	SBI_NO_JARS=1 PYTHONPATH=. $(PY) bench/bench_driver.py stream --micro-batches 200 --batch-rows 100 \
 	  --json bench/results_driver_stream.json $(BENCH_ARGS)
 
