@@ -22,6 +22,7 @@ import time
 import uuid
 from typing import Any, Callable, Mapping
 
+from pipeline.run_counts import WORK_KEYS
 
 __all__ = ["StageClock", "WorkerCounts", "WorkerProgress", "batch_metrics", "merge_counts", "reused_counts"]
 
@@ -130,22 +131,12 @@ class WorkerCounts:
         merge_counts(self.counts, other)
 
 
-# what a task's counts say about the work of scoring (not about its output rows): a task reused from
-# staged output did none of it in this run
-WORK_KEYS = frozenset({
-    "batches", "tokens", "padded_tokens", "batch_sizes", "batch_rows", "by_length", "timeline", "timeline_bucket_s",
-    "slow_batches", "rows_per_worker", "model_loads", "load_seconds", "infer_seconds", "torch_threads",
-    "task_retries", "tasks_per_worker", "precision_used", "precision_fallbacks", "precision_checks",
-    "precision_auto", "generation_backend",
-    "progress_rows", "oom_splits", "adaptive_splits", "poison_bisections", "endpoint", "profile_seconds",
-})
-
-
 def reused_counts(stored: Mapping[str, Any], *, rows: int) -> Counts:
     """The counts of a task whose output for ``rows`` input rows was reused from a finished earlier try.
 
     What its stored counts say about the rows (statuses, a kind's own output counts) stays, so the
-    run's totals and completeness checks add up; the work of scoring (:data:`WORK_KEYS`) is dropped,
+    run's totals and completeness checks add up; the work of scoring (the counters declared ``work``,
+    :data:`pipeline.run_counts.WORK_KEYS`) is dropped,
     and ``resumed_tasks`` / ``rows_reused`` count the reuse.
 
     >>> reused_counts({"status": {"ok": 3}, "tokens": 40, "model_loads": {"w": 1}}, rows=3)
