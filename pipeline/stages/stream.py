@@ -24,14 +24,13 @@ import json
 import time
 from typing import Any
 
-from pipeline.compat import runtime_versions
 from pipeline.errors import JobError, RunStopped
 from pipeline.identity import run_identity
-from pipeline.metrics import batch_metrics, merge_counts
-from pipeline.run_counts import RunCounts
+from pipeline.metrics import merge_counts
 from pipeline.sessions import is_connect
 from pipeline.stages.micro_batch import BatchResult, MicroBatches
 from pipeline.stages.plan import Prepared
+from pipeline.stages.summary import build_summary, finish
 from pipeline.summary import RunSummary
 
 __all__ = ["check_streamable", "run_stream", "stream_summary"]
@@ -102,8 +101,6 @@ def run_stream(prep: Prepared, *, recorder: Any, stop: Any, fixed_ds: bool) -> R
             raise RunStopped(_stopped_line(summary)) from None
         raise
     prep.clock.lap("stream")
-    from pipeline.stages.summary import finish
-
     return finish(prep, stream_summary(prep, batches.take_results(), watch), recorder=recorder)
 
 
@@ -192,8 +189,6 @@ def _watch_query(prep: Prepared, query: Any, batches: MicroBatches, watch: _Watc
 def _next_record(prep: Prepared, batches: MicroBatches, watch: _Watch, recorder: Any) -> None:
     """End the current runs-table record with the micro-batches it covers and start the next, between two
     micro-batches (none runs meanwhile) and once their progress is in."""
-    from pipeline.stages.summary import finish
-
     with batches.lock:
         if not batches.results or not batches.idle.is_set() or not watch.reported(batches.results):
             return  # a quiet stretch adds no row; a micro-batch runs, or its report is not in yet: next poll
@@ -211,33 +206,26 @@ def _next_record(prep: Prepared, batches: MicroBatches, watch: _Watch, recorder:
 
 
 def stream_summary(prep: Prepared, results: list[BatchResult], watch: _Watch) -> RunSummary:
-    """The summary of a stream's run (or interval): the sum of its micro-batches, and what the query read."""
+    """The summary of a stream's run (or interval): the sum of its micro-batches, and what the query read.
+
+    Built by the batch run's builder (:func:`pipeline.stages.summary.build_summary`) from the micro-batches'
+    merged counts, so it has every counter field a batch run's summary has, and the kind's own lines."""
     config = prep.config
     written = [r for r in results if not r.replayed]
     merged: dict[str, Any] = {}
     for r in written:
         merge_counts(merged, r.counts)
-    counts = RunCounts.from_merged(merged, task=prep.kind.job.counters)
     last = next((r for r in reversed(results) if r.version is not None), None)
     quarantined = sum(r.rows_quarantined for r in written)
     sink = config.sink
-    return RunSummary(
-        versions=runtime_versions(), job=config.job, run_id=watch.run_id,
-        ds=written[-1].ds if written else config.run.resolved_ds().isoformat(),
+    return build_summary(
+        prep, merged, run_id=watch.run_id, ds=written[-1].ds if written else config.run.resolved_ds().isoformat(),
         rows_in=sum(r.rows_in for r in written), rows_out=sum(r.rows_out for r in written),
         rows_quarantined=quarantined, quarantine=sink.resolved_quarantine_path() if quarantined else None,
-        status={k: int(v) for k, v in counts.status.items()}, seconds=time.perf_counter() - watch.started,
-        tokens=int(counts.tokens), padded_tokens=int(counts.padded_tokens), batches=int(counts.batches),
-        model_loads={w: int(counts.model_loads.get(w, 0)) for w in counts.tasks_per_worker},
-        model_name=prep.model.name, model_revision=prep.model.revision,
+        seconds=time.perf_counter() - watch.started,
         output=last.output if last else str(sink.path or sink.table), delta_version=last.version if last else None,
-        writer=last.writer if last else "", batch_sizes={k: int(v) for k, v in counts.batch_sizes.items()},
-        load_seconds=float(counts.load_seconds), infer_seconds=float(counts.infer_seconds),
-        tasks=sum(r.tasks for r in written), rows_per_worker={w: int(n) for w, n in counts.rows_per_worker.items()},
-        batch_metrics=batch_metrics(merged), rows_scored=sum(r.rows_in for r in written),
-        precision_used=counts.precision_used, precision_fallbacks=counts.precision_fallbacks,
-        prompt_tokens=int(counts.prompt_tokens), completion_tokens=int(counts.completion_tokens),
-        profile_seconds=float(counts.profile_seconds), quality=_stream_quality(merged, written),
+        writer=last.writer if last else "", tasks=sum(r.tasks for r in written),
+        rows_scored=sum(r.rows_in for r in written), quality=_stream_quality(merged, written),
         stream=_stream_facts(config, results, watch),
     )
 

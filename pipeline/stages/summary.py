@@ -4,7 +4,7 @@ written (``run.summary_path``) and returned; a run whose rows do not add up fail
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from pipeline.compat import runtime_versions
 from pipeline.errors import JobError
@@ -16,7 +16,7 @@ from pipeline.run_counts import RunCounts
 from pipeline.stages.plan import AlreadyCommitted, Committed, Prepared, ReadBack, RunPlan
 from pipeline.summary import RunSummary
 
-__all__ = ["already_committed", "finish", "summarize"]
+__all__ = ["already_committed", "build_summary", "finish", "summarize"]
 
 
 def already_committed(prep: Prepared, identity: RunIdentity, done: AlreadyCommitted) -> RunSummary:
@@ -32,11 +32,51 @@ def already_committed(prep: Prepared, identity: RunIdentity, done: AlreadyCommit
     )
 
 
-def _summary_details(prep: Prepared, plan: RunPlan, counts: RunCounts) -> dict[str, str]:
-    """The summary's extra lines: the kind's own, known-bad rows skipped, malformed input, torch threads."""
+def build_summary(prep: Prepared, merged: Mapping[str, Any], *, counts: RunCounts | None = None,
+                  known_bad: int = 0, after_commit: Mapping[str, str] | None = None,
+                  batch_api: dict[str, Any] | None = None, **facts: Any) -> RunSummary:
+    """The summary of a batch run or of a stream's record, from its merged worker counts: the one builder of both.
+
+    Every counter's summary field (:meth:`pipeline.run_counts.RunCounts.summary_fields`), the per-batch
+    metrics, the kind's own lines (``summary_lines`` of its job, then ``after_commit``'s lines, then the
+    run's: known-bad rows skipped, malformed input, torch threads), the model and the runtime's versions;
+    ``facts`` are the :class:`RunSummary` fields the counts do not say (run id, rows in and out, the output,
+    the stream's facts...).
+
+    Args:
+        prep: the run's checks before any work (config, kind, model).
+        merged: :func:`pipeline.metrics.merge_counts` of the tasks' (or micro-batches') counts.
+        counts: ``merged`` read with the kind's counters (read here when None).
+        known_bad: rows skipped as quarantined earlier with the same content and task fingerprint.
+        after_commit: the lines of the kind's work after the commit (``TaskJob.after_commit``).
+        batch_api: a served model in batch mode: what the provider's batches did (this try paid their tokens).
+        **facts: the other :class:`RunSummary` fields.
+    """
+    config = prep.config
+    counts = counts if counts is not None else RunCounts.from_merged(merged, task=prep.kind.job.counters)
+    fields = counts.summary_fields()
+    if fields.keys() & facts.keys():  # the counts say these; a caller's own value would hide them
+        raise TypeError(f"build_summary: {', '.join(sorted(fields.keys() & facts.keys()))} come from the counts")
+    details = {**prep.kind.job.summary_lines(prep.spark, config, counts, prep.model), **(after_commit or {}),
+               **_summary_details(prep, known_bad, counts)}
+    fields.update(
+        # a served model in batch mode: this try paid what the batch answers it collected used (its tasks sent nothing)
+        tokens=int(batch_api.get("tokens", 0)) if batch_api else fields["tokens"],
+        # the loads of every worker that ran a task (0: it reused the model a task before it loaded)
+        model_loads={w: fields["model_loads"].get(w, 0) for w in counts.tasks_per_worker},
+        endpoint=_endpoint_stats(counts, batch_api),
+    )
+    return RunSummary(**{
+        "versions": runtime_versions(), "job": config.job, "model_name": prep.model.name,
+        "model_revision": prep.model.revision, "incremental": config.run.incremental, **fields,
+        "batch_metrics": batch_metrics(merged), "details": details, "batch_api": batch_api or {}, **facts})
+
+
+def _summary_details(prep: Prepared, known_bad: int, counts: RunCounts) -> dict[str, str]:
+    """The summary's extra lines: known-bad rows skipped, malformed input, torch threads."""
     details: dict[str, str] = {}
-    if plan.known_bad:
-        details["known-bad rows skipped"] = (f"{plan.known_bad:,} (quarantined earlier with the same content and "
+    if known_bad:
+        details["known-bad rows skipped"] = (f"{known_bad:,} (quarantined earlier with the same content and "
                                              "task fingerprint; --retry-quarantined scores them again)")
     malformed = int(counts.status.get(Status.MALFORMED, 0))
     if malformed:
@@ -57,44 +97,23 @@ def summarize(prep: Prepared, plan: RunPlan, *, committed: Committed, read: Read
     counts = RunCounts.from_merged(merged, task=kind.job.counters)
     prep.clock.lap("read-back", rows=read.rows_out, quarantined=read.rows_quarantined, scanned=read.written is not None)
     prep.stage("summary")
-    samples = committed.samples  # taken from the scored rows in hand, before the commits
     incomplete = read.incomplete or kind.job.check_complete(
         rows_in=plan.rows_in, rows_out=read.rows_out, rows_quarantined=read.rows_quarantined, counts=counts)
     replaced = None
     if not incomplete and result.version is not None and read.rows_out:
         replaced = replaced_by(spark, result.output, run_id=run_id, version=result.version,
                                partition={"ds": ds} if plan.partition_ds is not None else {})
-    details = kind.job.after_commit(spark, config, output=result.output, run_id=run_id, ds=ds) if not incomplete else {}
-    details = {**kind.job.summary_lines(spark, config, counts, prep.model), **details,
-               **_summary_details(prep, plan, counts)}
-    quarantine_path = plan.quarantine_path
-    # a served model in batch mode: this try paid what the batch answers it collected used (its tasks sent nothing)
-    paid = int(plan.batch_api.get("tokens", 0)) if plan.batch_api else int(counts.tokens)
-    return RunSummary(
-        versions=runtime_versions(),
-        job=config.job, run_id=run_id, ds=ds.isoformat(), rows_in=plan.rows_in, rows_out=read.rows_out,
+    after = kind.job.after_commit(spark, config, output=result.output, run_id=run_id, ds=ds) if not incomplete else {}
+    return build_summary(
+        prep, merged, counts=counts, known_bad=plan.known_bad, after_commit=after, batch_api=plan.batch_api,
+        run_id=run_id, ds=ds.isoformat(), rows_in=plan.rows_in, rows_out=read.rows_out,
         rows_quarantined=read.rows_quarantined,
-        quarantine=quarantine_path if committed.quarantine_version is not None else None,
-        status={k: int(v) for k, v in counts.status.items()}, seconds=committed.seconds,
-        tokens=paid, padded_tokens=int(counts.padded_tokens), batches=int(counts.batches),
-        model_loads={w: int(counts.model_loads.get(w, 0)) for w in counts.tasks_per_worker},
-        model_name=prep.model.name, model_revision=prep.model.revision, output=result.output,
-        delta_version=result.version, writer=result.writer,
-        batch_sizes={k: int(v) for k, v in counts.batch_sizes.items()}, samples=samples,
-        incremental=config.run.incremental, retries=_retries(counts),
-        precision_used=counts.precision_used, precision_fallbacks=counts.precision_fallbacks,
-        precision_checks=counts.precision_checks, precision_auto=counts.precision_auto,
-        generation_backend=counts.generation_backend,
-        load_seconds=float(counts.load_seconds), infer_seconds=float(counts.infer_seconds),
-        profile_seconds=float(counts.profile_seconds),
-        tasks=plan.tasks, rows_per_worker={w: int(n) for w, n in counts.rows_per_worker.items()},
-        incomplete=incomplete, details=details, replaced=replaced,
-        batch_metrics=batch_metrics(merged), resumed_tasks=int(counts.resumed_tasks),
-        rows_reused=int(counts.rows_reused), rows_scored=plan.rows_in - int(counts.rows_reused),
-        resume_note=plan.resume_note, source_snapshot=plan.identity.source_snapshot, source_note=plan.source_note,
-        prompt_tokens=int(counts.prompt_tokens), completion_tokens=int(counts.completion_tokens),
-        endpoint=_endpoint_stats(counts, plan.batch_api),
-        quality=committed.quality or {}, batch_api=plan.batch_api or {},
+        quarantine=plan.quarantine_path if committed.quarantine_version is not None else None,
+        seconds=committed.seconds, output=result.output, delta_version=result.version, writer=result.writer,
+        samples=committed.samples,  # taken from the scored rows in hand, before the commits
+        tasks=plan.tasks, incomplete=incomplete, replaced=replaced,
+        rows_scored=plan.rows_in - int(counts.rows_reused), resume_note=plan.resume_note,
+        source_snapshot=plan.identity.source_snapshot, source_note=plan.source_note, quality=committed.quality or {},
     )
 
 
@@ -104,13 +123,6 @@ def _endpoint_stats(counts: RunCounts, batch_api: dict[str, Any] | None) -> dict
     if batch_api:
         stats["tokens_paid"] = int(batch_api.get("tokens", 0))
     return stats
-
-
-def _retries(counts: RunCounts) -> dict[str, int]:
-    """What was retried or split, in this order, leaving out what did not happen."""
-    retried = {"oom_splits": counts.oom_splits, "adaptive_splits": counts.adaptive_splits,
-               "poison_bisections": counts.poison_bisections, "task_retries": counts.task_retries}
-    return {k: int(v) for k, v in retried.items() if v}
 
 
 def finish(prep: Prepared, summary: RunSummary, *, recorder: Any) -> RunSummary:
