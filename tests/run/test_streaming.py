@@ -73,6 +73,8 @@ def test_available_now_scores_each_arrival_once_and_records_each_run(spark, tmp_
     first = run_job(config, spark=spark, out=out)
     assert (first.rows_in, first.rows_out, first.rows_quarantined) == (22, 21, 1) and first.complete, out.getvalue()
     assert first.status["error"] == 1 and first.stream["micro_batches"] == 2 and first.stream["batch_ids"] == [0, 1]
+    # built as a batch run's summary is (tests/run/test_summaries.py): the run's own lines too
+    assert "torch threads" in first.details and "torch threads" in first.render(), first.render()
     assert "micro-batch 0: 12 rows in, 11 out, 1 quarantined" in out.getvalue(), out.getvalue()
     (source,) = first.stream["sources"]
     assert source["start_offset"] is None and source["end_offset"], source
