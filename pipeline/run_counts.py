@@ -45,6 +45,10 @@ Merge = Literal["sum", "by-key"]
 def counter(merge: Merge = SUM, *, work: bool = False, summary: str | None = None, default: float = 0) -> Any:
     """A counter field of :class:`RunCounts` (or of a :class:`TaskCounts` subclass): the whole declaration.
 
+    The field's name is the key the workers count under (:class:`pipeline.metrics.WorkerCounts`). ``work`` and
+    ``summary`` are read on :class:`RunCounts`' own counters; a kind's counters reach the summary through its
+    job's ``summary_lines``, and are kept for a reused task.
+
     Args:
         merge: :data:`SUM` (a number; ``default`` when nothing counted) or :data:`BY_KEY` (a mapping; empty).
         work: it counts the work of scoring, which a task reused from staged output did not do in this run
