@@ -219,6 +219,12 @@ def undated_run_warning(config) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None, *, prog: str = "python -m pipeline") -> int:
+    """Run the command line with ``argv`` (``sys.argv[1:]`` when None); the exit status.
+
+    ``0`` done; ``2`` a :class:`~pipeline.errors.PipelineError`, its message printed as one line on stderr;
+    ``3`` a run refused for drift (or, with ``report --fail-on-deviation``, a run that deviated); ``143`` a run
+    stopped by SIGTERM; ``1`` a failure Spark reported, in one line.
+    """
     from pipeline.errors import PipelineError
 
     args = build_parser(prog).parse_args(argv)

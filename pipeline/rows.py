@@ -90,13 +90,14 @@ ANSWER_COLUMN = "_sbi_answer"
 # Row statuses that go to the quarantine table instead of the output.
 QUARANTINED_STATUSES = (ERROR, MALFORMED, INVALID_ID, INVALID_OUTPUT)
 
-# The columns every task returns after its result columns.
 STATUS_FIELDS = [
     pa.field("n_tokens", pa.int32()),
     pa.field("truncated", pa.bool_()),
     pa.field("status", pa.string()),
     pa.field("error", pa.string()),
 ]
+"""The columns every task returns after its result columns (a task's ``output_schema`` ends with them): the
+row's tokens, whether its input was cut, its :class:`Status` and, for a failed row, the error."""
 
 # The lineage every scored row carries, whichever path scored it (run_job adds the run's own: run id, scored at):
 # the model's name and revision and the task fingerprint (pipeline.fingerprint).

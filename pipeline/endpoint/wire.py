@@ -1,6 +1,6 @@
 """The OpenAI wire format, both ways: request bodies for a row, and what to read from an answer.
 
-Pure (standard library). The bodies follow OpenAI's API reference as vLLM's and
+Pure (the standard library and the error tree). The bodies follow OpenAI's API reference as vLLM's and
 llama.cpp's servers accept it: ``/chat/completions`` with ``messages``,
 ``/completions`` with ``prompt``, ``/embeddings`` with ``input``; a JSON
 Schema goes in ``response_format: {"type": "json_schema", ...}``. Answers give
@@ -22,12 +22,15 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from pipeline.errors import PipelineError
+
 __all__ = ["Reply", "WireError", "body_key", "chat_body", "completion_body", "embedding_body", "error_message", "image_parts",
            "read_embedding", "read_generation"]
 
 
-class WireError(ValueError):
-    """An answer that is not what the OpenAI API returns (no choices, no data): the server's fault, retried."""
+class WireError(PipelineError, ValueError):
+    """An answer that is not what the OpenAI API returns (no choices, no data): the server's fault, retried (still a
+    ``ValueError``, as it was before it joined the :class:`~pipeline.errors.PipelineError` tree)."""
 
 
 @dataclass(frozen=True)

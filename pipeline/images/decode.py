@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.errors import PipelineError
 from pipeline.rows import Status
 
 __all__ = [
@@ -50,8 +51,9 @@ __all__ = [
 DEFAULT_MAX_PIXELS = 40_000_000
 
 
-class ImageRejected(ValueError):
-    """A known bad input: ``status`` is the row status, the message says what was wrong and what to do."""
+class ImageRejected(PipelineError, ValueError):
+    """A known bad input: ``status`` is the row status, the message says what was wrong and what to do (still a
+    ``ValueError``, as it was before it joined the :class:`~pipeline.errors.PipelineError` tree)."""
 
     def __init__(self, status: str, message: str) -> None:
         super().__init__(message)

@@ -44,6 +44,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping
 
+from pipeline.errors import PipelineError
 from pipeline.locations import local_path, uri_scheme
 
 __all__ = ["OBJECT_STORE_SCHEMES", "StoreError", "TableStore", "configured", "delta_uri", "is_object_store",
@@ -70,8 +71,9 @@ _settings_users = 0
 _settings_lock = threading.Lock()
 
 
-class StoreError(ValueError):
-    """A location whose store settings would make the writer unsafe or cannot be reached."""
+class StoreError(PipelineError, ValueError):
+    """A location whose store settings would make the writer unsafe or cannot be reached (still a ``ValueError``,
+    as it was before it joined the :class:`~pipeline.errors.PipelineError` tree)."""
 
 
 def is_object_store(location: str) -> bool:

@@ -88,7 +88,7 @@ def _job(tmp_path: Path, name: str, *, source: dict, model: dict, task: dict, **
             "spark": {"small_job_rows": 0}, **sections}
 
 
-@pytest.mark.entry("run_job")
+@pytest.mark.entry("run_job", "notebook")
 @pytest.mark.notebook("score_documents")
 def test_score_documents(spark, tmp_path, tiny_embed_model):
     namespace, _ = run_notebook_file("score_documents", spark, tmp_path,
@@ -96,7 +96,7 @@ def test_score_documents(spark, tmp_path, tiny_embed_model):
     check_embed_rows(tmp_path, _summary(namespace))
 
 
-@pytest.mark.entry("score")
+@pytest.mark.entry("score", "notebook")
 @pytest.mark.notebook("preview_scores")
 def test_preview_scores(spark, tmp_path, tiny_embed_model):
     _, shown = run_notebook_file("preview_scores", spark, tmp_path,
@@ -108,7 +108,7 @@ def test_preview_scores(spark, tmp_path, tiny_embed_model):
     assert not (tmp_path / "scores").exists(), "a preview writes nothing"
 
 
-@pytest.mark.entry("run_job")
+@pytest.mark.entry("run_job", "notebook")
 @pytest.mark.notebook("classify_images")
 def test_classify_images(spark, tmp_path, tiny_image_model):
     images = [samples.jpeg(0), samples.png(1), b"not an image"]
@@ -121,7 +121,7 @@ def test_classify_images(spark, tmp_path, tiny_image_model):
     assert {r["image_id"]: r["status"] for r in out} == {"i0": "ok", "i1": "ok", "i2": "invalid_image"}
 
 
-@pytest.mark.entry("run_job")
+@pytest.mark.entry("run_job", "notebook")
 @pytest.mark.notebook("ocr_pages")
 def test_ocr_pages(spark, tmp_path):
     page = samples.text_page(samples.DOC_LINES[:2], size=(640, 160))
@@ -140,7 +140,7 @@ def _reviews(tmp_path: Path) -> list[str]:
     return ids
 
 
-@pytest.mark.entry("run_job")
+@pytest.mark.entry("run_job", "notebook")
 @pytest.mark.notebook("generate_text")
 def test_generate_text(spark, tmp_path, tiny_llm):
     ids = _reviews(tmp_path)
@@ -152,7 +152,7 @@ def test_generate_text(spark, tmp_path, tiny_llm):
     assert all(isinstance(r["completion"], str) for r in out if r["status"] == "ok")
 
 
-@pytest.mark.entry("run_job")
+@pytest.mark.entry("run_job", "notebook")
 @pytest.mark.notebook("extract_fields")
 def test_extract_fields(spark, tmp_path, tiny_llm):
     ids = _reviews(tmp_path)
@@ -166,7 +166,7 @@ def test_extract_fields(spark, tmp_path, tiny_llm):
     assert "fields" in read(tmp_path / "out").column_names
 
 
-@pytest.mark.entry("run_job")
+@pytest.mark.entry("run_job", "notebook")
 @pytest.mark.notebook("refresh_recommendations")
 def test_refresh_recommendations(spark, tmp_path):
     from pipeline.recs.config import TrainConfig

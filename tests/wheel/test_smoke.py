@@ -9,7 +9,9 @@ read back with ``deltalake`` and every input id accounted for.
 
 from __future__ import annotations
 
+import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -18,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import pipeline
-from pipeline import ConfigError, JobConfig, JobError, RunSummary, load_config, run_job
+from pipeline import ConfigError, JobConfig, JobError, JsonFormatter, RunSummary, load_config, read_runs, run_job
 from pipeline.compat import installed_pyspark
 from pipeline.config import build_config
 from tests.wheel.jobs import check_embed_rows, embed_job
@@ -50,11 +52,26 @@ def test_sbi_check_validates_the_job_and_this_machine(tmp_path, tiny_embed_model
     assert "libraries for task.kind embed: installed (transformers)" in done.stderr
 
 
-@pytest.mark.entry("run_job", "RunSummary")
+@pytest.mark.entry("run_job", "RunSummary", "JsonFormatter", "read_runs")
 def test_embed_job_on_the_jar_free_writer(spark, tmp_path, tiny_embed_model):
-    summary = run_job(build_config(embed_job(tmp_path, tiny_embed_model, writer="deltalake")), spark=spark)
+    """The job's lines through the exported JSON formatter (docs/logging.md), and its row of the runs table read
+    back (docs/operations/quality.md)."""
+    lines, logger = io.StringIO(), logging.getLogger("pipeline")
+    handler, level = logging.StreamHandler(lines), logger.level
+    handler.setFormatter(JsonFormatter())
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        summary = run_job(build_config(embed_job(tmp_path, tiny_embed_model, writer="deltalake")), spark=spark)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
     assert isinstance(summary, RunSummary) and summary.writer == "deltalake"
     check_embed_rows(tmp_path, summary)
+    events = [json.loads(line) for line in lines.getvalue().splitlines()]
+    assert [e["run_id"] for e in events if e["event"] == "summary"] == [summary.run_id], events[-3:]
+    (row,) = read_runs(str(tmp_path / "scores_runs"), run_id=summary.run_id)
+    assert row["outcome"] == "ok" and row["job"] == "wheel_smoke"
 
 
 @pytest.mark.entry("run_job", "load_config", "JobConfig")
