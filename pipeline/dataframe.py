@@ -115,10 +115,11 @@ def _column_function(scoring: Scoring, spark: "SparkSession", *, with_id: bool, 
     worker, given the Arrow types of ``df``'s ``inputs``: the SQL function's come with each call). A task that
     sends rows to a server gets its share of the request rates."""
     from pipeline.compat import ARROW_UDF_SINCE, arrow_column_function, session_spark
+    from pipeline.endpoint.attempt import journals_requests
     from pipeline.spark.column_udf import inference_udf
 
     share = 1.0
-    if getattr(scoring.task, "journals_requests", False):
+    if journals_requests(scoring.task):
         from pipeline.spark.planning import count_cores
 
         share = 1.0 / max(1, count_cores(spark))

@@ -110,22 +110,6 @@ def spark():
     session.stop()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _port_open(port: int) -> bool:
-    import socket
-
-    with socket.socket() as sock:
-        sock.settimeout(1)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
 @pytest.fixture(scope="session")
 def connect_server(tmp_path_factory: pytest.TempPathFactory):
     """A Spark Connect server (``local[2,3]``, like the classic fixture) in its own process; yields its URL.
@@ -135,10 +119,9 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory):
     ``spark`` fixture) on the fixed port 15002 (which other test runs on the
     machine would share). Its Python workers import this checkout's ``pipeline``.
     """
-    import subprocess
-    import time
+    from pipeline.io.local_server import free_port, local_server
 
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("connect") / "server.log"
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
            "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
@@ -163,22 +146,9 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory):
         cmd += spark_submit_args()
     for key, value in confs.items():
         cmd += ["--conf", f"{key}={value}"]
-    with open(log, "wb") as sink:
-        server = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT, cwd=str(REPO))
-    try:
-        deadline = time.monotonic() + 300
-        while not _port_open(port):
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the Spark Connect server did not start (exit {server.poll()}); "
-                                   f"its log ends:\n{log.read_text()[-3000:]}")
-            time.sleep(1)
+    with local_server(cmd, port=port, name="the Spark Connect server", env=env, cwd=REPO, log=log,
+                      start_timeout_s=300, poll_s=1, stop_timeout_s=60):
         yield f"sc://127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
 
 
 @pytest.fixture(scope="session")

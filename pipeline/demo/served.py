@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,13 +23,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Iterator, Sequence
 
+from pipeline.io.local_server import free_port
+
 __all__ = ["start_vllm_server", "stop_vllm_server", "vllm_server"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_vllm_server(model_dir: str | Path, *, name: str, python: str | Path | None = None,
@@ -44,7 +39,7 @@ def start_vllm_server(model_dir: str | Path, *, name: str, python: str | Path | 
     """
     import httpx
 
-    port = _free_port()
+    port = free_port()
     cmd = [str(python or sys.executable), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype,
            "--enforce-eager", "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs),

@@ -17,7 +17,6 @@ file, and are never printed.
 from __future__ import annotations
 
 import os
-import socket
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -70,12 +69,6 @@ class LocalS3:
                             aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @contextmanager
 def local_s3(*, buckets: Sequence[str] = (), port: int | None = None) -> Iterator[LocalS3]:
     """Start moto's S3 server on 127.0.0.1 (a free port unless given), create ``buckets``, stop it after.
@@ -84,25 +77,15 @@ def local_s3(*, buckets: Sequence[str] = (), port: int | None = None) -> Iterato
     while holding the GIL (delta-rs listing a log) would otherwise wait on a server thread that cannot run.
     """
     import importlib.util
-    import subprocess
     import sys
-    import time
+
+    from pipeline.io.local_server import free_port, local_server
 
     if importlib.util.find_spec("moto.server") is None:  # pragma: no cover - moto[server] is in the lock
         raise RuntimeError("the local S3 server needs moto[server] (pip install 'moto[server]'; make venv has it)")
-    port = port or _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto's S3 server did not start on 127.0.0.1:{port}") from None
-                time.sleep(0.2)
+    port = port or free_port()
+    with local_server([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], port=port,
+                      name="moto's S3 server"):
         s3 = LocalS3(endpoint=f"http://127.0.0.1:{port}",
                      access_key=os.environ.get("SBI_LOCAL_S3_KEY", "local-test-key"),
                      secret_key=os.environ.get("SBI_LOCAL_S3_SECRET", "local-test-secret"))
@@ -110,10 +93,3 @@ def local_s3(*, buckets: Sequence[str] = (), port: int | None = None) -> Iterato
         for bucket in buckets:
             client.create_bucket(Bucket=bucket)
         yield s3
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()

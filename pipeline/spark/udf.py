@@ -150,6 +150,7 @@ def score_partition(plan: InferencePlan, batches: Iterator[pa.RecordBatch]) -> I
     from pyspark import TaskContext
 
     from pipeline import faults
+    from pipeline.endpoint.attempt import journals_requests
 
     ctx = TaskContext.get()
     faults.activate(dict(plan.faults))
@@ -166,7 +167,7 @@ def score_partition(plan: InferencePlan, batches: Iterator[pa.RecordBatch]) -> I
     first = next(batches, None)
     if first is None:
         return  # an empty task loads nothing
-    if getattr(task, "journals_requests", False):
+    if journals_requests(task):
         _bind_attempt(task, plan, ctx)
     loaded = _load_for_task(task, plan, ctx, counts.worker, counts)
     if progress is not None:

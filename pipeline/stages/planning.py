@@ -163,12 +163,14 @@ def _request_settings(prep: Prepared, ident: RunIdentity, *, staging_dir: str | 
                       rows: int) -> dict[str, Any]:
     """For a task that sends rows to a server: this try's id, the token budget and each task's share of the
     rates; refused without a staging folder (its request journal lives there). Empty for other tasks."""
+    from pipeline.endpoint.attempt import journals_requests
+
     config = prep.config
     batch = batch_mode(prep)
     if config.run.submit_only and not batch:
         raise JobError("run.submit_only (--submit-only) is set, but this job sends no batches: it is for "
                        "task.backend endpoint with task.endpoint.mode batch")
-    if not getattr(prep.task, "journals_requests", False):
+    if not journals_requests(prep.task):
         if config.run.max_tokens is not None:
             raise JobError(f"run.max_tokens is set but task.kind {config.task.kind} does not send rows to a server; "
                            "it applies to task.backend: endpoint")

@@ -40,6 +40,8 @@ _POLL_S = 1.0
 
 def check_streamable(prep: Prepared) -> None:
     """Refuse, before the query starts, a streaming job this library cannot run exactly once."""
+    from pipeline.endpoint.attempt import journals_requests
+
     config = prep.config
     why = None
     if is_connect(prep.spark):
@@ -48,7 +50,7 @@ def check_streamable(prep: Prepared) -> None:
                "score(df) into your own writeStream")
     elif prep.kind.job.not_for_dataframes:
         why = f"task.kind {config.task.kind} is not one row out per row in: {prep.kind.job.not_for_dataframes}"
-    elif getattr(prep.task, "journals_requests", False):
+    elif journals_requests(prep.task):
         why = ("a served model's answers are journaled in a run's staging folder so that none is paid for twice, "
                "and a micro-batch stages nothing; score served models in a batch job")
     if why:

@@ -23,21 +23,26 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from pipeline.endpoint import Call, EndpointClient, EndpointConfig, Outcome
+from pipeline.endpoint.attempt import Attempt, SendsRows
 from pipeline.endpoint.wire import (WireError, chat_body, completion_body, embedding_body, image_parts, read_embedding,
                                     read_generation)
 from pipeline.errors import EngineError, ModelError, TokenBudgetReached
 from pipeline.metrics import WorkerCounts
 from pipeline.registry import ModelInfo
-from pipeline.rows import MALFORMED, MALFORMED_ERROR, NO_CONTENT, Status
+from pipeline.rows import MALFORMED, MALFORMED_ERROR, Status
 from pipeline.tasks._content import carries_content
-from pipeline.tasks._generate_images import read_row_image
+from pipeline.tasks._generate_rows import as_text, sent_rows, skip_status
 from pipeline.tasks.job import TaskJob
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    import pyarrow as pa
+
     from pipeline.config import JobConfig
 
-__all__ = ["EndpointJob", "LoadedEndpoint", "attempt_client", "embed_rows", "embedding_calls", "generate_rows",
-           "generation_calls", "served_model"]
+__all__ = ["Attempt", "EndpointBackend", "EndpointJob", "LoadedEndpoint", "attempt_client", "embed_rows",
+           "embedding_calls", "generate_rows", "generation_calls", "served_model"]
 
 # upper estimate of a prompt's tokens from its characters (BPE vocabularies average 3.5-4.5 characters a token
 # on English; chat templates add a few tokens per message)
@@ -63,13 +68,39 @@ class LoadedEndpoint:
         return {"generation_backend": {f"endpoint ({self.config.model} at {where})": 1}}
 
 
-@dataclass
-class Attempt:
-    """What the Spark glue gives an endpoint task for one attempt: its journal, the budget, its rate share."""
+class EndpointBackend(SendsRows):
+    """The endpoint backend of a kind (a mixin before the kind's own base): its rows go to a server when
+    ``task.backend`` is ``endpoint``, with no local model to resolve; each attempt is bound by the Spark glue.
 
-    journal: Any = None
-    max_tokens: int | None = None
-    rate_share: float = 1.0
+    A kind gives :meth:`endpoint_calls` (the request of each row of a chunk that is sent); batch mode writes
+    those into its request files (:meth:`batch_calls`), live mode sends them.
+    """
+
+    config: Any
+    model: Any
+
+    @property
+    def journals_requests(self) -> bool:
+        return self.config.backend == "endpoint"
+
+    def endpoint_calls(self, chunk: "pa.RecordBatch") -> tuple[list[int], list[Call], np.ndarray, np.ndarray]:
+        """``(rows sent, their calls, status, error)`` of ``chunk`` (:func:`generation_calls`,
+        :func:`embedding_calls`)."""
+        raise NotImplementedError
+
+    def batch_calls(self, chunk: "pa.RecordBatch") -> list[tuple[int, Any]]:
+        """``(row, call)`` of each row of ``chunk`` that is sent: what batch mode writes into its request files
+        and joins the answers back by (:mod:`pipeline.tasks._endpoint_batch`)."""
+        rows, calls, _, _ = self.endpoint_calls(chunk)
+        return list(zip(rows, calls))
+
+    def resolve_model_dir(self, path: str) -> "Path | None":
+        """The local model folder to load (none on the endpoint backend: the server holds the model)."""
+        if self.config.backend == "endpoint":
+            return None
+        from pipeline.models.loading import resolve_model_path
+
+        return resolve_model_path(path, registry_uri=self.model.registry_uri)
 
 
 def served_model(config: EndpointConfig) -> dict[str, Any]:
@@ -142,21 +173,6 @@ def attempt_client(config: EndpointConfig, attempt: Attempt | None) -> EndpointC
                           rate_share=attempt.rate_share)
 
 
-def _text(value: Any) -> Any:
-    return value.decode("utf-8", errors="replace") if isinstance(value, (bytes, bytearray)) else value
-
-
-def _status_of(values: Sequence[Any]) -> str | None:
-    """A row's skip status from its template values (None: it is sent)."""
-    if any(v is None for v in values):
-        return Status.SKIPPED_NULL
-    if any(not str(v).strip() for v in values):
-        return Status.SKIPPED_EMPTY
-    if values and not any(carries_content(str(v)) for v in values):  # no text value: an image row's content is its image
-        return NO_CONTENT
-    return None
-
-
 def _finish(counts: WorkerCounts, client: EndpointClient, outcomes: Sequence[Outcome], paid: int) -> None:
     """Merge the client's counters into the task's and stop the run when the budget refused a row."""
     counts.merge({"endpoint": {**client.stats, "tokens_paid": paid}})
@@ -184,21 +200,7 @@ def generation_calls(task: Any, cols: Mapping[str, list[Any]],
     system, schema = task.system_prompt(), task.vllm_json_schema()
     build = chat_body if endpoint.api == "chat" else completion_body
     rows, calls = [], []
-    for i in range(n):
-        if malformed[i]:
-            status[i], error[i] = MALFORMED, MALFORMED_ERROR
-            continue
-        image = None
-        if task.image_column:
-            image, bad = read_row_image(cfg, cols[task.image_column][i])
-            if bad is not None:
-                status[i], error[i] = bad
-                continue
-        values = {c: _text(cols[c][i]) for c in task.template_columns}
-        skipped = _status_of(list(values.values()))
-        if skipped is not None:
-            status[i] = skipped
-            continue
+    for i, values, image in sent_rows(task, cols, malformed, status, error, carries_content):
         try:
             prompt, chars = _user_prompt(cfg, values, image)
             budget = row_budget(cfg, cols, i)
@@ -309,11 +311,11 @@ def embedding_calls(task: Any, texts: Sequence[Any],
     error = np.full(n, None, dtype=object)
     rows, calls = [], []
     for i, value in enumerate(texts):
-        text = _text(value)
+        text = as_text(value)
         if malformed[i]:
             status[i], error[i] = MALFORMED, MALFORMED_ERROR
             continue
-        skipped = _status_of([text])
+        skipped = skip_status([text], carries_content)
         if skipped is not None:
             status[i] = skipped
             continue

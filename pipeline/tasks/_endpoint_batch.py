@@ -114,4 +114,4 @@ def rows_client(task: Any, chunk: pa.RecordBatch) -> Any:
         return AnswerClient.of_chunk(chunk)
     from pipeline.tasks._endpoint import attempt_client
 
-    return attempt_client(task.config.endpoint, getattr(task, "attempt", None))
+    return attempt_client(task.config.endpoint, task.attempt)

@@ -13,6 +13,7 @@ dropped from the worker so Spark's retry of the task starts a fresh one.
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -23,9 +24,10 @@ from pipeline.generation.engine import GenerationRequest, GenerationResult
 from pipeline.generation.sampling import row_seed
 from pipeline.generation.vllm_backend import EngineError
 from pipeline.metrics import WorkerCounts
-from pipeline.rows import MALFORMED_ERROR, Status
+from pipeline.rows import Status
 from pipeline.tasks._content import carries_content, content_free, malformed_rows, special_token_ids
-from pipeline.tasks._generate_images import RowImage, read_row_image
+from pipeline.tasks._generate_images import RowImage
+from pipeline.tasks._generate_rows import sent_rows
 
 __all__ = ["generate_chunk", "row_budget"]
 
@@ -42,22 +44,8 @@ def generate_chunk(task: Any, loaded: Any, chunk: pa.RecordBatch, cols: dict[str
 
     rows, texts, requests = [], [], []
     special = special_token_ids(loaded.tokenizer)
-    malformed = malformed_rows(chunk)
-    for i in range(n):
-        if malformed[i]:
-            status[i], error[i] = Status.MALFORMED, MALFORMED_ERROR
-            continue
-        image = None
-        if task.image_column:
-            image, bad = read_row_image(cfg, cols[task.image_column][i])
-            if bad is not None:
-                status[i], error[i] = bad
-                continue
-        values = {c: _as_text(cols[c][i]) for c in task.template_columns}
-        skipped = _skip_status(cfg, loaded.tokenizer, values, special)
-        if skipped is not None:
-            status[i] = skipped
-            continue
+    has_content = partial(_has_content, cfg, loaded.tokenizer, special=special)
+    for i, values, image in sent_rows(task, cols, malformed_rows(chunk), status, error, has_content):
         try:
             request, cut = _request(task, loaded, cols, i, values, image)
         except ValueError as exc:
@@ -75,19 +63,6 @@ def generate_chunk(task: Any, loaded: Any, chunk: pa.RecordBatch, cols: dict[str
         if result.finish_reason == "error":
             status[i], error[i] = Status.ERROR, result.error
     return results, status, error, truncated
-
-
-def _skip_status(config: Any, tokenizer: Any, values: Mapping[str, Any], special: frozenset[int]) -> str | None:
-    """The status of a row not generated for its template values (None: it is generated). A row with an image
-    and no text value is generated: the image is its content."""
-    if any(v is None for v in values.values()):
-        return Status.SKIPPED_NULL
-    # Like a null, a blank value in any column the template needs leaves nothing to generate from.
-    if any(not str(v).strip() for v in values.values()):
-        return Status.SKIPPED_EMPTY
-    if values and not any(_has_content(config, tokenizer, str(v), special) for v in values.values()):
-        return Status.NO_CONTENT
-    return None
 
 
 def _request(task: Any, loaded: Any, cols: Mapping[str, list[Any]], i: int, values: Mapping[str, Any],
@@ -123,7 +98,7 @@ def row_budget(config: Any, cols: Mapping[str, list[Any]], i: int) -> int:
     return min(int(value), config.max_new_tokens_limit)
 
 
-def _has_content(config: Any, tokenizer: Any, value: str, special: frozenset[int]) -> bool:
+def _has_content(config: Any, tokenizer: Any, value: str, *, special: frozenset[int]) -> bool:
     """Whether one template value (the row's own text, not the template) gives the model anything.
 
     A row is generated when any of its values does. Cut like the prompt
@@ -143,11 +118,6 @@ def _check_vocab(token_ids: Sequence[int], vocab_size: int | None) -> None:
             f"the prompt has token id {top}, past the model's vocabulary of {vocab_size}: the tokenizer "
             "does not match the model (use the tokenizer saved with these weights)"
         )
-
-
-def _as_text(value: Any) -> Any:
-    """A binary value decoded as UTF-8 (invalid bytes -> U+FFFD), as the encoder tasks do; others unchanged."""
-    return value.decode("utf-8", errors="replace") if isinstance(value, (bytes, bytearray)) else value
 
 
 def _generate(loaded: Any, requests: list[GenerationRequest], texts: list[str],

@@ -15,7 +15,7 @@ from pipeline.metrics import WorkerCounts
 from pipeline.registry import register_task
 from pipeline.rows import ANSWER_COLUMN, Status
 from pipeline.tasks._content import malformed_rows
-from pipeline.tasks._endpoint import EndpointJob
+from pipeline.tasks._endpoint import EndpointBackend, EndpointJob
 from pipeline.tasks._torch import check_encoder_precision, forward, label_columns, list_array
 from pipeline.tasks.base import LoadedText, TextTask
 
@@ -53,7 +53,7 @@ class EmbedTaskConfig(TaskConfig):
             check_encoder_precision(job)
 
 
-class EmbedTask(TextTask):
+class EmbedTask(EndpointBackend, TextTask):
     """Embeds each row; with ``labels`` also scores it against each label description (cosine).
 
     MiniLM-style sentence encoders list a Normalize module they do not ship as
@@ -65,32 +65,14 @@ class EmbedTask(TextTask):
     # batch mode on the endpoint backend: each row's answer from the provider's batch API, when joined
     optional_input_columns: ClassVar[tuple[str, ...]] = (ANSWER_COLUMN,)
 
-    # -- the endpoint backend: rows embedded by a server's /embeddings, one request per row ---------
-    @property
-    def journals_requests(self) -> bool:
-        return self.config.backend == "endpoint"
-
-    def bind_attempt(self, journal: Any, *, max_tokens: int | None, rate_share: float) -> None:
-        from pipeline.tasks._endpoint import Attempt
-
-        self.attempt = Attempt(journal=journal, max_tokens=max_tokens, rate_share=rate_share)
-
+    # -- the endpoint backend (EndpointBackend): rows embedded by a server's /embeddings, one request per row
     request_path: ClassVar[str] = "/embeddings"
 
-    def batch_calls(self, chunk: pa.RecordBatch) -> list[tuple[int, Any]]:
-        """``(row, call)`` of each row of ``chunk`` that is sent (batch mode's request lines and keys)."""
+    def endpoint_calls(self, chunk: pa.RecordBatch) -> tuple[list[int], list[Any], np.ndarray, np.ndarray]:
         from pipeline.tasks._endpoint import embedding_calls
 
         texts = chunk.column(chunk.schema.get_field_index("text")).to_pylist()
-        rows, calls, _, _ = embedding_calls(self, texts, malformed_rows(chunk))
-        return list(zip(rows, calls))
-
-    def resolve_model_dir(self, path: str) -> Path | None:
-        if self.config.backend == "endpoint":
-            return None
-        from pipeline.models.loading import resolve_model_path
-
-        return resolve_model_path(path, registry_uri=self.model.registry_uri)
+        return embedding_calls(self, texts, malformed_rows(chunk))
 
     def load(self, model_dir: Path | None, device: str, *, machine: Any = None) -> Any:
         if self.config.backend != "endpoint":

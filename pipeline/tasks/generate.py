@@ -32,7 +32,7 @@ from pipeline.metrics import WorkerCounts
 from pipeline.registry import register_task
 from pipeline.rows import ANSWER_COLUMN, STATUS_FIELDS
 from pipeline.tasks._content import malformed_rows
-from pipeline.tasks._endpoint import EndpointJob
+from pipeline.tasks._endpoint import EndpointBackend, EndpointJob
 from pipeline.tasks._generate_chunk import generate_chunk
 from pipeline.tasks._generate_columns import RESULT_FIELDS, count_finish_reasons, generation_batch
 from pipeline.tasks._generate_load import load_generator
@@ -146,7 +146,7 @@ class GenerateTaskConfig(TaskConfig):
             raise ValueError(f"model.precision int4 runs on task.backend llama_cpp (or auto), not {self.backend}")
 
 
-class GenerateTask:
+class GenerateTask(EndpointBackend):
     """The ``generate`` task (see the module docstring); ``input_columns`` come from the template."""
 
     kind: ClassVar[str] = "generate"
@@ -205,39 +205,17 @@ class GenerateTask:
         profile.rows(out)
         profile_generation(out, profile)
 
-    # -- the endpoint backend: no local model; each task attempt gets its journal and budget ---------
-    @property
-    def journals_requests(self) -> bool:
-        """Whether rows go to a server (the Spark glue then binds each attempt: :meth:`bind_attempt`)."""
-        return self.config.backend == "endpoint"
-
-    def bind_attempt(self, journal: Any, *, max_tokens: int | None, rate_share: float) -> None:
-        """This attempt's request journal, the run's token budget and this task's share of the rates."""
-        from pipeline.tasks._endpoint import Attempt
-
-        self.attempt = Attempt(journal=journal, max_tokens=max_tokens, rate_share=rate_share)
-
+    # -- the endpoint backend (EndpointBackend): no local model; each task attempt gets its journal and budget
     @property
     def request_path(self) -> str:
         """The API path its rows are posted to (the batch API's ``endpoint``)."""
         return self.config.endpoint.api_path() if self.config.endpoint else "/chat/completions"
 
-    def batch_calls(self, chunk: pa.RecordBatch) -> list[tuple[int, Any]]:
-        """``(row, call)`` of each row of ``chunk`` that is sent: what batch mode writes into its request files
-        and joins the answers back by (:mod:`pipeline.tasks._endpoint_batch`)."""
+    def endpoint_calls(self, chunk: pa.RecordBatch) -> tuple[list[int], list[Any], np.ndarray, np.ndarray]:
         from pipeline.tasks._endpoint import generation_calls
 
         cols = {c: chunk.column(chunk.schema.get_field_index(c)).to_pylist() for c in self.input_columns}
-        rows, calls, _, _ = generation_calls(self, cols, malformed_rows(chunk))
-        return list(zip(rows, calls))
-
-    def resolve_model_dir(self, path: str) -> Path | None:
-        """The local model folder to load (none on the endpoint backend: the server holds the model)."""
-        if self.config.backend == "endpoint":
-            return None
-        from pipeline.models.loading import resolve_model_path
-
-        return resolve_model_path(path, registry_uri=self.model.registry_uri)
+        return generation_calls(self, cols, malformed_rows(chunk))
 
     def load(self, model_dir: Path | None, device: str) -> Any:
         """The endpoint's settings (no local model), or the model loaded on its backend (``_generate_load``)."""

@@ -9,7 +9,6 @@ job (``run_job``) and ``score(df)`` give the same rows.
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
@@ -25,11 +24,11 @@ from pipeline.tasks.extract import ExtractTask, ExtractTaskConfig  # noqa: E402
 from pipeline.tasks.generate import GenerateTask, GenerateTaskConfig  # noqa: E402
 from tests.support import image_samples as samples  # noqa: E402
 from tests.support.generation_models import EXTRACT_SHORT_SCHEMA  # noqa: E402
+from tests.support.vision_jobs import PHOTOS, job_and_score  # noqa: E402
 from tests.support.vision_models import (  # noqa: E402
     IDEFICS3_IMAGE_TOKENS, IMAGE_TOKENS, save_idefics3_folder, save_vlm_folder,
 )
 
-PHOTOS = [samples.jpeg(0), samples.png(1), samples.jpeg(2), samples.png(3)]
 GENERATE = {"backend": "transformers", "template": "Describe {photo} in a word", "image_column": "photo",
             "max_input_tokens": 64, "max_new_tokens": 6, "slots": 3}
 
@@ -175,47 +174,12 @@ def test_a_model_with_multimodal_positions_is_refused_with_the_backend_that_runs
 
 # -- on Spark: a job and score(df), on the transformers backend and on the endpoint ----------------------------
 
-def _photos_table(tmp_path: Path):
-    from tests.support.data import write_delta
-
-    ids = [f"p{i}" for i in range(6)]
-    photos = [*PHOTOS, b"not an image", None]
-    write_delta(tmp_path / "photos", pa.table({"photo_id": ids, "photo": pa.array(photos, pa.binary())}))
-    return ids, photos
-
-
-def _job_and_score(spark, tmp_path: Path, task: dict, model: dict):
-    """``{id: row}`` from ``run_job`` (read back from Delta) and from ``score(df)`` on the same rows."""
-    from deltalake import DeltaTable
-
-    from pipeline import score
-    from pipeline.runner import run_job
-
-    ids, photos = _photos_table(tmp_path)
-    config = build_config({
-        "job": "vision_test", "model": model, "task": task,
-        "source": {"format": "delta", "path": str(tmp_path / "photos"), "id_column": "photo_id"},
-        "sink": {"path": str(tmp_path / "out"), "mode": "overwrite_partition"},
-        "run": {"progress": False, "ds": "2026-12-06"},
-    })
-    summary = run_job(config, spark=spark, out=io.StringIO())
-    assert summary.complete and summary.rows_in == summary.rows_out == len(ids)
-    job_rows = {r["photo_id"]: r for r in DeltaTable(str(tmp_path / "out")).to_pyarrow_table().to_pylist()}
-    df = spark.createDataFrame([(i, bytearray(p) if p is not None else None) for i, p in zip(ids, photos)],
-                               "photo_id string, photo binary")
-    scored = {r["photo_id"]: r.asDict(recursive=True)
-              for r in score(df, task, model=model, id_column="photo_id").collect()}
-    assert set(job_rows) == set(scored) == set(ids)
-    assert job_rows["p4"]["status"] == "invalid_image" and job_rows["p5"]["status"] == "skipped_null"
-    return job_rows, scored
-
-
 @pytest.mark.parametrize("kind", ["generate", "extract"])
 def test_a_job_and_score_df_caption_and_extract_the_same_rows(spark, tmp_path, vlm_dir, kind):
     task = {"kind": kind, **GENERATE}
     if kind == "extract":
         task.update(output_schema=EXTRACT_SHORT_SCHEMA, schema_in_prompt=False, max_new_tokens=48)
-    job_rows, scored = _job_and_score(spark, tmp_path, task, {"path": str(vlm_dir)})
+    job_rows, scored = job_and_score(spark, tmp_path, task, {"path": str(vlm_dir)})
     for key in ("completion", "status", "prompt_tokens", "completion_tokens", "model_revision", "task_fingerprint"):
         assert {i: scored[i][key] for i in job_rows} == {i: r[key] for i, r in job_rows.items()}, key
     assert all(job_rows[f"p{i}"]["status"] == "ok" for i in range(4))
@@ -241,7 +205,7 @@ def test_the_endpoint_sends_each_image_as_an_image_url_part_and_counts_its_token
     if kind == "extract":
         task.update(output_schema=EXTRACT_SHORT_SCHEMA, schema_in_prompt=False, max_new_tokens=48)
     seen = len(vlm_server.images)
-    job_rows, scored = _job_and_score(spark, tmp_path, task, {"name": "tiny-vlm"})
+    job_rows, scored = job_and_score(spark, tmp_path, task, {"name": "tiny-vlm"})
     # the four good images arrived, decoded, as data URIs: once for the job and once for score(df)
     arrived = vlm_server.images[seen:]
     assert len(arrived) == 8 and {a["mime"] for a in arrived} == {"image/jpeg", "image/png"}

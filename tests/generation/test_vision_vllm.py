@@ -8,7 +8,6 @@ across implementations, so vLLM must equal the transformers model generating eac
 
 from __future__ import annotations
 
-import io
 import json
 
 import pyarrow as pa
@@ -23,19 +22,18 @@ pytestmark = [
 
 torch = pytest.importorskip("torch")
 
-from pipeline.config import BatchingConfig, ModelConfig, build_config  # noqa: E402
+from pipeline.config import BatchingConfig, ModelConfig  # noqa: E402
 from pipeline.generation.config import VllmConfig  # noqa: E402
 from pipeline.metrics import WorkerCounts  # noqa: E402
 from pipeline.tasks import build_task  # noqa: E402
 from pipeline.tasks.extract import ExtractTaskConfig  # noqa: E402
 from pipeline.tasks.generate import GenerateTaskConfig  # noqa: E402
-from tests.support import image_samples as samples  # noqa: E402
 from tests.support.generation_models import EXTRACT_SHORT_SCHEMA  # noqa: E402
+from tests.support.vision_jobs import PHOTOS, job_and_score  # noqa: E402
 from tests.support.vision_models import IDEFICS3_IMAGE_TOKENS as IMAGE_TOKENS  # noqa: E402
 from tests.support.vision_models import save_idefics3_folder  # noqa: E402
 
 SHAPE = {"hidden_size": 128, "heads": 2}
-PHOTOS = [samples.jpeg(0), samples.png(1), samples.jpeg(2), samples.png(3)]
 SETTINGS = {"backend": "vllm", "template": "Describe {photo} in a word", "image_column": "photo",
             "max_input_tokens": 64, "max_new_tokens": 8, "vllm": VllmConfig(max_num_seqs=3)}
 
@@ -95,33 +93,10 @@ def test_extract_from_images_on_vllm_follows_the_schema(vlm_dir):
 
 @pytest.mark.parametrize("kind", ["generate", "extract"])
 def test_a_job_and_score_df_on_vllm_give_the_same_rows(spark, tmp_path, vlm_dir, kind):
-    from deltalake import DeltaTable
-
-    from pipeline import score
-    from pipeline.runner import run_job
-    from tests.support.data import write_delta
-
-    ids = [f"p{i}" for i in range(6)]
-    photos = [*PHOTOS, b"not an image", None]
-    write_delta(tmp_path / "photos", pa.table({"photo_id": ids, "photo": pa.array(photos, pa.binary())}))
     task = {"kind": kind, **{k: v for k, v in SETTINGS.items() if k != "vllm"}, "vllm": {"max_num_seqs": 3}}
     if kind == "extract":
         task.update(output_schema=EXTRACT_SHORT_SCHEMA, schema_in_prompt=False, max_new_tokens=48)
-    model = {"path": str(vlm_dir)}
-    config = build_config({
-        "job": "vision_vllm_test", "model": model, "task": task,
-        "source": {"format": "delta", "path": str(tmp_path / "photos"), "id_column": "photo_id"},
-        "sink": {"path": str(tmp_path / "out"), "mode": "overwrite_partition"},
-        "run": {"progress": False, "ds": "2026-12-06"},
-    })
-    summary = run_job(config, spark=spark, out=io.StringIO())
-    assert summary.complete and summary.rows_in == summary.rows_out == len(ids)
-    job_rows = {r["photo_id"]: r for r in DeltaTable(str(tmp_path / "out")).to_pyarrow_table().to_pylist()}
-    df = spark.createDataFrame([(i, bytearray(p) if p is not None else None) for i, p in zip(ids, photos)],
-                               "photo_id string, photo binary")
-    scored = {r["photo_id"]: r.asDict(recursive=True) for r in score(df, task, model=model, id_column="photo_id")
-              .collect()}
-    assert set(scored) == set(job_rows) == set(ids)
+    job_rows, scored = job_and_score(spark, tmp_path, task, {"path": str(vlm_dir)}, job="vision_vllm_test")
     for key in ("completion", "status", "prompt_tokens", "completion_tokens"):
-        assert {i: scored[i][key] for i in ids} == {i: job_rows[i][key] for i in ids}, key
-    assert [job_rows[i]["status"] for i in ids] == ["ok"] * 4 + ["invalid_image", "skipped_null"]
+        assert {i: scored[i][key] for i in job_rows} == {i: r[key] for i, r in job_rows.items()}, key
+    assert [job_rows[f"p{i}"]["status"] for i in range(6)] == ["ok"] * 4 + ["invalid_image", "skipped_null"]

@@ -25,7 +25,7 @@ torch = pytest.importorskip("torch")
 
 from tests.support.generation_models import (  # noqa: E402
     EXTRACT_FULL_SCHEMA, POISON, build_model, build_tokenizer, generate_job, reference_generate,
-    save_mismatched_folder, save_model_folder,
+    VLLM_SHAPE, save_mismatched_folder,
 )
 from pipeline.config import BatchingConfig, ModelConfig  # noqa: E402
 from pipeline.tasks.generate import GenerateTaskConfig  # noqa: E402
@@ -34,7 +34,7 @@ from pipeline.generation import GenerationRequest, SamplingParams  # noqa: E402
 from pipeline.metrics import WorkerCounts  # noqa: E402
 from pipeline.tasks import build_task  # noqa: E402
 
-SHAPE = {"hidden_size": 128, "heads": 2}
+SHAPE = VLLM_SHAPE  # the model_dir of tests/generation/conftest.py
 PROMPTS = [
     "the film is a charming and funny ride",
     "a dull, plodding mess",
@@ -42,11 +42,6 @@ PROMPTS = [
     "one of the best movies of the year, smart and moving and the acting is superb",
     "review: an uneven comedy.",
 ]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_model_folder(tmp_path_factory.mktemp("models") / "tiny-llama-64", **SHAPE)
 
 
 @pytest.fixture(scope="module")

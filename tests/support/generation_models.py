@@ -28,6 +28,11 @@ CORPUS = [
 ]
 SPECIALS = ["<|pad|>", "<|eos|>", "<|im_start|>", "<|im_end|>"]
 
+# the tiny random Llama of the vLLM modules (64-dim heads, the smallest vLLM's CPU attention kernels take) and the
+# API key of vLLM's server on it (tests/generation/conftest.py)
+VLLM_SHAPE = {"hidden_size": 128, "heads": 2}
+VLLM_KEY = "sk-vllm-test-5555"
+
 # the extract kind's schemas: every supported feature (enum, bounded integer, boolean, number, array with
 # maxItems, nested object, nullable), and a short one the tiny random model finishes in a few dozen tokens
 EXTRACT_FULL_SCHEMA = {

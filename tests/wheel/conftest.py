@@ -23,10 +23,7 @@ from __future__ import annotations
 import json
 import os
 import platform
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -188,19 +185,14 @@ def tiny_image_model(shared: Path) -> Path:
     return _built(shared / "models" / "tiny-lite", build_tiny_classifier)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def connect_url(tmp_path_factory: pytest.TempPathFactory):
     """A Spark Connect server of the installed pyspark in its own process, with the Delta connector's jars where
     ``make test-wheel`` cached them for this line; yields ``sc://...``."""
+    from pipeline.io.local_server import free_port, local_server
     from pipeline.spark.jars import spark_submit_args
 
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("connect") / "server.log"
     env = {k: v for k, v in os.environ.items() if k not in ("SPARK_REMOTE", CONNECT_MODE, "SBI_NO_JARS")}
     env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
@@ -211,26 +203,9 @@ def connect_url(tmp_path_factory: pytest.TempPathFactory):
                        "spark.databricks.delta.snapshotPartitions": "2",
                        "spark.python.daemon.module": "pipeline.spark.daemon"}.items():
         cmd += ["--conf", f"{key}={value}"]
-    with open(log, "wb") as sink:
-        server = subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            with socket.socket() as sock:
-                sock.settimeout(1)
-                if sock.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the Spark Connect server did not start (exit {server.poll()}):\n"
-                                   f"{log.read_text()[-3000:]}")
-            time.sleep(1)
+    with local_server(cmd, port=port, name="the Spark Connect server", env=env, log=log, start_timeout_s=300,
+                      poll_s=1, stop_timeout_s=60):
         yield f"sc://127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from pipeline.io.delta.log import log_entry
 from pipeline.io.delta.options import APP_ID_KEY, KEYS_KEY, WRITE_ID_KEY
 from pipeline.io.sources import has_delta_connector
 from pipeline.io.stores import is_object_store, open_table
@@ -52,15 +53,6 @@ class CommitEntry:
     keys_added: Any
     # the commit's operation metrics (the connector's: numOutputRows, a MERGE's numTargetRowsInserted...)
     metrics: Mapping[str, Any] | None = None
-
-
-def log_entry(store: Any, version: int) -> list[dict[str, Any]] | None:
-    """The actions of version ``version`` of the table in ``store`` (a :class:`~pipeline.io.stores.TableStore`),
-    read from its one log file; None when there is no such file (not committed yet, or cleaned up)."""
-    raw = store.read_bytes(f"_delta_log/{int(version):020d}.json")
-    if raw is None:
-        return None
-    return [json.loads(line) for line in raw.decode("utf-8").splitlines() if line.strip()]
 
 
 def entry_facts(version: int, actions: list[dict[str, Any]]) -> CommitEntry:

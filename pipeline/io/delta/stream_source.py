@@ -36,6 +36,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader
 
 from pipeline.errors import SourceError
+from pipeline.io.delta.log import action_path, log_entry
 from pipeline.io.delta.reader import FilePartition, file_batches, log_string
 
 __all__ = ["STREAM_FORMAT", "CommitFiles", "DeltaStreamDataSource", "commit_files", "schema_change",
@@ -86,17 +87,14 @@ def schema_change(before: str, after: str) -> str | None:
 def commit_files(store: Any, version: int, *, schema_string: str, path: str) -> CommitFiles:
     """The data files commit ``version`` of the table in ``store`` added, from its log entry; raises
     :class:`SourceError` for a commit a stream cannot follow (rows removed, the schema changed, the entry gone)."""
-    raw = store.read_bytes(f"_delta_log/{version:020d}.json")
-    if raw is None:
+    actions = log_entry(store, version)
+    if actions is None:
         raise SourceError(
             f"the log entry of version {version} of the stream's source {path} is gone (the table's log retention "
             "removed it before this stream read it): the checkpoint is too far behind. Start the stream again with "
             "a new stream.checkpoint_path (and stream.starting_version to say where to begin)")
     files, operation = [], "?"
-    for line in raw.decode().splitlines():
-        if not line.strip():
-            continue
-        action = json.loads(line)
+    for action in actions:
         if "commitInfo" in action:
             operation = action["commitInfo"].get("operation", operation)
         elif "metaData" in action and (change := schema_change(schema_string, action["metaData"]["schemaString"])):
@@ -113,15 +111,9 @@ def commit_files(store: Any, version: int, *, schema_string: str, path: str) -> 
                 f"stream.starting_version {version + 1} and a new stream.checkpoint_path")
         elif "add" in action and action["add"].get("dataChange", True):
             add = action["add"]
-            files.append({"path": _unquote(add["path"]), "partition_values": dict(add.get("partitionValues") or {}),
+            files.append({"path": action_path(add), "partition_values": dict(add.get("partitionValues") or {}),
                           "size": int(add.get("size") or 0)})
     return CommitFiles(version, files)
-
-
-def _unquote(path: str) -> str:
-    from urllib.parse import unquote
-
-    return unquote(path)
 
 
 def stream_options(store: Any, *, arrow_schema: pa.Schema, schema_string: str, starting_version: int | None,
@@ -244,7 +236,7 @@ class DeltaStreamReader(DataSourceStreamReader, _AvailableNow):
                               f"micro-batch read it ({change}); run the same command again")
         columns = list(table.metadata().partition_columns)
         actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
-        return [{"path": _unquote(a["path"]), "partition_values": {c: log_string(a.get(f"partition.{c}")) for c in columns}}
+        return [{"path": action_path(a), "partition_values": {c: log_string(a.get(f"partition.{c}")) for c in columns}}
                 for a in actions]
 
 

@@ -14,7 +14,6 @@ no write id, files of live writes and files any version references (time travel:
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+from pipeline.io.delta.log import LOG_DIR, action_path, parse_entry
 from pipeline.io.delta.markers import (MARKER_DIR, MARKER_RETENTION_S, STATES, finish_marker, is_our_marker, local_root,
                                        marker_path, owner_gone, read_marker, remote_store, write_id_of)
 
@@ -62,20 +62,15 @@ def _log_facts(root: Path) -> tuple[set[str], set[str], int]:
     """(every path any ``add``/``remove`` in the log or a checkpoint names, write ids of commits, log files read)."""
     referenced: set[str] = set()
     committed: set[str] = set()
-    log = root / "_delta_log"
+    log = root / LOG_DIR
     read = 0
     if not log.is_dir():
         return referenced, committed, read
     for entry in log.iterdir():
         read += entry.suffix in (".json", ".parquet")
         if entry.suffix == ".json" and entry.stem.isdigit():
-            for line in entry.read_text().splitlines():
-                if not line.strip():
-                    continue
-                action = json.loads(line)
-                for kind in ("add", "remove"):
-                    if kind in action:
-                        referenced.add(unquote(action[kind]["path"]))
+            for action in parse_entry(entry.read_bytes()):
+                referenced.update(action_path(action[kind]) for kind in ("add", "remove") if kind in action)
                 info = action.get("commitInfo")
                 if info and info.get(WRITE_ID_KEY):
                     committed.add(str(info[WRITE_ID_KEY]))
@@ -84,14 +79,12 @@ def _log_facts(root: Path) -> tuple[set[str], set[str], int]:
 
             table = pq.read_table(entry, columns=["add", "remove"])
             for kind in ("add", "remove"):
-                for item in table[kind].to_pylist():
-                    if item and item.get("path"):
-                        referenced.add(unquote(item["path"]))
+                referenced.update(action_path(item) for item in table[kind].to_pylist() if item and item.get("path"))
     return referenced, committed, read
 
 
 def _current_files(root: Path) -> set[str]:
-    if not (root / "_delta_log").is_dir():
+    if not (root / LOG_DIR).is_dir():
         return set()
     from deltalake import DeltaTable
 

@@ -56,13 +56,14 @@ def log_rows(table: Any, partition: dict[str, Any] | None = None) -> int | None:
 def _nothing_after(path: str, version: int) -> bool:
     """Whether the log of the table at ``path`` (where deltalake reads it) has no entry after ``version``: one
     file looked up, whatever the table's size. False when it cannot tell."""
+    from pipeline.io.delta.log import entry_name
     from pipeline.io.delta.state import log_reachable
     from pipeline.io.stores import table_store
 
     if not log_reachable(path):
         return False
     try:
-        return not table_store(path).exists(f"_delta_log/{int(version) + 1:020d}.json")
+        return not table_store(path).exists(entry_name(int(version) + 1))
     except Exception:  # noqa: BLE001 - unknown: the caller asks the table
         return False
 
