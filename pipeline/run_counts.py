@@ -55,7 +55,8 @@ def counter(merge: Merge = SUM, *, work: bool = False, summary: str | None = Non
             (:data:`WORK_KEYS`); the counts of rows and what they say are not work.
         summary: the :class:`~pipeline.summary.RunSummary` field it fills, None: none (read otherwise, e.g. by
             :func:`pipeline.metrics.batch_metrics`); several counters naming one field fill it as a mapping of
-            those that counted, by counter name, in the order declared.
+            those that counted, by counter name, in the order declared. The summary declares its field from
+            this (:meth:`RunCounts.summary_types`): a new ``summary=`` is a new summary field.
         default: a number counter's zero (``0.0`` for seconds).
 
     >>> @dataclass(frozen=True)
@@ -110,18 +111,21 @@ class RunCounts:
     timeline: dict[str, Any] = counter(BY_KEY, work=True)
     timeline_bucket_s: dict[str, int] = counter(BY_KEY, work=True)
     slow_batches: dict[str, Any] = counter(BY_KEY, work=True)
-    # workers and tasks
+    # workers and tasks (rows_per_worker: the rows each Python worker scored)
     tasks_per_worker: dict[str, int] = counter(BY_KEY, work=True)
     rows_per_worker: dict[str, int] = counter(BY_KEY, work=True, summary="rows_per_worker")
     torch_threads: dict[str, int] = counter(BY_KEY, work=True)
     progress_rows: int = counter(work=True)
     progress_tokens: int = counter()
-    # model loads and what each chose
+    # model loads and what each chose; seconds summed over workers: loading models, and running the task on chunks
     model_loads: dict[str, int] = counter(BY_KEY, work=True, summary="model_loads")
     load_seconds: float = counter(work=True, summary="load_seconds", default=0.0)
     infer_seconds: float = counter(work=True, summary="infer_seconds", default=0.0)
     # sketching the output as it was scored (pipeline.sketches), summed over tasks: what the profile costs
     profile_seconds: float = counter(work=True, summary="profile_seconds", default=0.0)
+    # model loads per precision actually used, accuracy-gate fallbacks with their reason, the gate's measured
+    # figures per check ("int8: mean cosine ..., on 256 run rows (pass)": loads), what model.precision auto chose
+    # ("auto -> int8": loads), and per generation backend and batching mode ({"vllm (continuous)": 2})
     precision_used: dict[str, int] = counter(BY_KEY, work=True, summary="precision_used")
     precision_fallbacks: dict[str, int] = counter(BY_KEY, work=True, summary="precision_fallbacks")
     precision_checks: dict[str, int] = counter(BY_KEY, work=True, summary="precision_checks")
@@ -136,7 +140,9 @@ class RunCounts:
     # a rerun of a killed run: tasks and rows reused from staged output
     resumed_tasks: int = counter(summary="resumed_tasks")
     rows_reused: int = counter(summary="rows_reused")
-    # generation and served models
+    # generation and embedding: the rows' token usage (for a served model, what its server reported per row,
+    # answers replayed from an earlier try included); endpoint: what this try's requests did (requests, replayed,
+    # retries by cause, lost_answers, failed_rows; the summary adds tokens_paid)
     prompt_tokens: int = counter(summary="prompt_tokens")
     completion_tokens: int = counter(summary="completion_tokens")
     generate_seconds: float = counter(default=0.0)
@@ -176,6 +182,20 @@ class RunCounts:
             if f.metadata.get("summary"):
                 targets.setdefault(f.metadata["summary"], []).append(f.name)
         return targets
+
+    @classmethod
+    def summary_types(cls) -> dict[str, str]:
+        """``{RunSummary field: its type}`` as :meth:`summary_fields` fills it: a counter's own type, or for a field
+        that several counters fill, a mapping of theirs by name. :class:`~pipeline.summary.RunSummary` declares
+        these fields from here, so a counter's summary field is declared once, on the counter.
+
+        >>> types = RunCounts.summary_types()
+        >>> types["status"], types["tokens"], types["load_seconds"], types["retries"]
+        ('dict[str, int]', 'int', 'float', 'dict[str, int]')
+        """
+        declared = {f.name: _type_name(f.type) for f in dataclasses.fields(cls)}
+        return {target: declared[target] if names == [target] else f"dict[str, {declared[names[0]]}]"
+                for target, names in cls.summary_targets().items()}
 
     def summary_fields(self) -> dict[str, Any]:
         """The :class:`~pipeline.summary.RunSummary` fields these counts fill (each counter's ``summary``), as

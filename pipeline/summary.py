@@ -13,80 +13,72 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
+from pipeline.run_counts import RunCounts
+
 __all__ = ["RunSummary", "batch_api_line"]
 
 
+def _counter_fields(cls: type) -> type:
+    """``cls``, before :func:`~dataclasses.dataclass` reads it, with one field after its own per summary field the
+    run's counters fill (:meth:`RunCounts.summary_types`), typed as they fill it and empty by default (as
+    :meth:`RunCounts.summary_fields` of no counts): the counters declare these fields, once, not the summary."""
+    empty = RunCounts().summary_fields()
+    for name, declared in RunCounts.summary_types().items():
+        if name in cls.__annotations__:
+            raise TypeError(f"{cls.__name__}.{name} is filled by the counters (RunCounts' summary=); "
+                            "drop its declaration")
+        cls.__annotations__[name] = declared
+        setattr(cls, name, field(default_factory=dict) if isinstance(empty[name], dict) else empty[name])
+    return cls
+
+
 @dataclass
+@_counter_fields
 class RunSummary:
-    """What a run did, printed at the end and returned to the caller."""
+    """What a run did, printed at the end and returned to the caller.
+
+    The fields below are the run's facts; after them come the fields its counters fill (``status``, ``tokens``,
+    ``model_loads``, ``retries``, ...), declared by :class:`~pipeline.run_counts.RunCounts`' ``summary=`` and
+    filled by :meth:`~pipeline.run_counts.RunCounts.summary_fields`.
+    """
 
     job: str
     run_id: str
     ds: str
     rows_in: int
     rows_out: int
-    status: dict[str, int]
     seconds: float
-    tokens: int
-    padded_tokens: int
-    batches: int
-    model_loads: dict[str, int]
     model_name: str
     model_revision: str
     output: str
     delta_version: int | None
     writer: str
-    batch_sizes: dict[str, int] = field(default_factory=dict)
     samples: list[dict[str, Any]] = field(default_factory=list)
     rows_quarantined: int = 0
     quarantine: str | None = None
     incremental: bool = False
-    retries: dict[str, int] = field(default_factory=dict)
-    # model loads per precision actually used, and accuracy-gate fallbacks with their reason
-    precision_used: dict[str, int] = field(default_factory=dict)
-    precision_fallbacks: dict[str, int] = field(default_factory=dict)
-    # the accuracy gate's measured figures per check ("int8: mean cosine ..., on 256 run rows (pass)": loads)
-    precision_checks: dict[str, int] = field(default_factory=dict)
-    # model.precision auto: what each load chose ("auto -> int8": loads)
-    precision_auto: dict[str, int] = field(default_factory=dict)
-    # generate: model loads per backend and batching mode, e.g. {"vllm (continuous)": 2}
-    generation_backend: dict[str, int] = field(default_factory=dict)
-    # seconds summed over workers: loading models, and running the task on chunks
-    load_seconds: float = 0.0
-    infer_seconds: float = 0.0
-    # of which sketching the output's profile (run.quality), summed over workers
-    profile_seconds: float = 0.0
     # what does not add up (the task kind's completeness check), None when every input row is accounted for
     incomplete: str | None = None
     # set when this run's committed rows are no longer in the latest snapshot, e.g. "replaced by run b (version 3)"
     replaced: str | None = None
     # task-specific summary lines, {label: value} (e.g. the recommend kind's latest table and model quality)
     details: dict[str, str] = field(default_factory=dict)
-    # inference tasks the runner planned, and rows scored per Python worker
+    # inference tasks the runner planned
     tasks: int = 0
-    rows_per_worker: dict[str, int] = field(default_factory=dict)
     # per-batch metrics (see batch_metrics): length histogram, worker timelines, slowest batches,
     # and for generation finish reasons and token counts
     batch_metrics: dict[str, Any] = field(default_factory=dict)
     # wall seconds of the driver's stages (session, model check, pre-flight, ..., commit, read-back), in order:
     # what a small job spends outside inference (StageClock)
     stage_seconds: dict[str, float] = field(default_factory=dict)
-    # a rerun of a killed run: tasks reused from the staged output of earlier tries, and their rows against
-    # the rows scored by this try; resume_note: why staged output was not reused, or why there is none
-    resumed_tasks: int = 0
-    rows_reused: int = 0
+    # a rerun of a killed run: the rows scored by this try (against the counters' resumed_tasks and rows_reused);
+    # resume_note: why staged output was not reused, or why there is none
     rows_scored: int = 0
     resume_note: str | None = None
     # what identified the source's content (``delta:<table id>:<version>``, ``files:<hash>``), and why it
     # is a new input although its version looks the same (a table dropped and rebuilt)
     source_snapshot: str | None = None
     source_note: str | None = None
-    # generation and embedding: the rows' token usage (for a served model, what its server reported per row,
-    # answers replayed from an earlier try included); endpoint: what this try's requests did
-    # (requests, replayed, retries by cause, lost_answers, failed_rows, tokens_paid)
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    endpoint: dict[str, float] = field(default_factory=dict)
     # what the run ran with: this library, Python, pyspark, torch, transformers (pipeline.compat.runtime_versions)
     versions: dict[str, str] = field(default_factory=dict)
     # a streaming job's run: the trigger, the checkpoint, the query id, its micro-batches (how many, the first

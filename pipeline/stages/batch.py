@@ -195,8 +195,8 @@ def pending_summary(prep: Prepared, plan: RunPlan, pending: BatchesPending, *, r
     left = pending.facts["pending"]
     summary = RunSummary(
         versions=runtime_versions(), job=config.job, run_id=ident.run_id, ds=ident.ds.isoformat(),
-        rows_in=plan.rows_in, rows_out=0, status={}, seconds=0.0, tokens=pending.facts["tokens"], padded_tokens=0,
-        batches=0, model_loads={}, model_name=prep.model.name, model_revision=prep.model.revision,
+        rows_in=plan.rows_in, rows_out=0, seconds=0.0, tokens=pending.facts["tokens"], model_name=prep.model.name,
+        model_revision=prep.model.revision,
         output=str(plan.sink.path or plan.sink.table), delta_version=None, writer="-", tasks=plan.tasks,
         incomplete=(f"nothing committed yet: {left} batch(es) {pending.reason}; the same command again collects "
                     "the answers and commits"),

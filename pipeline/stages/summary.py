@@ -25,9 +25,9 @@ def already_committed(prep: Prepared, identity: RunIdentity, done: AlreadyCommit
     prep.say(done.note, identity)
     return RunSummary(
         versions=runtime_versions(),
-        job=config.job, run_id=identity.run_id, ds=identity.ds.isoformat(), rows_in=0, rows_out=0, status={},
-        seconds=0.0, tokens=0, padded_tokens=0, batches=0, model_loads={}, model_name=prep.model.name,
-        model_revision=prep.model.revision, output=done.output, delta_version=done.version, writer=done.writer,
+        job=config.job, run_id=identity.run_id, ds=identity.ds.isoformat(), rows_in=0, rows_out=0, seconds=0.0,
+        model_name=prep.model.name, model_revision=prep.model.revision, output=done.output,
+        delta_version=done.version, writer=done.writer,
         details={"already committed": done.note},
     )
 

@@ -144,3 +144,16 @@ def test_every_counter_fills_a_field_the_summary_has():
 def test_the_counts_fields_are_not_overridden_by_a_caller(tmp_path):
     with pytest.raises(TypeError, match="precision_checks"):
         build_summary(_prep(_config(tmp_path, {"kind": "embed"}, stream=False)), {}, precision_checks={})
+
+
+def test_the_summary_declares_no_counter_field_itself():
+    from pipeline.summary import _counter_fields
+
+    types = {f.name: f.type for f in dataclasses.fields(RunSummary)}
+    assert {name: types[name] for name in RunCounts.summary_types()} == RunCounts.summary_types()
+
+    class Again:
+        status: dict[str, int]
+
+    with pytest.raises(TypeError, match="Again.status is filled by the counters"):
+        _counter_fields(Again)
