@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 __all__ = ["build_parser", "main"]
 
@@ -139,6 +139,45 @@ def vacuum_command(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Shortcut(NamedTuple):
+    """A flag that stands for one ``--set`` (``--incremental`` is ``--set run.incremental=true``); its help says so.
+
+    >>> _Shortcut("--log-json", "run.log_format=json", "lines as JSON", see="docs/logging.md").help()
+    'lines as JSON (same as --set run.log_format=json; see docs/logging.md)'
+    """
+
+    flag: str
+    setting: str  # ``key=value`` for a switch; ``key`` for a flag that takes the value
+    does: str
+    see: str = ""
+
+    def help(self) -> str:
+        key, _, value = self.setting.partition("=")
+        return f"{self.does} (same as --set {key}={value or '...'}" + (f"; see {self.see})" if self.see else ")")
+
+    def override(self, args: argparse.Namespace) -> str | None:
+        """The ``--set`` the parsed ``args`` give for this flag, None when it was not given."""
+        given = getattr(args, self.flag.removeprefix("--").replace("-", "_"), None)
+        return None if not given else self.setting if "=" in self.setting else f"{self.setting}={given}"
+
+
+_SHORTCUTS = (
+    _Shortcut("--ds", "run.ds", "run date YYYY-MM-DD"),
+    _Shortcut("--run-id", "run.run_id", "run id"),
+    _Shortcut("--incremental", "run.incremental=true", "score only rows new or changed since the last run"),
+    _Shortcut("--allow-empty", "run.allow_empty=true", "replace the day even when the source gives far fewer rows "
+              "than it holds, or none", see="run.min_rows_fraction"),
+    _Shortcut("--accept-drift", "run.accept_drift=true", "publish a run the drift gate flagged; a rerun of a refused "
+              "run publishes its staged rows without scoring again", see="run.quality"),
+    _Shortcut("--submit-only", "run.submit_only=true", "task.endpoint.mode batch: submit the run's batches to the "
+              "provider and end, committing nothing; the same command later collects and commits"),
+    _Shortcut("--retry-quarantined", "run.retry_quarantined=true", "with --incremental: score again the rows "
+              "quarantined earlier with the same content and fingerprint"),
+    _Shortcut("--log-json", "run.log_format=json", "the run's lines as JSON lines, one event per driver stage and "
+              "the summary among them", see="docs/logging.md"),
+)
+
+
 def add_job_arguments(parser: argparse.ArgumentParser, *, positional: bool = True) -> None:
     if positional:
         parser.add_argument("config", nargs="?", help="job config YAML, e.g. conf/score_documents.yaml")
@@ -147,27 +186,11 @@ def add_job_arguments(parser: argparse.ArgumentParser, *, positional: bool = Tru
                         help="environment overlay merged on top (repeatable), e.g. conf/env/databricks.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override one key, e.g. --set batching.batch_size=128 (repeatable)")
-    parser.add_argument("--ds", help="run date YYYY-MM-DD (same as --set run.ds=...)")
-    parser.add_argument("--run-id", help="run id (same as --set run.run_id=...)")
-    parser.add_argument("--incremental", action="store_true",
-                        help="score only rows new or changed since the last run (same as --set run.incremental=true)")
-    parser.add_argument("--allow-empty", action="store_true",
-                        help="replace the day even when the source gives far fewer rows than it holds, or none "
-                             "(same as --set run.allow_empty=true; see run.min_rows_fraction)")
-    parser.add_argument("--accept-drift", action="store_true",
-                        help="publish a run the drift gate flagged; a rerun of a refused run publishes its staged "
-                             "rows without scoring again (same as --set run.accept_drift=true; see run.quality)")
-    parser.add_argument("--submit-only", action="store_true",
-                        help="task.endpoint.mode batch: submit the run's batches to the provider and end, committing "
-                             "nothing; the same command later collects and commits (same as --set run.submit_only=true)")
-    parser.add_argument("--retry-quarantined", action="store_true",
-                        help="with --incremental: score again the rows quarantined earlier with the same content "
-                             "and fingerprint (same as --set run.retry_quarantined=true)")
+    for shortcut in _SHORTCUTS:
+        switch = "=" in shortcut.setting
+        parser.add_argument(shortcut.flag, help=shortcut.help(), **({"action": "store_true"} if switch else {}))
     parser.add_argument("--verbose", action="store_true",
                         help="on an error, print the whole traceback and Spark's full error text, not just one line")
-    parser.add_argument("--log-json", action="store_true",
-                        help="the run's lines as JSON lines, one event per driver stage and the summary among them "
-                             "(same as --set run.log_format=json; see docs/logging.md)")
 
 
 def config_from_args(args: argparse.Namespace):
@@ -176,23 +199,7 @@ def config_from_args(args: argparse.Namespace):
     path = args.config_opt or getattr(args, "config", None)
     if not path:
         raise ConfigError("no config given: pass a YAML path, e.g. conf/score_documents.yaml")
-    overrides = list(args.overrides)
-    if args.ds:
-        overrides.append(f"run.ds={args.ds}")
-    if args.run_id:
-        overrides.append(f"run.run_id={args.run_id}")
-    if args.incremental:
-        overrides.append("run.incremental=true")
-    if getattr(args, "retry_quarantined", False):
-        overrides.append("run.retry_quarantined=true")
-    if getattr(args, "allow_empty", False):
-        overrides.append("run.allow_empty=true")
-    if getattr(args, "accept_drift", False):
-        overrides.append("run.accept_drift=true")
-    if getattr(args, "submit_only", False):
-        overrides.append("run.submit_only=true")
-    if getattr(args, "log_json", False):
-        overrides.append("run.log_format=json")
+    overrides = list(args.overrides) + [s for shortcut in _SHORTCUTS if (s := shortcut.override(args))]
     return load_config(path, overrides=overrides, overlays=args.overlay)
 
 
