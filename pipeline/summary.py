@@ -182,27 +182,22 @@ class RunSummary:
                          f"({self.prompt_tokens:,} prompt + {self.completion_tokens:,} completion) over the rows"
                          + (f"; this try paid {int(self.endpoint.get('tokens_paid', 0)):,}" if self.endpoint else ""))
         lines.append(f"output                  : {self.output} (Delta version {self.delta_version}, {self.writer} writer)")
-        if self.replaced:
-            lines.append(f"{'since then':<24}: {self.replaced} (this run's commit landed and was checked "
-                         f"at version {self.delta_version})")
-        if self.quarantine:
-            lines.append(f"quarantine              : {self.quarantine} ({self.rows_quarantined:,} rows of this run)")
-        if self.versions:
-            lines.append("versions                : " + ", ".join(f"{k} {v}" for k, v in self.versions.items()))
-        if self.stage_seconds:
-            lines.append("driver stages           : " + ", ".join(
-                f"{name} {seconds:,.1f} s" for name, seconds in self.stage_seconds.items() if seconds >= 0.05))
-        if self.resumed_tasks:
-            lines.append(f"resumed                 : {self.resumed_tasks:,} of {self.tasks:,} task(s) from an earlier "
-                         f"try; rows reused {self.rows_reused:,}, scored {self.rows_scored:,}")
-        if self.resume_note:
-            lines.append(f"not resumed             : {self.resume_note}")
-        if self.source_note:
-            lines.append(f"source                  : {self.source_note}")
-        if self.stream:
-            lines.append(f"stream                  : {_stream_line(self.stream)}")
-        if self.retries:
-            lines.append("batch retries           : " + ", ".join(f"{k}={v}" for k, v in self.retries.items()))
+        # the lines a run has only when it has their facts (None: no line), the label padded as above
+        stages = ", ".join(f"{name} {s:,.1f} s" for name, s in self.stage_seconds.items() if s >= 0.05)
+        lines += [f"{label:<24}: {text}" for label, text in (
+            ("since then", f"{self.replaced} (this run's commit landed and was checked at version "
+                           f"{self.delta_version})" if self.replaced else None),
+            ("quarantine", f"{self.quarantine} ({self.rows_quarantined:,} rows of this run)" if self.quarantine
+             else None),
+            ("versions", ", ".join(f"{k} {v}" for k, v in self.versions.items()) if self.versions else None),
+            ("driver stages", stages if self.stage_seconds else None),
+            ("resumed", f"{self.resumed_tasks:,} of {self.tasks:,} task(s) from an earlier try; rows reused "
+                        f"{self.rows_reused:,}, scored {self.rows_scored:,}" if self.resumed_tasks else None),
+            ("not resumed", self.resume_note or None),
+            ("source", self.source_note or None),
+            ("stream", _stream_line(self.stream) if self.stream else None),
+            ("batch retries", ", ".join(f"{k}={v}" for k, v in self.retries.items()) if self.retries else None),
+        ) if text is not None]
         lines += _quality_lines(self.quality)
         for row in self.samples:
             lines.append("sample                  : " + _short(row))
