@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from pipeline.config import JobConfig
+from pipeline.locations import Location
 from pipeline.spark.session import USER_CLASSPATH_CONFS
 
 __all__ = ["SmallJob", "small_job"]
@@ -87,7 +88,6 @@ def small_job(config: JobConfig, *, spark: Any = None, environ: Mapping[str, str
 def _refusal(config: JobConfig, *, spark: Any, env: Mapping[str, str], active_session: bool | None) -> str | None:
     """Why ``config`` cannot run light whatever its size, else None."""
     from pipeline.faults import ENV as FAULTS_ENV
-    from pipeline.locations import is_local
 
     if config.spark.small_job_rows == 0:
         return "spark.small_job_rows is 0"
@@ -105,10 +105,11 @@ def _refusal(config: JobConfig, *, spark: Any, env: Mapping[str, str], active_se
         return "a catalog table needs the Delta connector"
     if config.sink.writer == "delta":
         return "sink.writer is delta (the connector)"
-    locations = {"source.path": config.source.path, "sink.path": config.sink.path,
-                 "sink.quarantine_path": config.sink.quarantine_path, "run.runs_path": config.run.runs_path}
+    locations = {"source.path": config.source.location, "sink.path": config.sink.location,
+                 "sink.quarantine_path": config.sink.quarantine_path and config.sink.quarantine_location,
+                 "run.runs_path": config.run.runs_path and Location.of(config.run.runs_path)}
     for key, location in locations.items():
-        if location and not is_local(str(location)):
+        if location and not location.local:
             return f"{key} {location} is not a local path"
     named = [k for k in _USER_DELTA_CONFS if k in config.spark.conf]
     if named:
@@ -131,7 +132,7 @@ def _source_rows(config: JobConfig, state: Any = None) -> tuple[int | None, str]
     if delta and state is not None:  # the log the run read once
         rows, features = state.rows(), list(state.unreadable)
     else:
-        rows, features = _delta_log_rows(str(config.source.path)) if delta else (None, [])
+        rows, features = _delta_log_rows(config.source.location) if delta else (None, [])
     if features:  # a light session reads through deltalake, which cannot: the connector's session can
         return None, f"the source uses {', '.join(features)}, which only the Delta connector reads"
     if limit is not None and limit <= config.spark.small_job_rows:
@@ -145,7 +146,7 @@ def _source_rows(config: JobConfig, state: Any = None) -> tuple[int | None, str]
     return rows, f"the source's {rows:,} rows (its Delta log)"
 
 
-def _delta_log_rows(path: str) -> tuple[int | None, list[str]]:
+def _delta_log_rows(path: "str | Location") -> tuple[int | None, list[str]]:
     """The rows of the Delta table at ``path`` by its log's per-file counts (None when any is missing or no
     table), and the features it uses that only the Delta connector reads (deletion vectors, column mapping)."""
     from pipeline.io.delta.tables import log_rows

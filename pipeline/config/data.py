@@ -13,6 +13,7 @@ from pydantic import Field, SecretStr, field_serializer, model_validator
 
 from pipeline.config.base import READS, WRITES, ConfigSection
 from pipeline.config.redaction import REDACTED
+from pipeline.locations import Location
 
 __all__ = ["SinkConfig", "SourceConfig", "StorageConfig", "StreamConfig"]
 
@@ -63,6 +64,11 @@ class SourceConfig(ConfigSection):
         "untouched; a remote `delta` path needs the Delta connector; `text` ids are `<file URI>:<line>`; "
         "`binary_file`: a folder (read recursively) or a glob", json_schema_extra=READS)
     table: str | None = Field(None, description="`catalog.schema.name` of a `table` source")
+
+    @property
+    def location(self) -> Location | None:
+        """``path`` parsed (:class:`~pipeline.locations.Location`): what the run passes on; None without one."""
+        return Location.of(self.path) if self.path else None
     id_column: str = Field("id", description="the row id column (checked before any work); `binary_file`: `path`")
     text_column: str = Field("text", description="text tasks: the column scored (checked before any work)")
     keep_columns: list[str] = Field(default_factory=list, description="source columns copied unchanged to the output")
@@ -125,6 +131,16 @@ class SinkConfig(ConfigSection):
     leftover_grace_s: float = Field(
         900.0, gt=0, description="`deltalake` writer: seconds without a heartbeat after which an unfinished "
         "write counts as dead, so the next job's sweep (or `pipeline vacuum`) deletes its uncommitted files")
+
+    @property
+    def location(self) -> Location | None:
+        """``path`` parsed (:class:`~pipeline.locations.Location`): what the run passes on; None without one."""
+        return Location.of(self.path) if self.path else None
+
+    @property
+    def quarantine_location(self) -> Location:
+        """:meth:`resolved_quarantine_path` parsed (same ValueError for a catalog sink without one)."""
+        return Location.of(self.resolved_quarantine_path())
 
     def resolved_quarantine_path(self) -> str:
         if self.quarantine_path:

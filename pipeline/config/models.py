@@ -21,6 +21,7 @@ from pipeline.config.data import SinkConfig, SourceConfig, StorageConfig
 from pipeline.config.inference import BatchingConfig, ModelConfig
 from pipeline.config.kinds import known_kinds, task_config_class
 from pipeline.config.redaction import redact_config
+from pipeline.locations import Location
 
 __all__ = ["DELTA_CONNECTOR_CONF", "JobConfig", "MlflowConfig", "QualityConfig", "RunConfig", "SparkConfig", "TaskConfig"]
 
@@ -270,6 +271,12 @@ class JobConfig(ConfigSection):
         storage = self.storage
         return [v.get_secret_value() for v in (storage.access_key_id, storage.secret_access_key,
                                                 storage.session_token) if v is not None]
+
+    @property
+    def runs_location(self) -> Location | None:
+        """:meth:`resolved_runs_path` parsed; None for a catalog sink without a runs table."""
+        path = self.resolved_runs_path()
+        return Location.of(path) if path else None
 
     def resolved_runs_path(self) -> str | None:
         """The runs table: ``run.runs_path``, else the output path + ``_runs`` (none for a catalog sink)."""

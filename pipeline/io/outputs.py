@@ -22,30 +22,34 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.errors import SinkError
-from pipeline.io.stores import is_object_store, table_store
-from pipeline.locations import is_local, local_path, uri_scheme
+from pipeline.io.stores import table_store
+from pipeline.locations import Location
 
 __all__ = ["check_output", "read_output", "write_output"]
 
 
-def check_output(location: str, *, key: str) -> None:
+def check_output(location: "str | Location", *, key: str) -> None:
     """Refuse, before any work, a file location this process cannot write (``key`` names the setting)."""
-    if is_local(location):
+    loc = Location.of(location)
+    location = loc.raw
+    if loc.local:
         return
-    if not is_object_store(location):
+    if not loc.object_store:
         raise SinkError(f"{key} {location!r}: a summary or report is written to a local or mounted path, s3:// or "
-                        f"s3a://, not {uri_scheme(location)}:; set {key} to one of those")
+                        f"s3a://, not {loc.scheme}:; set {key} to one of those")
     if "/" not in location.split("://", 1)[1].strip("/"):
         raise SinkError(f"{key} {location!r} names a bucket, not a file: give the object's key, e.g. "
                         f"{location.rstrip('/')}/reports/run.html")
 
 
-def write_output(location: str, data: str | bytes, *, key: str = "the output") -> str:
+def write_output(location: "str | Location", data: str | bytes, *, key: str = "the output") -> str:
     """Write ``data`` (text is UTF-8) to ``location`` whole, replacing what was there; returns ``location``."""
-    check_output(location, key=key)
+    loc = Location.of(location)
+    check_output(loc, key=key)
+    location = loc.raw
     payload = data.encode("utf-8") if isinstance(data, str) else data
-    if is_local(location):
-        path = Path(local_path(location))
+    if loc.local:
+        path = Path(loc.path or "")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(payload)
         return location
@@ -58,8 +62,9 @@ def write_output(location: str, data: str | bytes, *, key: str = "the output") -
 
 def read_output(location: str) -> bytes:
     """The bytes of a file :func:`write_output` wrote (local or S3)."""
-    if is_local(location):
-        return Path(local_path(location)).read_bytes()
+    loc = Location.of(location)
+    if loc.local:
+        return Path(loc.path or "").read_bytes()
     folder, _, name = location.rstrip("/").rpartition("/")
     store = table_store(folder)
     with store.fs.open_input_stream(store.full(name)) as src:

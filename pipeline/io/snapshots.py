@@ -12,13 +12,13 @@ import json
 import os
 
 from pipeline.config import SourceConfig
-from pipeline.io.stores import configured, is_object_store, open_table
-from pipeline.locations import is_local, local_path
+from pipeline.io.stores import configured, open_table
+from pipeline.locations import Location
 
 __all__ = ["source_rebuilt", "source_snapshot"]
 
 
-def _table_identity(path: str) -> str | None:
+def _table_identity(path: "str | Location") -> str | None:
     """``delta:<table id>:<version>`` of the Delta table at ``path``; None when there is none."""
     from deltalake.exceptions import TableNotFoundError
 
@@ -53,14 +53,17 @@ def source_snapshot(source: SourceConfig) -> str | None:
     A catalog table or another remote URI:
     None (unknown; the run key then rests on the config, the model revision and ``ds``).
     """
-    if source.path and source.format == "delta" and is_object_store(source.path) and configured(source.path):
+    loc = source.location
+    if loc is None:
+        return None
+    if source.format == "delta" and loc.object_store and configured(loc):
         try:
-            return _table_identity(source.path)
+            return _table_identity(loc)
         except Exception:  # noqa: BLE001 - unreachable: unknown, as for any other remote source
             return None
-    if not source.path or not is_local(source.path):
+    if not loc.local:
         return None
-    path = local_path(source.path)
+    path = loc.path
     if source.format == "delta":
         return _table_identity(path) if os.path.isdir(path) else None
     listing = []

@@ -18,6 +18,7 @@ import tempfile
 import uuid
 import weakref
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from pipeline.config import DELTA_CONNECTOR_CONF, SourceConfig
@@ -25,8 +26,8 @@ from pipeline.errors import SourceError
 from pipeline.rows import MALFORMED_COLUMN
 from pipeline.io.file_readers import CORRUPT_RECORD_COLUMN, read_binary_files, read_json, read_text
 from pipeline.io.paths import connector_hint, remote_refusal
-from pipeline.io.stores import is_object_store, is_table, open_table, reachable, table_store
-from pipeline.locations import local_path, resolve_location
+from pipeline.io.stores import Where, is_table, open_table, table_store
+from pipeline.locations import Location
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -47,7 +48,7 @@ def pinned_versions(versions: Mapping[str, int | None]) -> Iterator[None]:
     the log counted is what is scored. Pin only a table whose log ``deltalake`` read and can honour: a pinned
     table's files are read from that log, with the connector too (no Spark job to rebuild its snapshot).
     Per context (thread), so runs side by side in one process do not mix."""
-    pinned = {resolve_location(str(k)): int(v) for k, v in versions.items() if v is not None}
+    pinned = {Location.of(k).spark: int(v) for k, v in versions.items() if v is not None}
     token = _PINNED.set({**_PINNED.get(), **pinned})
     try:
         yield
@@ -111,19 +112,22 @@ def has_delta_connector(spark: "SparkSession") -> bool:
     return found
 
 
-def check_source(config: SourceConfig, *, connector: bool) -> None:
+def check_source(config: SourceConfig, *, connector: bool, location: Location | None = None) -> None:
     """Refuse, before any work, a source the readers of this session cannot honour.
 
     Without the Delta connector a ``delta`` source is read through deltalake,
     which reads local or mounted paths and S3 (``s3://``/``s3a://``): any other
     remote URI is refused with the connector to add. Parquet, JSON and text paths go to Spark untouched
-    (Spark's file systems decide).
+    (Spark's file systems decide). ``location``: ``config.path`` parsed already.
     """
-    if config.format == "delta" and not connector and config.path and not reachable(config.path):
-        raise SourceError(remote_refusal(config.path, what="Delta reader", key="source.path"))
+    if config.format != "delta" or connector or not config.path:
+        return
+    loc = location or Location.of(config.path)
+    if not loc.reachable:
+        raise SourceError(remote_refusal(loc.raw, what="Delta reader", key="source.path"))
 
 
-def read_delta(spark: "SparkSession", path: str, *, version: int | None = None) -> "DataFrame":
+def read_delta(spark: "SparkSession", path: Where, *, version: int | None = None) -> "DataFrame":
     """A Delta table's current snapshot (or the snapshot at ``version``) as a DataFrame.
 
     ``path`` is a local path or any URI: the connector gets it untouched; the
@@ -135,19 +139,19 @@ def read_delta(spark: "SparkSession", path: str, *, version: int | None = None) 
     see its own new rows. No table at ``path`` raises :class:`SourceError`. Without ``version``, a table
     pinned for this context (:func:`pinned_versions`) is read at its pinned version, through deltalake.
     """
-    pinned = version is None and resolve_location(str(path)) in _PINNED.get()
+    loc = Location.of(path)
+    pinned = version is None and loc.spark in _PINNED.get()
     if pinned:
-        version = _PINNED.get()[resolve_location(str(path))]
+        version = _PINNED.get()[loc.spark]
     if has_delta_connector(spark) and not pinned:
-        location = resolve_location(path)
         if version is None:
-            version = latest_version(spark, location)
+            version = latest_version(spark, loc.spark)
             if version is None:
-                raise SourceError(f"no Delta table at {path}")
-        return spark.read.format("delta").option("versionAsOf", int(version)).load(location)
-    if not reachable(path):
-        raise SourceError(remote_refusal(path, what="Delta reader", key="path"))
-    return _read_delta_with_deltalake(spark, path if is_object_store(path) else local_path(path), version=version)
+                raise SourceError(f"no Delta table at {loc}")
+        return spark.read.format("delta").option("versionAsOf", int(version)).load(loc.spark)
+    if not loc.reachable:
+        raise SourceError(remote_refusal(loc.raw, what="Delta reader", key="path"))
+    return _read_delta_with_deltalake(spark, loc, version=version)
 
 
 def latest_version(spark: "SparkSession", location: str) -> int | None:
@@ -159,45 +163,48 @@ def latest_version(spark: "SparkSession", location: str) -> int | None:
     return int(rows[0]["version"]) if rows else None
 
 
-def table_version(spark: "SparkSession", path: str) -> int | None:
+def table_version(spark: "SparkSession", path: Where) -> int | None:
     """The current version of the Delta table at ``path`` for whichever reader the session uses;
     None when there is no table. Reading at this version then sees exactly that snapshot."""
+    loc = Location.of(path)
     if has_delta_connector(spark):
-        return latest_version(spark, resolve_location(path))
-    if not reachable(path):
+        return latest_version(spark, loc.spark)
+    if not loc.reachable:
         return None
     from deltalake.exceptions import TableNotFoundError
 
     try:
-        return open_table(path).version()
+        return open_table(loc).version()
     except TableNotFoundError:
         return None
 
 
-def is_delta_table(spark: "SparkSession", path: str) -> bool:
+def is_delta_table(spark: "SparkSession", path: Where) -> bool:
     """Whether ``path`` holds a Delta table; no local path is made from a URI.
 
     With the connector Spark answers (object stores included); without it
     deltalake looks at local paths and S3; another remote URI is never a table it can use.
     """
+    loc = Location.of(path)
     if has_delta_connector(spark):
         try:
-            spark.read.format("delta").load(resolve_location(path)).schema  # noqa: B018 - analysis only
+            spark.read.format("delta").load(loc.spark).schema  # noqa: B018 - analysis only
             return True
         except Exception:  # noqa: BLE001 - not a Delta table (or unreachable): nothing to append to
             return False
-    if not reachable(path):
+    if not loc.reachable:
         return False
-    return is_table(path)
+    return is_table(loc)
 
 
-def _read_delta_with_deltalake(spark: "SparkSession", path: str, *, version: int | None = None) -> "DataFrame":
+def _read_delta_with_deltalake(spark: "SparkSession", loc: Location, *, version: int | None = None) -> "DataFrame":
     import pyarrow as pa
     from deltalake.exceptions import TableNotFoundError
     from pyspark.sql import functions as F
     from pipeline.arrow_types import from_arrow_schema
 
-    store = table_store(path)
+    path = loc.path or loc.raw  # the local path, or the S3 URI as written
+    store = table_store(replace(loc, raw=path) if loc.local else loc)
     try:
         table = store.table(version=version)
     except TableNotFoundError:
@@ -255,14 +262,16 @@ def _join(root: str, rel: str) -> str:
     return f"{root}/{unquote(rel)}"
 
 
-def read_source(spark: "SparkSession", config: SourceConfig) -> "DataFrame":
-    """The configured source as a DataFrame, filtered and limited, not yet validated."""
+def read_source(spark: "SparkSession", config: SourceConfig, *, location: Location | None = None) -> "DataFrame":
+    """The configured source as a DataFrame, filtered and limited, not yet validated (``location``:
+    ``config.path`` parsed already)."""
     fmt = config.format
-    check_source(config, connector=fmt == "delta" and has_delta_connector(spark))
-    location = resolve_location(str(config.path)) if config.path else None
+    loc = location or (Location.of(config.path) if config.path else None)
+    check_source(config, connector=fmt == "delta" and has_delta_connector(spark), location=loc)
+    location = loc.spark if loc is not None else None
     try:
         if fmt == "delta":
-            df = read_delta(spark, str(config.path))
+            df = read_delta(spark, loc or str(config.path))
         elif fmt == "table":
             df = spark.read.table(str(config.table))
         elif fmt == "parquet":

@@ -41,17 +41,18 @@ import json
 import os
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Iterator, Mapping, Union
 
 from pipeline.errors import PipelineError
-from pipeline.locations import local_path, uri_scheme
+from pipeline.locations import OBJECT_STORE_SCHEMES, Location
 
 __all__ = ["OBJECT_STORE_SCHEMES", "StoreError", "TableStore", "configured", "delta_uri", "is_object_store",
-           "is_table", "open_table", "reachable", "storage_options", "table_store", "unreachable_reason",
-           "using_settings"]
+           "is_table", "located", "open_table", "reachable", "storage_options", "table_store",
+           "unreachable_reason", "using_settings"]
 
-OBJECT_STORE_SCHEMES = ("s3", "s3a")
+# a location as a caller gives it: a string (user-facing code, tests) or parsed once (the run's stages)
+Where = Union[str, Location]
 # environment variable -> delta-rs storage option (object_store's AmazonS3ConfigKey names)
 _ENV_OPTIONS = {
     "AWS_ACCESS_KEY_ID": "aws_access_key_id",
@@ -76,25 +77,26 @@ class StoreError(PipelineError, ValueError):
     as it was before it joined the :class:`~pipeline.errors.PipelineError` tree)."""
 
 
-def is_object_store(location: str) -> bool:
+def is_object_store(location: Where) -> bool:
     """Whether ``location`` is on S3 (``s3://`` or Hadoop's ``s3a://``), which delta-rs reaches itself."""
-    return uri_scheme(location) in OBJECT_STORE_SCHEMES
+    return Location.of(location).object_store
 
 
-def reachable(location: str) -> bool:
+def reachable(location: Where) -> bool:
     """Whether the deltalake writer and readers reach ``location``: a local path or an S3 URI."""
-    return uri_scheme(location) in (None, "file", *OBJECT_STORE_SCHEMES)
+    return Location.of(location).reachable
 
 
-def unreachable_reason(location: str) -> str | None:
+def unreachable_reason(location: Where) -> str | None:
     """Why the deltalake writer and readers cannot reach ``location``; None when they can.
 
     >>> unreachable_reason("s3a://b/t") is None, unreachable_reason("gs://b/t")
     (True, 'the deltalake package here reaches local or mounted paths, s3:// and s3a://, not gs:')
     """
-    if reachable(location):
+    loc = Location.of(location)
+    if loc.reachable:
         return None
-    return f"the deltalake package here reaches local or mounted paths, s3:// and s3a://, not {uri_scheme(location)}:"
+    return f"the deltalake package here reaches local or mounted paths, s3:// and s3a://, not {loc.scheme}:"
 
 
 @contextmanager
@@ -124,23 +126,36 @@ def using_settings(settings: Mapping[str, str | None] | None) -> Iterator[None]:
                 _settings = {}
 
 
-def delta_uri(location: str) -> str:
+def delta_uri(location: Where) -> str:
     """What delta-rs opens: ``s3://bucket/key`` for an S3 URI, else the absolute local path."""
-    if is_object_store(location):
-        return "s3://" + location.split("://", 1)[1].rstrip("/")
-    return local_path(location)
+    loc = Location.of(location)
+    if not loc.reachable:
+        raise ValueError(f"{loc.raw!r} is not a local path (scheme {loc.scheme!r})")
+    return loc.uri
 
 
-def storage_options(location: str, *, environ: Mapping[str, str] | None = None) -> dict[str, str] | None:
+def located(location: Where, *, environ: Mapping[str, str] | None = None) -> Location:
+    """``location`` parsed, with its S3 settings resolved now (:func:`storage_options`): what the run's stages
+    pass on, so the readers and writers open it without resolving again."""
+    loc = Location.of(location)
+    if not loc.object_store:
+        return loc
+    return replace(loc, options=storage_options(loc.raw, environ=environ))
+
+
+def storage_options(location: Where, *, environ: Mapping[str, str] | None = None) -> dict[str, str] | None:
     """delta-rs storage options for ``location`` from ``environ`` (the process environment) and the
     settings of :func:`using_settings` over it; None if local.
 
     Always ``aws_conditional_put: etag``: every log entry is created with ``If-None-Match``, so two
     concurrent commits of one version cannot both land. Raises :class:`StoreError` when the
-    environment asks for unsafe-rename commits.
+    environment asks for unsafe-rename commits. A :class:`Location` made by :func:`located` has them already.
     """
-    if not is_object_store(location):
+    loc = Location.of(location)
+    if not loc.object_store:
         return None
+    if loc.options is not None and environ is None:
+        return dict(loc.options)
     env = os.environ if environ is None else environ
     if env.get(UNSAFE_RENAME, "").strip().lower() in ("1", "true", "yes"):
         raise StoreError(
@@ -154,7 +169,7 @@ def storage_options(location: str, *, environ: Mapping[str, str] | None = None) 
     return options
 
 
-def configured(location: str) -> bool:
+def configured(location: Where) -> bool:
     """Whether the environment (or the job's settings) names keys or an endpoint for S3 ``location`` (no
     lookup of instance credentials, no traffic to a cloud metadata endpoint, is needed to try it)."""
     try:
@@ -164,7 +179,7 @@ def configured(location: str) -> bool:
     return bool(options.get("aws_access_key_id") or options.get("aws_endpoint_url"))
 
 
-def open_table(location: str, *, version: int | None = None, options: Mapping[str, str] | None = None) -> Any:
+def open_table(location: Where, *, version: int | None = None, options: Mapping[str, str] | None = None) -> Any:
     """``deltalake.DeltaTable`` at ``location`` (local or S3); ``options`` default to :func:`storage_options`."""
     from deltalake import DeltaTable
 
@@ -172,7 +187,7 @@ def open_table(location: str, *, version: int | None = None, options: Mapping[st
     return DeltaTable(delta_uri(location), version=version, storage_options=opts or None)
 
 
-def is_table(location: str, *, options: Mapping[str, str] | None = None) -> bool:
+def is_table(location: Where, *, options: Mapping[str, str] | None = None) -> bool:
     from deltalake import DeltaTable
 
     opts = dict(options) if options is not None else storage_options(location)
@@ -324,9 +339,11 @@ class TableStore:
             return {}
 
 
-def table_store(location: str, *, environ: Mapping[str, str] | None = None) -> TableStore:
-    """The :class:`TableStore` of ``location``, its S3 settings resolved from ``environ`` now."""
-    return TableStore(location, storage_options(location, environ=environ))
+def table_store(location: Where, *, environ: Mapping[str, str] | None = None) -> TableStore:
+    """The :class:`TableStore` of ``location``, its S3 settings resolved from ``environ`` now (a
+    :class:`Location` from :func:`located` brings its own)."""
+    loc = Location.of(location)
+    return TableStore(loc.raw, storage_options(loc, environ=environ))
 
 
 def _filesystem(options: Mapping[str, str]) -> Any:

@@ -26,7 +26,7 @@ from pipeline.errors import SourceError
 from pipeline.io.file_readers import CORRUPT_RECORD_COLUMN
 from pipeline.io.sources import has_delta_connector, unreadable_features
 from pipeline.io.stores import table_store
-from pipeline.locations import is_local, local_path, resolve_location
+from pipeline.locations import Location
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -63,7 +63,7 @@ def open_stream(spark: "SparkSession", source: SourceConfig) -> OpenStream:
     stream = source.stream
     if stream is None:
         raise ValueError("read_stream needs source.stream")
-    location = resolve_location(str(source.path))
+    location = Location.of(str(source.path)).spark
     until = None
     try:
         if source.format == "delta":
@@ -99,7 +99,7 @@ def _file_schema(spark: "SparkSession", source: SourceConfig) -> Any:
     from pyspark.sql.types import StringType, StructField, StructType
 
     assert source.stream is not None
-    location = resolve_location(str(source.path))
+    location = Location.of(str(source.path)).spark
     if source.stream.schema_ddl:
         schema = StructType.fromDDL(source.stream.schema_ddl)
     else:
@@ -127,7 +127,7 @@ def _delta_stream(spark: "SparkSession", source: SourceConfig) -> "tuple[DataFra
                          max_bytes=stream.max_bytes_per_trigger)
         if stream.starting_version is not None:
             reader = reader.option("startingVersion", str(stream.starting_version))
-        return reader.load(resolve_location(str(source.path))), None
+        return reader.load(Location.of(str(source.path)).spark), None
     import pyarrow as pa
     from deltalake.exceptions import TableNotFoundError
 
@@ -136,7 +136,8 @@ def _delta_stream(spark: "SparkSession", source: SourceConfig) -> "tuple[DataFra
     from pipeline.sessions import register_data_source
 
     path = str(source.path)
-    store = table_store(local_path(path) if is_local(path) else path)
+    loc = Location.of(path)
+    store = table_store(loc.path or loc)
     try:
         table = store.table()
     except TableNotFoundError:
@@ -186,7 +187,8 @@ def checkpoint_offset(spark: "SparkSession", checkpoint: str) -> dict | None:
 
     Read through Spark, so any location Spark's checkpoint reaches. Raises :class:`SourceError` when the
     checkpoint holds another source's offsets (it was written by another reader: the Delta connector's)."""
-    if is_local(checkpoint) and not os.path.isdir(os.path.join(local_path(checkpoint), "offsets")):
+    loc = Location.of(checkpoint)
+    if loc.local and not os.path.isdir(os.path.join(loc.path or "", "offsets")):
         return None  # a new stream (asked without Spark, which logs a missing path as an error)
     try:
         files = (spark.read.format("binaryFile").option("pathGlobFilter", "[0-9]*")

@@ -54,7 +54,7 @@ def identify(prep: Prepared) -> Identified:
     if note:
         prep.say(note, ident)
     if config.run.incremental or config.sink.mode == "append":
-        done = committed_run_via(spark, config.sink.path, ident.run_key) if config.sink.path else None
+        done = committed_run_via(spark, config.sink.location, ident.run_key) if config.sink.path else None
         if done and _run_rows_remain(spark, config, by=done[1], ds=ident.ds):
             remove_staging(prep, ident.run_key)  # a try killed after its commit left it; nothing will read it again
             return Identified(ident, note, AlreadyCommitted(version=done[0], by=done[1], output=str(config.sink.path),
@@ -78,7 +78,7 @@ def _run_rows_remain(spark: "SparkSession", config: JobConfig, *, by: str | None
         return True
     day = ds if "ds" in config.sink.partition_by else None
     try:
-        return rows_written(spark, config.sink.path, by, day).limit(1).count() > 0
+        return rows_written(spark, config.sink.location, by, day).limit(1).count() > 0
     except SourceError:
         return False
 

@@ -21,6 +21,7 @@ from pipeline.stages.plan import kind_and_task
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pipeline.locations import Location
 
 __all__ = ["NewInputs", "append_key_filter", "content_hash", "hashed_inputs", "malformed_input",
            "malformed_originals", "prepare_inputs", "read_new_inputs"]
@@ -69,7 +70,7 @@ def _known_bad(spark: "SparkSession", config: JobConfig, fingerprint: str) -> "D
     from pipeline.io.sources import SourceError, read_delta
 
     try:
-        quarantine = read_delta(spark, config.sink.resolved_quarantine_path())
+        quarantine = read_delta(spark, config.sink.quarantine_location)
     except SourceError:
         return None
     id_col = config.source.id_column
@@ -79,7 +80,7 @@ def _known_bad(spark: "SparkSession", config: JobConfig, fingerprint: str) -> "D
             .select(quarantine[id_col].alias("_bad_id"), quarantine["content_hash"].alias("_bad_hash")).distinct())
 
 
-def _sink_version(spark: "SparkSession", path: str, known: int | None) -> int | None:
+def _sink_version(spark: "SparkSession", path: "str | Location | None", known: int | None) -> int | None:
     """The output's version to compare keys at: ``known`` (the plan's read of its log; -1: no table), else asked."""
     from pipeline.io.sources import table_version
 
@@ -109,11 +110,11 @@ def _incremental_filter(spark: "SparkSession", inputs: "DataFrame", config: JobC
             on = inputs["id"].eqNullSafe(bad["_bad_id"]) & (inputs["content_hash"] == bad["_bad_hash"])
             known = inputs.join(bad, on=on, how="left_semi")
             inputs = inputs.join(bad, on=on, how="left_anti")
-    version = _sink_version(spark, config.sink.path, sink_version)  # the commit writes only keys no commit since wrote
+    version = _sink_version(spark, config.sink.location, sink_version)  # the commit writes only keys no commit since wrote
     if version is None:
         return NewInputs(inputs, known, None)  # no output yet: everything is new
     try:
-        done = read_delta(spark, config.sink.path, version=version)
+        done = read_delta(spark, config.sink.location, version=version)
     except SourceError:
         return NewInputs(inputs, known, version)  # no output yet: everything is new
     missing = [c for c in ("content_hash", "task_fingerprint") if c not in done.columns]
@@ -129,7 +130,7 @@ def _incremental_filter(spark: "SparkSession", inputs: "DataFrame", config: JobC
     return NewInputs(new, known, version)
 
 
-def _done_keys(spark: "SparkSession", path: str, id_column: str, ds: dt.date,
+def _done_keys(spark: "SparkSession", path: "str | Location | None", id_column: str, ds: dt.date,
                version: int | None) -> "DataFrame | None":
     """The ids the table at ``path`` holds for run date ``ds`` (all its ids without a ``ds`` column) at
     ``version``; None when there is no table."""
@@ -162,8 +163,9 @@ def append_key_filter(spark: "SparkSession", inputs: NewInputs, config: JobConfi
     version as the plan read its log (-1: no table; None: asked here); ``rows_before``: the rows before the
     filter when the source's log counted them (None: counted here).
     """
-    version = _sink_version(spark, config.sink.path, sink_version) if config.sink.path else None
-    done = _done_keys(spark, config.sink.path, config.source.id_column, ds, version) if config.sink.path else None
+    sink = config.sink.location
+    version = _sink_version(spark, sink, sink_version) if sink else None
+    done = _done_keys(spark, sink, config.source.id_column, ds, version) if sink else None
     if done is None:
         return replace(inputs, read_version=version)
     before = rows_before if rows_before is not None else inputs.rows.count()

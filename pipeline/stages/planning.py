@@ -36,8 +36,8 @@ def plan_run(prep: Prepared, identified: Identified) -> RunPlan:
     prep.stage("planning")
     sink = effective_sink(config.sink, incremental=config.run.incremental)
     # each table's log read once: the version the keys are compared at, the shrink guard, the schema check
-    sink_state = read_state(config.sink.path, table=config.sink.table)
-    quarantine_state = read_state(config.sink.resolved_quarantine_path(), files=False) if config.sink.path else None
+    sink_state = read_state(config.sink.location, table=config.sink.table)
+    quarantine_state = read_state(config.sink.quarantine_location, files=False) if config.sink.path else None
     new, rows_in, known_bad = _rows_to_score(prep, identified, sink_state)
     _check_shrink(prep, ident.ds, rows_in + known_bad, sink_state)
     tasks = plan_inference_tasks(spark, config, rows_in, prep.task)
@@ -72,7 +72,7 @@ def _rows_to_score(prep: Prepared, identified: Identified, sink_state: Any) -> t
     source = identified.source_state
     sink_version = None if sink_state is None else (sink_state.version if sink_state.exists else -1)
     readable = source is not None and not source.unreadable  # else the connector reads (and pins) it
-    with pinned_versions({str(config.source.path): source.version} if readable else {}):
+    with pinned_versions({config.source.location.spark: source.version} if readable else {}):
         new = read_new_inputs(spark, config, fingerprint=ident.task_fingerprint, task=prep.task,
                               sink_version=sink_version)
     known_bad = new.known_bad.count() if new.known_bad is not None else 0

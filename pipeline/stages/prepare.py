@@ -85,7 +85,7 @@ def source_log(config: JobConfig) -> Any:
 
     if config.source.format != "delta" or not config.source.path or config.source.stream is not None:
         return None
-    state = read_state(str(config.source.path))
+    state = read_state(config.source.location)
     return state if state is not None and state.exists else None
 
 

@@ -37,7 +37,7 @@ def staging_root(config: JobConfig) -> str | None:
     """Where this job's staged task output lives (None: staging off, or no local place for it)."""
     from pipeline.staging import layout
 
-    return layout.staging_root(config.sink.path, config.run.staging_path) if config.run.staging else None
+    return layout.staging_root(config.sink.location, config.run.staging_path) if config.run.staging else None
 
 
 def check_staging_root(config: JobConfig) -> None:

@@ -37,7 +37,7 @@ OWNER_FILE = "_sbi_staging.json"
 MARKER_SUFFIX = ".done.json"
 
 
-def staging_root(sink_path: str | None, override: str | None = None) -> str | None:
+def staging_root(sink_path: "str | Location | None", override: str | None = None) -> str | None:
     """The local folder staged output goes to: ``override``, else ``<sink_path>_staging``.
 
     None when there is no local place for it (a catalog table, an ``s3a://`` sink without a
@@ -46,12 +46,13 @@ def staging_root(sink_path: str | None, override: str | None = None) -> str | No
     >>> staging_root("/lake/scores"), staging_root("s3a://b/scores"), staging_root(None, "/mnt/stage")
     ('/lake/scores_staging', None, '/mnt/stage')
     """
-    from pipeline.locations import is_local, local_path
+    from pipeline.locations import Location
 
-    location = override or (f"{sink_path.rstrip('/')}{STAGING_SUFFIX}" if sink_path else None)
-    if not location or not is_local(location):
+    sink = str(sink_path) if sink_path else None
+    location = override or (f"{sink.rstrip('/')}{STAGING_SUFFIX}" if sink else None)
+    if not location:
         return None
-    return local_path(location)
+    return Location.of(location).path
 
 
 def write_atomic(path: Path, data: bytes) -> None:

@@ -17,8 +17,8 @@ from typing import Any, Mapping
 from pipeline.io.delta.log import log_entry
 from pipeline.io.delta.options import APP_ID_KEY, KEYS_KEY, WRITE_ID_KEY
 from pipeline.io.sources import has_delta_connector
-from pipeline.io.stores import is_object_store, open_table
-from pipeline.locations import is_local, local_path
+from pipeline.io.stores import open_table
+from pipeline.locations import Location
 
 __all__ = [
     "CommitEntry", "commit_entry", "commit_metadata", "committed_run", "committed_run_via", "connector_commit", "connector_commits",
@@ -128,7 +128,7 @@ def deltalake_table_version(path: str) -> int | None:
         return None
 
 
-def committed_run(path: str, app_id: str) -> tuple[int, str | None] | None:
+def committed_run(path: "str | Location", app_id: str) -> tuple[int, str | None] | None:
     """``(version, run id)`` of the commit carrying transaction ``app_id`` in the local Delta table at ``path``.
 
     None when the table does not exist or holds no such transaction. A keyed connector append (an
@@ -137,7 +137,8 @@ def committed_run(path: str, app_id: str) -> tuple[int, str | None] | None:
     """
     from deltalake.exceptions import TableNotFoundError
 
-    if not app_id or (not is_object_store(path) and not os.path.isdir(path)):
+    loc = Location.of(path)
+    if not app_id or (not loc.object_store and not os.path.isdir(loc.raw)):
         return None
     try:
         table = open_table(path)
@@ -187,15 +188,16 @@ def connector_version(spark: Any, table: str | None, target: str, key: str, valu
     return found[0] if found else None
 
 
-def committed_run_via(spark: Any, location: str, app_id: str) -> tuple[int, str | None] | None:
+def committed_run_via(spark: Any, location: "str | Location", app_id: str) -> tuple[int, str | None] | None:
     """:func:`committed_run` for any location the session reaches: local tables through deltalake,
     the rest (``s3a://``, a catalog table) through the connector's history."""
     if not app_id:
         return None
-    if is_local(location):
-        return committed_run(local_path(location), app_id)
-    if is_object_store(location) and not has_delta_connector(spark):
-        return committed_run(location, app_id)
+    loc = Location.of(location)
+    if loc.local:
+        return committed_run(loc.path or "", app_id)
+    if loc.object_store and not has_delta_connector(spark):
+        return committed_run(loc, app_id)
     found = [(v, meta) for v, meta, _ in connector_commits(spark, f"delta.`{location}`", app_id, limit=1000)
              if meta.get(APP_ID_KEY) == app_id]
     return (found[0][0], found[0][1].get("sbi.run_id")) if found else None

@@ -22,9 +22,10 @@ True
 from __future__ import annotations
 
 import datetime as dt
-import os
 from dataclasses import dataclass
 from typing import Any, Mapping
+
+from pipeline.locations import Location
 
 __all__ = ["TableState", "read_state"]
 
@@ -75,41 +76,41 @@ def _log_string(value: Any) -> str | None:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def log_reachable(location: str | None) -> bool:
+def log_reachable(location: "str | Location | None") -> bool:
     """Whether ``deltalake`` reads the log at ``location`` here: a local folder, or S3 with keys or an
     endpoint set (no lookup of instance credentials)."""
-    from pipeline.io.stores import configured, is_object_store
-    from pipeline.locations import is_local
+    from pipeline.io.stores import configured
 
     if not location:
         return False
-    if is_local(location):
+    loc = Location.of(location)
+    if loc.local:
         return True
-    return is_object_store(location) and configured(location)
+    return loc.object_store and configured(loc)
 
 
-def read_state(location: str | None, *, table: str | None = None, files: bool = True) -> TableState | None:
+def read_state(location: "str | Location | None", *, table: str | None = None, files: bool = True) -> TableState | None:
     """The log of the Delta table at ``location``, read once; ``TableState(exists=False)`` when there is no
     table; None when it cannot be read here (a catalog ``table``, an unreachable location, a log deltalake
     refuses): the caller asks Spark instead. ``files=False``: a local table's existence only (its log unread)."""
     from deltalake.exceptions import TableNotFoundError
 
     from pipeline.io.stores import open_table
-    from pipeline.locations import is_local, local_path
 
     if table or not log_reachable(location):
         return None
     assert location is not None
-    if is_local(location):
-        if not os.path.isdir(os.path.join(local_path(location), "_delta_log")):
-            return TableState(location, exists=False)
+    loc = Location.of(location)
+    if loc.local:
+        if not loc.is_delta_table():
+            return TableState(loc.raw, exists=False)
         if not files:
-            return TableState(location, exists=True, files=None)
+            return TableState(loc.raw, exists=True, files=None)
     try:
-        opened = open_table(local_path(location) if is_local(location) else location)
-        return _state_of(location, opened)
+        opened = open_table(loc)
+        return _state_of(loc.raw, opened)
     except TableNotFoundError:
-        return TableState(location, exists=False)
+        return TableState(loc.raw, exists=False)
     except Exception:  # noqa: BLE001 - a log deltalake cannot read: Spark answers instead
         return None
 

@@ -15,8 +15,8 @@ from pipeline.config import SinkConfig
 from pipeline.errors import SinkError
 from pipeline.io.paths import connector_hint, remote_refusal
 from pipeline.io.sources import has_delta_connector
-from pipeline.io.stores import StoreError, is_object_store, storage_options
-from pipeline.locations import is_local, local_path, resolve_location
+from pipeline.io.stores import StoreError, storage_options
+from pipeline.locations import Location
 
 __all__ = ["Writer", "check_folder", "check_sink", "choose_writer", "resolve_writer", "target_location"]
 
@@ -35,27 +35,30 @@ def choose_writer(config: SinkConfig, *, connector: bool) -> Writer:
     return "delta" if connector else "deltalake"
 
 
-def target_location(config: SinkConfig, path: str | None, writer: Writer) -> tuple[str | None, str | None]:
+def target_location(config: SinkConfig, path: "str | Location | None", writer: Writer) -> tuple[str | None, str | None]:
     """``(table, path)`` the writer gets; refuses what the deltalake writer cannot reach."""
     table = None if path else config.table
     key = "sink.quarantine_path" if path else "sink.path"
-    location = path or config.path
-    if writer == "delta":
-        return table, None if table else resolve_location(str(location))
     if table:
+        if writer == "delta":
+            return table, None
         raise SinkError(
             f"sink.table {config.table!r} needs the Delta Spark connector (catalog tables; "
             f"{connector_hint()}); without it set sink.path to a folder instead"
         )
-    if is_object_store(str(location)):
+    location = Location.of(path) if path else config.location
+    assert location is not None  # the sink's validation: a path or a table
+    if writer == "delta":
+        return None, location.spark
+    if location.object_store:
         try:
-            storage_options(str(location))  # an unsafe commit setting is refused before any work
+            storage_options(location)  # an unsafe commit setting is refused before any work
         except StoreError as exc:
             raise SinkError(f"{key}: {exc}") from None
-        return None, str(location)
-    if not is_local(str(location)):
-        raise SinkError(remote_refusal(str(location), what="Delta writer", key=key))
-    return None, local_path(str(location))
+        return None, location.raw
+    if not location.local:
+        raise SinkError(remote_refusal(location.raw, what="Delta writer", key=key))
+    return None, location.path
 
 
 def check_sink(config: SinkConfig, *, connector: bool) -> None:
@@ -66,16 +69,19 @@ def check_sink(config: SinkConfig, *, connector: bool) -> None:
         raise SinkError(
             f"sink.table {config.table!r} needs sink.quarantine_path (where rows whose scoring failed go)"
         )
-    target_location(config, config.resolved_quarantine_path(), writer)
-    for key, location in (("sink.path", config.path), ("sink.quarantine_path", config.resolved_quarantine_path())):
-        if location and is_local(str(location)):
-            check_folder(str(location), key=key)
+    quarantine = config.quarantine_location
+    target_location(config, quarantine, writer)
+    for key, location in (("sink.path", config.location), ("sink.quarantine_path", quarantine)):
+        if location and location.local:
+            check_folder(location, key=key)
 
 
-def check_folder(location: str, *, key: str) -> None:
+def check_folder(location: "str | Location", *, key: str) -> None:
     """Refuse a local table location that is a file, or lies below one: every writer would fail there
     late, with the file system's ``Not a directory``. The file is never touched."""
-    path = Path(local_path(location))
+    loc = Location.of(location)
+    location = loc.raw
+    path = Path(loc.path or "")
     what = ("a Delta table is a folder (its _delta_log and Parquet files): point it at a folder (a missing one is "
             "created), or move the file away")
     if path.exists() and not path.is_dir():
