@@ -29,7 +29,7 @@ from pipeline.logs import JsonFormatter
 from pipeline.registry import register_task
 from pipeline.rows import STATUS_FIELDS
 from pipeline.runs import read_runs
-from pipeline.summary import RunSummary
+from pipeline.run_summary import RunSummary
 from pipeline.runner import JobError, run_job
 from pipeline.tasks.job import TaskJob
 

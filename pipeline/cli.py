@@ -126,8 +126,8 @@ def vacuum_command(args: argparse.Namespace) -> int:
     print(f"{root}: {verb} {report.line()}")
     for rel in report.unproven[:5]:
         print(f"left alone (named like ours, but no marker of ours names its write): {rel}")
-    from pipeline.staging.layout import staging_root
-    from pipeline.staging.sweep import sweep_staging
+    from pipeline.journal.layout import staging_root
+    from pipeline.journal.sweep import sweep_staging
 
     staging = staging_root(root)
     staged = sweep_staging(staging, max_age_s=args.staging_max_age_hours * 3600, dry_run=args.dry_run)

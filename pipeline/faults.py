@@ -71,7 +71,7 @@ __all__ = ["InjectedFaultError", "SimulatedOutOfMemoryError", "activate", "after
 
 ENV = "SBI_FAULTS"
 # drills that change what a task outputs (statuses, rows): staged output of a run under one of them is
-# reused only by a run under the same (pipeline.staging); the others only slow, fail or kill attempts
+# reused only by a run under the same (pipeline.journal); the others only slow, fail or kill attempts
 RESULT_FAULTS = ("poison_marker", "lose_and_duplicate_partitions")
 _active: dict[str, Any] = {}
 # read by the batch loops before calling check_batch: false unless a drill is active

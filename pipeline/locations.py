@@ -5,7 +5,7 @@ A location with a URI scheme (``s3://``, ``s3a://``, ``abfss://``, ``gs://``,
 turning ``s3://lake/scores`` into an absolute local path would write a folder
 named ``s3:`` and report success. Plain paths and ``file:`` URIs are local.
 Pure string functions, on the ground floor: the tables (``pipeline.io``), the
-staging of tasks (``pipeline.staging``) and the faces all ask them.
+staging of tasks (``pipeline.journal``) and the faces all ask them.
 
 >>> uri_scheme("s3://lake/scores"), uri_scheme("dbfs:/mnt/x"), uri_scheme("/data/x"), uri_scheme("C:\\\\data")
 ('s3', 'dbfs', None, None)

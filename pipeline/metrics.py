@@ -12,7 +12,7 @@ task's timeline grows past ``TIMELINE_TASK_POINTS``), and competes for one of
 the task's ``SLOWEST_PER_TASK`` slowest-batch slots. Every leaf is a number, so
 the counts stay a plain JSON-able dict that :func:`merge_counts` adds up;
 :func:`batch_metrics` turns them into what the runs table and the report keep.
-The end-of-run summary built from the merged counts is :mod:`pipeline.summary`;
+The end-of-run summary built from the merged counts is :mod:`pipeline.run_summary`;
 their typed reading on the driver is :mod:`pipeline.run_counts`.
 """
 

@@ -28,7 +28,7 @@ from pipeline.tracking import log_run
 
 if TYPE_CHECKING:
     from pipeline.config import JobConfig
-    from pipeline.summary import RunSummary
+    from pipeline.run_summary import RunSummary
 
 __all__ = ["RunRecorder"]
 

@@ -82,7 +82,7 @@ MALFORMED_ERROR = ("malformed source line: Spark could not parse it as JSON; its
 MALFORMED_COLUMN = "_malformed"
 
 # A served model in batch mode (task.endpoint.mode batch): each row's request key, and the answer the provider's
-# batch API gave that request (a JSON line of pipeline.staging.batch_log's answers), joined to the row by key
+# batch API gave that request (a JSON line of pipeline.journal.batch_log's answers), joined to the row by key
 # before the task parses it; neither is written anywhere.
 REQUEST_KEY_COLUMN = "_sbi_request_key"
 ANSWER_COLUMN = "_sbi_answer"

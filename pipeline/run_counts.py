@@ -53,7 +53,7 @@ def counter(merge: Merge = SUM, *, work: bool = False, summary: str | None = Non
         merge: :data:`SUM` (a number; ``default`` when nothing counted) or :data:`BY_KEY` (a mapping; empty).
         work: it counts the work of scoring, which a task reused from staged output did not do in this run
             (:data:`WORK_KEYS`); the counts of rows and what they say are not work.
-        summary: the :class:`~pipeline.summary.RunSummary` field it fills, None: none (read otherwise, e.g. by
+        summary: the :class:`~pipeline.run_summary.RunSummary` field it fills, None: none (read otherwise, e.g. by
             :func:`pipeline.metrics.batch_metrics`); several counters naming one field fill it as a mapping of
             those that counted, by counter name, in the order declared. The summary declares its field from
             this (:meth:`RunCounts.summary_types`): a new ``summary=`` is a new summary field.
@@ -92,7 +92,7 @@ class RunCounts:
 
     Each field is one counter, declared once with :func:`counter`: its name is the workers' key, its ``merge``
     how the tasks' values add up, ``work`` whether it counts the work of scoring (:data:`WORK_KEYS`), and
-    ``summary`` the :class:`~pipeline.summary.RunSummary` field it fills (:meth:`summary_fields`), so a batch
+    ``summary`` the :class:`~pipeline.run_summary.RunSummary` field it fills (:meth:`summary_fields`), so a batch
     run's summary and a stream's get the same fields.
     """
 
@@ -186,7 +186,7 @@ class RunCounts:
     @classmethod
     def summary_types(cls) -> dict[str, str]:
         """``{RunSummary field: its type}`` as :meth:`summary_fields` fills it: a counter's own type, or for a field
-        that several counters fill, a mapping of theirs by name. :class:`~pipeline.summary.RunSummary` declares
+        that several counters fill, a mapping of theirs by name. :class:`~pipeline.run_summary.RunSummary` declares
         these fields from here, so a counter's summary field is declared once, on the counter.
 
         >>> types = RunCounts.summary_types()
@@ -198,7 +198,7 @@ class RunCounts:
                 for target, names in cls.summary_targets().items()}
 
     def summary_fields(self) -> dict[str, Any]:
-        """The :class:`~pipeline.summary.RunSummary` fields these counts fill (each counter's ``summary``), as
+        """The :class:`~pipeline.run_summary.RunSummary` fields these counts fill (each counter's ``summary``), as
         the summary keeps them: a number as its field declares it, a mapping of counts with int values; a field
         that several counters fill is the mapping of those that counted, by name, in the order declared.
 

@@ -18,8 +18,8 @@ from pipeline.errors import JobError
 from pipeline.io.stores import using_settings
 from pipeline.logs import RunLog
 from pipeline.metrics import StageClock
-from pipeline.stages.plan import AlreadyCommitted, Checkpoint
-from pipeline.summary import RunSummary
+from pipeline.stages.outcomes import AlreadyCommitted, Checkpoint
+from pipeline.run_summary import RunSummary
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -144,7 +144,7 @@ def _failure_line(exc: BaseException, config: JobConfig) -> str:
 
 def _stopped_message(checkpoint: Checkpoint) -> str:
     """What a run stopped by SIGTERM says: whether anything may have committed, what is staged, how to resume."""
-    from pipeline.staging.plans import staged_tasks
+    from pipeline.journal.plans import staged_tasks
 
     if checkpoint.committing:
         return ("stopped by SIGTERM during its commit: the commit may have landed. Rerun the same command: a commit "

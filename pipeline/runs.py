@@ -45,7 +45,7 @@ from pipeline.locations import is_local, local_path, resolve_location
 
 if TYPE_CHECKING:
     from pipeline.config import JobConfig
-    from pipeline.summary import RunSummary
+    from pipeline.run_summary import RunSummary
 
 __all__ = [
     "RUNS_SCHEMA", "SPARK_MOUNTS", "read_runs", "redact_config", "refused_by_mount", "run_row", "spark_identity",

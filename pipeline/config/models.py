@@ -81,7 +81,7 @@ class TaskConfig(ConfigSection):
     supports_incremental: ClassVar[bool] = True
     # this config's fields (dotted paths) that two tries of one logical run may set differently without
     # changing what it writes (a served model's address and client limits): left out of the run key, so a
-    # rerun with other values still resumes the staged work (pipeline.runner, pipeline.staging)
+    # rerun with other values still resumes the staged work (pipeline.runner, pipeline.journal)
     per_try_settings: ClassVar[frozenset[str]] = frozenset()
 
     def check_job(self, job: "JobConfig") -> None:

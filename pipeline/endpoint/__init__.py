@@ -6,7 +6,7 @@ Pure Python over httpx (no pyspark, torch or transformers). The tasks
 bounded number in flight, client-side request and token rates
 (:mod:`pipeline.endpoint.limits`), retries with backoff and jitter on ``429``,
 ``5xx``, timeouts and dropped connections, and a journal of every answer
-(:class:`pipeline.staging.request_log.RequestLog`): an answered row is never
+(:class:`pipeline.journal.request_log.RequestLog`): an answered row is never
 requested again by a retried task attempt or a rerun of the same run, and
 ``run.max_tokens`` stops the run before a request would pass it::
 

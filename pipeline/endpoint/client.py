@@ -43,7 +43,7 @@ _RETRIED_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504, 520, 522, 5
 
 
 class Journal(Protocol):
-    """Where answers are kept as they arrive (:class:`pipeline.staging.request_log.RequestLog`)."""
+    """Where answers are kept as they arrive (:class:`pipeline.journal.request_log.RequestLog`)."""
 
     def answered(self) -> Mapping[str, Mapping[str, Any]]: ...
     def record(self, key: str, answer: Mapping[str, Any], *, tokens: int) -> None: ...

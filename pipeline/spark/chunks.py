@@ -14,7 +14,7 @@ names, the task's :class:`~pipeline.metrics.WorkerCounts`), never the plan:
 - :func:`with_metrics`: the metrics column that carries the task's counts on its last row (so run metrics
   work on Spark Connect, which has no accumulators);
 - :func:`digesting`, :func:`finish_stage`, :func:`replay_staged`: the worker side of staging
-  (:mod:`pipeline.staging.tasks`): the input digested as it is read, the rows staged at the task's end,
+  (:mod:`pipeline.journal.tasks`): the input digested as it is read, the rows staged at the task's end,
   or a finished try's staged rows replayed instead of scoring.
 """
 
@@ -43,7 +43,7 @@ Taken = tuple[pa.RecordBatch, "pa.RecordBatch | None", Any]
 
 
 def digesting(batches: Iterator[pa.RecordBatch], digest: Any) -> Iterator[pa.RecordBatch]:
-    """``batches`` unchanged, each added to ``digest`` (an :class:`~pipeline.staging.tasks.InputDigest`) as read."""
+    """``batches`` unchanged, each added to ``digest`` (an :class:`~pipeline.journal.tasks.InputDigest`) as read."""
     for batch in batches:
         digest.update(batch)
         yield batch

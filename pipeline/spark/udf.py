@@ -66,7 +66,7 @@ class InferencePlan:
     metrics_column: str | None = None
     # the source's id column, named in the error of a row without an id (status invalid_id)
     id_column: str = "id"
-    # the plan folder of staged task output (pipeline.staging): a finished task's rows are kept there and
+    # the plan folder of staged task output (pipeline.journal): a finished task's rows are kept there and
     # a rerun's task with the same input reuses them instead of scoring; None: no staging
     staging_dir: str | None = None
     # texts of the job's own rows the accuracy gate calibrates on (pipeline.runner draws them); empty: none
@@ -224,11 +224,11 @@ def score_partition(plan: InferencePlan, batches: Iterator[pa.RecordBatch]) -> I
 
 def _bind_attempt(task: Any, plan: InferencePlan, ctx: Any) -> None:
     """Give a task that sends rows to a server its request journal in the plan's staging folder, the run's
-    token budget and its share of the rates (:class:`pipeline.staging.request_log.RequestLog`)."""
+    token budget and its share of the rates (:class:`pipeline.journal.request_log.RequestLog`)."""
     import os
 
     from pipeline.errors import EngineError
-    from pipeline.staging.request_log import RequestLog
+    from pipeline.journal.request_log import RequestLog
 
     if not plan.journal_requests:
         task.bind_attempt(None, max_tokens=None, rate_share=plan.rate_share)
@@ -271,7 +271,7 @@ def _staged_or_inputs(plan: InferencePlan, ctx: Any, batches: Iterator[pa.Record
     (the inputs then read whole), else None and the inputs to score."""
     if not plan.staging_dir or ctx is None:
         return None, None, None, batches
-    from pipeline.staging.tasks import InputDigest, TaskStage
+    from pipeline.journal.tasks import InputDigest, TaskStage
 
     stage, digest = TaskStage(plan.staging_dir, ctx.partitionId()), InputDigest()
     if not stage.has_marker():

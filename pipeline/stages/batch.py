@@ -6,7 +6,7 @@ stage (:func:`run_batches`, :func:`answered_plan`):
 1. **Request files.** The rows' requests are built on the executors by the task's own request code
    (:func:`pipeline.spark.batch_requests.request_lines`) and streamed to the driver, which writes each
    request key not yet in the run's batch journal into request files of at most ``batch.max_requests_per_file``
-   lines and ``batch.max_bytes_per_file`` bytes (:class:`pipeline.staging.batch_log.BatchLog`).
+   lines and ``batch.max_bytes_per_file`` bytes (:class:`pipeline.journal.batch_log.BatchLog`).
 2. **The provider** (:mod:`pipeline.stages.batch_api`): each file uploaded and submitted as one batch (ids
    journaled the moment they come back), polled until every batch ends, the output and error files
    collected, what the provider did not answer submitted again, the answers written one line per key.
@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import JobError
-from pipeline.stages.plan import Prepared, RunPlan
-from pipeline.summary import RunSummary
+from pipeline.stages.outcomes import Prepared, RunPlan
+from pipeline.run_summary import RunSummary
 
 if TYPE_CHECKING:
-    from pipeline.staging.batch_log import BatchLog
+    from pipeline.journal.batch_log import BatchLog
 
 __all__ = ["BatchesDone", "BatchesPending", "answered_plan", "batch_facts", "pending_summary", "run_batches"]
 
@@ -52,8 +52,8 @@ class BatchesPending:
 
 
 def _journal(prep: Prepared, plan: RunPlan) -> "BatchLog":
-    from pipeline.staging.batch_log import BatchLog, batch_plan
-    from pipeline.staging.plans import open_plan
+    from pipeline.journal.batch_log import BatchLog, batch_plan
+    from pipeline.journal.plans import open_plan
     from pipeline.stages.resume import no_staging_reason, staging_root
 
     ident, root = plan.identity, staging_root(prep.config)
@@ -102,7 +102,7 @@ def _write_requests(prep: Prepared, plan: RunPlan, log: "BatchLog") -> int:
 def run_batches(prep: Prepared, plan: RunPlan) -> BatchesDone | BatchesPending:
     """Write, submit, wait for and collect the run's batches (see the module docstring)."""
     from pipeline.endpoint.batches import BatchApi
-    from pipeline.staging.request_log import record_batch_usage
+    from pipeline.journal.request_log import record_batch_usage
     from pipeline.stages.batch_api import Driver, resubmit, submit, verdicts, wait, write_answers
 
     config, ident = prep.config, plan.identity

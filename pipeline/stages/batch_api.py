@@ -1,6 +1,6 @@
 """The provider's side of a batch-mode run, on the driver: submit the request files, wait, collect, resubmit.
 
-Everything here goes through the run's batch journal (:class:`pipeline.staging.batch_log.BatchLog`) before
+Everything here goes through the run's batch journal (:class:`pipeline.journal.batch_log.BatchLog`) before
 it is acted on, so a driver killed at any point, and the rerun of the same command, pick up where it was:
 
 - :func:`submit`: each journaled request file without a batch is uploaded (the file id journaled at once),
@@ -28,7 +28,7 @@ from pipeline.endpoint.batches import BatchApi
 from pipeline.endpoint.config import EndpointConfig
 from pipeline.endpoint.wire import WireError, read_embedding, read_generation
 from pipeline.errors import TokenBudgetReached
-from pipeline.staging.batch_log import BatchFile, BatchLog
+from pipeline.journal.batch_log import BatchFile, BatchLog
 
 __all__ = ["Verdicts", "collect", "resubmit", "submit", "verdicts", "wait", "write_answers"]
 

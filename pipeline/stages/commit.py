@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from pipeline.config import JobConfig
 from pipeline.errors import JobError
 from pipeline.rows import QUARANTINED_STATUSES
-from pipeline.stages.plan import AlreadyCommitted, Checkpoint, Committed, Prepared, ReadBack, RunPlan
+from pipeline.stages.outcomes import AlreadyCommitted, Checkpoint, Committed, Prepared, ReadBack, RunPlan
 from pipeline.stages.quality import check_quality
 from pipeline.stages.quarantine import check_quarantine_pair, commit_quarantine, say_swept
 from pipeline.stages.resume import remove_staging
@@ -65,8 +65,8 @@ def _budget_stop(prep: Prepared, plan: RunPlan) -> Iterator[None]:
         line = python_error_line(str(exc)) or ""
         if not line.startswith("TokenBudgetReached"):
             raise
-        from pipeline.staging.plans import staged_tasks
-        from pipeline.staging.request_log import try_usage
+        from pipeline.journal.plans import staged_tasks
+        from pipeline.journal.request_log import try_usage
 
         spent = try_usage(plan.staging_dir, plan.identity.try_id)
         staged = len(staged_tasks(plan.staging_dir))

@@ -3,7 +3,7 @@
 The run's identity (:func:`pipeline.identity.run_identity`) hashes the config, the model revision and the
 source snapshot (:func:`pipeline.io.snapshots.source_snapshot`). Its run key is the Delta transaction id of the
 run's commits: a retry of an append or incremental run whose commit landed, and whose rows are still in
-the output, ends here as :class:`~pipeline.stages.plan.AlreadyCommitted`. A transaction id is a fast path
+the output, ends here as :class:`~pipeline.stages.outcomes.AlreadyCommitted`. A transaction id is a fast path
 only while the rows it stood for are there; appends are keyed on the rows themselves later.
 """
 
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.config import JobConfig
 from pipeline.identity import RunIdentity, run_identity
-from pipeline.stages.plan import AlreadyCommitted, Prepared
+from pipeline.stages.outcomes import AlreadyCommitted, Prepared
 from pipeline.stages.resume import remove_staging
 from pipeline.stages.verify import rows_written
 

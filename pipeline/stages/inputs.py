@@ -17,7 +17,7 @@ from pipeline.config import JobConfig
 from pipeline.errors import JobError
 from pipeline.fingerprint import task_fingerprint
 from pipeline.rows import MALFORMED_COLUMN
-from pipeline.stages.plan import kind_and_task
+from pipeline.stages.outcomes import kind_and_task
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

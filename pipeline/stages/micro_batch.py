@@ -33,7 +33,7 @@ from pipeline.run_counts import RunCounts
 from pipeline.spark.checks import observe_input_tally
 from pipeline.stages.commit import score_and_commit
 from pipeline.stages.inputs import hashed_inputs
-from pipeline.stages.plan import AlreadyCommitted, Checkpoint, Prepared, RunPlan
+from pipeline.stages.outcomes import AlreadyCommitted, Checkpoint, Prepared, RunPlan
 from pipeline.stages.planning import check_output_columns
 from pipeline.stages.scoring import plan_inference_tasks, score_inputs
 

@@ -1,5 +1,5 @@
 """Plan: the rows a run scores and everything decided before inference, made once as a frozen
-:class:`~pipeline.stages.plan.RunPlan`.
+:class:`~pipeline.stages.outcomes.RunPlan`.
 
 Before any row is scored the plan refuses what would fail or lose data later: a source that shrank far
 below what the output holds (``run.min_rows_fraction``), an output table whose columns this job cannot
@@ -17,7 +17,7 @@ from pipeline.identity import RunIdentity
 from pipeline.spark.checks import observe_input_tally
 from pipeline.stages.identify import Identified
 from pipeline.stages.inputs import append_key_filter, read_new_inputs
-from pipeline.stages.plan import Prepared, RunPlan, commit_keys, effective_sink
+from pipeline.stages.outcomes import Prepared, RunPlan, commit_keys, effective_sink
 from pipeline.stages.resume import no_staging_reason, open_staging
 from pipeline.stages.scoring import plan_inference_tasks, score_inputs
 

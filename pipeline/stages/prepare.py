@@ -17,7 +17,7 @@ from pipeline.logs import RunLog
 from pipeline.metrics import StageClock
 from pipeline.registry import get_task_kind
 from pipeline.sessions import is_connect
-from pipeline.stages.plan import Prepared, kind_and_task
+from pipeline.stages.outcomes import Prepared, kind_and_task
 from pipeline.stages.resume import check_staging_root
 from pipeline.tasks.job import checked_model
 

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 from pipeline.config import JobConfig, QualityConfig
 from pipeline.drift import Limits, Verdict, compare, pooled
 from pipeline.errors import DriftRefused
-from pipeline.stages.plan import Prepared, RunPlan
+from pipeline.stages.outcomes import Prepared, RunPlan
 
 __all__ = ["RunsHistory", "check_quality", "history_profiles", "limits_of"]
 

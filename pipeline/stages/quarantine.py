@@ -11,7 +11,7 @@ from pipeline.config import JobConfig
 from pipeline.errors import JobError
 from pipeline.rows import MALFORMED_COLUMN, QUARANTINED_STATUSES
 from pipeline.stages.inputs import malformed_originals
-from pipeline.stages.plan import LINEAGE_COLUMNS, Prepared, RunPlan
+from pipeline.stages.outcomes import LINEAGE_COLUMNS, Prepared, RunPlan
 from pipeline.stages.verify import day_rows, write_tallied
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """Resume by staging: where a run's finished inference tasks stage their output, opened before scoring and
 removed once the commit landed, so a rerun of a killed run reuses what its earlier tries staged
-(:mod:`pipeline.staging` does the files; this module decides when, for one run).
+(:mod:`pipeline.journal` does the files; this module decides when, for one run).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from pipeline.config import JobConfig
 from pipeline.identity import RunIdentity
-from pipeline.stages.plan import Prepared
+from pipeline.stages.outcomes import Prepared
 
 __all__ = ["Staging", "check_staging_root", "no_staging_reason", "open_staging", "remove_staging", "staging_root"]
 
@@ -35,14 +35,14 @@ def no_staging_reason(config: JobConfig) -> str:
 
 def staging_root(config: JobConfig) -> str | None:
     """Where this job's staged task output lives (None: staging off, or no local place for it)."""
-    from pipeline.staging import layout
+    from pipeline.journal import layout
 
     return layout.staging_root(config.sink.location, config.run.staging_path) if config.run.staging else None
 
 
 def check_staging_root(config: JobConfig) -> None:
     """Refuse, before any work, a staging root that holds a Delta table or files no run of ours wrote."""
-    from pipeline.staging.sweep import StagingLayoutError, check_root
+    from pipeline.journal.sweep import StagingLayoutError, check_root
 
     check = check_root(staging_root(config))
     if check is not None and (why := check.refusal()):
@@ -56,8 +56,8 @@ def open_staging(prep: Prepared, identity: RunIdentity, *, rows: int, tasks: int
     run wrote are left alone and named in one line. A root that cannot be written (a full or read-only
     disk) turns staging off for this run with one line: staging never fails a run.
     """
-    from pipeline.staging.plans import StagePlan, explain_unused, open_plan, staged_tasks
-    from pipeline.staging.sweep import sweep_staging
+    from pipeline.journal.plans import StagePlan, explain_unused, open_plan, staged_tasks
+    from pipeline.journal.sweep import sweep_staging
 
     config = prep.config
     root = staging_root(config)
@@ -73,7 +73,7 @@ def open_staging(prep: Prepared, identity: RunIdentity, *, rows: int, tasks: int
     plan = StagePlan(run_key=identity.run_key, source_version=identity.source_snapshot,
                      task_fingerprint=identity.task_fingerprint, rows=rows, tasks=tasks, job=config.job,
                      ds=identity.ds.isoformat(), drills=json.dumps(drills, sort_keys=True) if drills else "")
-    from pipeline.staging.batch_log import batch_plan
+    from pipeline.journal.batch_log import batch_plan
 
     journal = batch_plan(run_key=identity.run_key, source_version=identity.source_snapshot,
                          task_fingerprint=identity.task_fingerprint, job=config.job, ds=identity.ds.isoformat())
@@ -91,7 +91,7 @@ def open_staging(prep: Prepared, identity: RunIdentity, *, rows: int, tasks: int
 
 def remove_staging(prep: Prepared, run_key: str) -> None:
     """Remove every staged plan of this run's key (its commit landed); what is not ours stays, named."""
-    from pipeline.staging.sweep import remove_run
+    from pipeline.journal.sweep import remove_run
 
     root = staging_root(prep.config)
     if root is not None and run_key:

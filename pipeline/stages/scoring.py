@@ -15,7 +15,7 @@ from pipeline.config import JobConfig
 from pipeline.fingerprint import task_fingerprint
 from pipeline.registry import ModelInfo
 from pipeline.stages.inputs import malformed_input, prepare_inputs
-from pipeline.stages.plan import kind_and_task
+from pipeline.stages.outcomes import kind_and_task
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -60,7 +60,7 @@ def score_inputs(
     The rows are dealt out by :func:`pipeline.spark.planning.deal_rows` (deterministic across
     task retries), and the source's own split count never decides the parallelism. Each task's counts ride in
     ``METRICS_COLUMN`` (see ``pipeline.spark.run_metrics``); drop it before writing. With ``staging_dir``
-    (a plan folder of :mod:`pipeline.staging.plans`) each finished task stages its rows there, and a task
+    (a plan folder of :mod:`pipeline.journal.plans`) each finished task stages its rows there, and a task
     a finished earlier try staged for the same input rows reuses them. ``fingerprint``: the run's task
     fingerprint (:attr:`pipeline.identity.RunIdentity.task_fingerprint`; computed from the config when not given).
     ``carry_failed``: a quarantined row carries its task inputs out (``_sbi_input_<c>``, see

@@ -29,9 +29,9 @@ from pipeline.identity import run_identity
 from pipeline.metrics import merge_counts
 from pipeline.sessions import is_connect
 from pipeline.stages.micro_batch import BatchResult, MicroBatches
-from pipeline.stages.plan import Prepared
+from pipeline.stages.outcomes import Prepared
 from pipeline.stages.summary import build_summary, finish
-from pipeline.summary import RunSummary
+from pipeline.run_summary import RunSummary
 
 __all__ = ["check_streamable", "run_stream", "stream_summary"]
 

@@ -13,8 +13,8 @@ from pipeline.io.outputs import write_output
 from pipeline.metrics import batch_metrics
 from pipeline.rows import Status
 from pipeline.run_counts import RunCounts
-from pipeline.stages.plan import AlreadyCommitted, Committed, Prepared, ReadBack, RunPlan
-from pipeline.summary import RunSummary
+from pipeline.stages.outcomes import AlreadyCommitted, Committed, Prepared, ReadBack, RunPlan
+from pipeline.run_summary import RunSummary
 
 __all__ = ["already_committed", "build_summary", "finish", "summarize"]
 

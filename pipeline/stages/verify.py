@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.config import JobConfig
 from pipeline.rows import Status
-from pipeline.stages.plan import Committed, Prepared, ReadBack, RunPlan
+from pipeline.stages.outcomes import Committed, Prepared, ReadBack, RunPlan
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

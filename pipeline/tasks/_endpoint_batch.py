@@ -33,7 +33,7 @@ NO_ANSWER = ("batch API: no answer or error was collected for this row's request
 
 
 def answer_line(key: str, *, answer: Mapping[str, Any] | None = None, error: str | None = None) -> str:
-    """One line of the batch answers (``pipeline.staging.batch_log``): the request key, its answer or error.
+    """One line of the batch answers (``pipeline.journal.batch_log``): the request key, its answer or error.
 
     >>> AnswerClient.from_lines([answer_line("k", error="HTTP 400: too long")]).answers["k"]
     {'key': 'k', 'error': 'HTTP 400: too long'}

@@ -24,13 +24,13 @@ PACKAGE = Path(__file__).resolve().parents[2] / "pipeline"
 # the modules below it: "pipeline.io" covers pipeline.io.delta.sink)
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("pipeline.errors", "pipeline.error_text", "pipeline.compat", "pipeline.extras", "pipeline.sessions",
-              "pipeline.locations", "pipeline.rows", "pipeline.batching", "pipeline.metrics", "pipeline.summary",
+              "pipeline.locations", "pipeline.rows", "pipeline.batching", "pipeline.metrics", "pipeline.run_summary",
               "pipeline.run_counts", "pipeline.faults", "pipeline.logs", "pipeline.sketches", "pipeline.drift")),
     ("config", ("pipeline.config", "pipeline.fingerprint", "pipeline.identity")),
     ("registry", ("pipeline.registry",)),
     # engines and platform share a floor: each may use the other, never in a circle (checked below)
     ("engines and platform", ("pipeline.models", "pipeline.generation", "pipeline.endpoint", "pipeline.images",
-                              "pipeline.recs", "pipeline.spark", "pipeline.io", "pipeline.staging",
+                              "pipeline.recs", "pipeline.spark", "pipeline.io", "pipeline.journal",
                               "pipeline.arrow_types")),
     ("tasks", ("pipeline.tasks",)),
     ("run stages", ("pipeline.stages", "pipeline.runs", "pipeline.recorder", "pipeline.tracking", "pipeline.report",
@@ -239,7 +239,7 @@ def between(graph: dict[str, set[str]], one: str, other: str) -> list[str]:
 
 def test_spark_and_io_never_import_each_other():
     """The Spark glue (sessions, UDFs, progress) and the tables (sources, Delta, stores) meet in the stages
-    above them; staging (pipeline.staging) and the session settings (pipeline.sessions) are what both use."""
+    above them; staging (pipeline.journal) and the session settings (pipeline.sessions) are what both use."""
     assert between(import_graph(), "pipeline.spark", "pipeline.io") == []
 
 

@@ -19,9 +19,9 @@ import pytest
 
 from pipeline.io.delta.markers import MARKER_DIR
 from pipeline.runner import run_job
-from pipeline.staging.layout import OWNER_FILE
-from pipeline.staging.plans import StagePlan, open_plan
-from pipeline.staging.sweep import StagingLayoutError, check_root, sweep_staging
+from pipeline.journal.layout import OWNER_FILE
+from pipeline.journal.plans import StagePlan, open_plan
+from pipeline.journal.sweep import StagingLayoutError, check_root, sweep_staging
 
 from tests.support.data import make_documents, sink_config, write_delta
 from tests.support.jobs import job_config, read_scores
@@ -285,10 +285,10 @@ def test_a_gguf_conversion_never_replaces_a_folder_it_did_not_write(tmp_path):
 
 
 def test_a_plans_request_journal_goes_with_it_and_a_file_dropped_in_it_stays(tmp_path):
-    """The endpoint backend's journal and token ledger (``pipeline.staging.request_log``) are the plan's own files;
+    """The endpoint backend's journal and token ledger (``pipeline.journal.request_log``) are the plan's own files;
     a file someone put among them is left alone, named, with the folders that hold it."""
-    from pipeline.staging.request_log import RequestLog
-    from pipeline.staging.sweep import remove_run
+    from pipeline.journal.request_log import RequestLog
+    from pipeline.journal.sweep import remove_run
 
     root = tmp_path / "stage"
     folder = Path(open_plan(str(root), StagePlan("sbi-k", None, "fp", rows=2, tasks=1)))

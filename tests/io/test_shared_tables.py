@@ -179,7 +179,7 @@ def test_a_staging_disk_with_room_for_the_plan_only_stages_no_task_and_the_run_g
     commits every row once. Seen before the commit (a driver failure after inference keeps the staging for a
     rerun) and in the rerun, which finds nothing staged to reuse."""
     from pipeline.errors import InjectedFaultError
-    from pipeline.staging.plans import staged_tasks
+    from pipeline.journal.plans import staged_tasks
 
     write_delta(tmp_path / "docs", make_documents(40))
     stage = small_disk / "stage"
@@ -241,7 +241,7 @@ def test_sigterm_stops_the_run_records_it_and_the_same_command_resumes(tmp_path,
     import yaml
 
     from pipeline.runs import read_runs
-    from pipeline.staging.plans import staged_tasks
+    from pipeline.journal.plans import staged_tasks
 
     from tests.support.drivers import REPO, below_of, kill_below
 

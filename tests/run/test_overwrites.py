@@ -51,7 +51,7 @@ def test_two_runs_overwriting_a_new_day_at_once_one_stands_the_other_says_who(sp
     rows stand; the other fails naming it, its runs-table row says `failed` with the conflict, and its staged
     tasks stay for a rerun."""
     from pipeline.runs import read_runs
-    from pipeline.staging.plans import staged_tasks
+    from pipeline.journal.plans import staged_tasks
 
     write_delta(tmp_path / "docs", make_documents(40))
     other = job_config(tmp_path, tiny_embed_model, sink={"mode": "overwrite_partition"},

@@ -24,7 +24,7 @@ from pipeline.cli import main
 from pipeline.drift import Verdict
 from pipeline.runner import run_job
 from pipeline.runs import read_runs
-from pipeline.staging.plans import staged_tasks
+from pipeline.journal.plans import staged_tasks
 
 from tests.support.data import make_corpus, shuffle_weights, write_delta
 from tests.support.jobs import job_config

@@ -17,7 +17,7 @@ from deltalake import DeltaTable
 
 from pipeline.errors import InjectedFaultError
 from pipeline.runner import run_job
-from pipeline.staging.plans import staged_tasks
+from pipeline.journal.plans import staged_tasks
 
 from tests.support.data import make_documents, write_delta
 from tests.support.drivers import kill_when, start_driver
@@ -57,8 +57,8 @@ def _runs(tmp_path: Path) -> list[tuple[str, str]]:
 def test_a_staged_task_is_reused_only_for_the_same_input_and_a_half_written_one_never(tmp_path):
     import pyarrow as pa
 
-    from pipeline.staging.plans import StagePlan, open_plan
-    from pipeline.staging.tasks import InputDigest, TaskStage
+    from pipeline.journal.plans import StagePlan, open_plan
+    from pipeline.journal.tasks import InputDigest, TaskStage
 
     folder = open_plan(str(tmp_path), StagePlan("sbi-j-1", "delta:1", "fp", rows=3, tasks=1, job="j", ds="d"))
     rows = pa.record_batch({"id": ["a", "b", "c"], "content_hash": ["1", "2", "3"]})

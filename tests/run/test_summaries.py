@@ -20,10 +20,10 @@ from pipeline.metrics import WorkerCounts, merge_counts
 from pipeline.registry import ModelInfo, get_task_kind
 from pipeline.run_counts import BY_KEY, RunCounts
 from pipeline.stages.micro_batch import BatchResult
-from pipeline.stages.plan import Committed, ReadBack, RunPlan
+from pipeline.stages.outcomes import Committed, ReadBack, RunPlan
 from pipeline.stages.stream import _Watch, stream_summary
 from pipeline.stages.summary import build_summary, summarize
-from pipeline.summary import RunSummary
+from pipeline.run_summary import RunSummary
 
 # what a batch run knows that a stream's record does not: rows sampled before the commit, what replaced its
 # output since, why staged output was not reused, the source's snapshot; and the stream's own facts
@@ -46,7 +46,7 @@ def _config(tmp_path: Path, task: dict[str, Any], *, stream: bool):
 
 
 def _prep(config) -> SimpleNamespace:
-    """What the summary stages read of a run's :class:`~pipeline.stages.plan.Prepared` (no session: the kinds
+    """What the summary stages read of a run's :class:`~pipeline.stages.outcomes.Prepared` (no session: the kinds
     here read none for their lines)."""
     clock = SimpleNamespace(lap=lambda *a, **k: 0.0)
     return SimpleNamespace(config=config, kind=get_task_kind(config.task.kind), model=ModelInfo("/m", "tiny", "abc"),
@@ -147,7 +147,7 @@ def test_the_counts_fields_are_not_overridden_by_a_caller(tmp_path):
 
 
 def test_the_summary_declares_no_counter_field_itself():
-    from pipeline.summary import _counter_fields
+    from pipeline.run_summary import _counter_fields
 
     types = {f.name: f.type for f in dataclasses.fields(RunSummary)}
     assert {name: types[name] for name in RunCounts.summary_types()} == RunCounts.summary_types()

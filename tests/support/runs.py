@@ -10,7 +10,7 @@ from pipeline.config import build_config
 from pipeline.drift import Verdict, compare
 from pipeline.metrics import WorkerCounts, batch_metrics
 from pipeline.sketches import Profile
-from pipeline.summary import RunSummary
+from pipeline.run_summary import RunSummary
 
 __all__ = ["job_config", "quality_record", "summary"]
 

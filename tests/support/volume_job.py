@@ -53,9 +53,9 @@ def probe(spec: dict) -> dict:
 def staging(spec: dict) -> dict:
     import pyarrow as pa
 
-    from pipeline.staging.layout import read_json, write_atomic
-    from pipeline.staging.plans import StagePlan, open_plan, staged_tasks
-    from pipeline.staging.tasks import InputDigest, TaskStage
+    from pipeline.journal.layout import read_json, write_atomic
+    from pipeline.journal.plans import StagePlan, open_plan, staged_tasks
+    from pipeline.journal.tasks import InputDigest, TaskStage
 
     folder = open_plan(str(ROOT / "staging"), StagePlan("sbi-j-1", "delta:1", "fp", rows=3, tasks=1, job="j", ds="d"))
     rows = pa.record_batch({"id": ["a", "b", "c"], "content_hash": ["1", "2", "3"]})

@@ -20,7 +20,7 @@ import pytest
 
 from pipeline.endpoint import Call, EndpointClient, EndpointConfig
 from pipeline.endpoint.wire import body_key, chat_body, embedding_body, read_generation
-from pipeline.staging.request_log import RequestLog
+from pipeline.journal.request_log import RequestLog
 
 from tests.support.data import build_tiny_bert, read_delta, write_delta
 from tests.support.generation_models import EXTRACT_SHORT_SCHEMA, save_model_folder
@@ -205,7 +205,7 @@ def test_an_answer_without_a_result_is_retried_like_one_that_is_not_json(tmp_pat
     import numpy as np
 
     from pipeline.metrics import WorkerCounts
-    from pipeline.stages.plan import kind_and_task
+    from pipeline.stages.outcomes import kind_and_task
     from pipeline.tasks._endpoint import embed_rows, generate_rows
 
     monkeypatch.setenv("SBI_TEST_ENDPOINT_KEY", KEY)

@@ -239,7 +239,7 @@ def test_a_create_whose_answer_was_lost_is_found_by_its_metadata_not_created_aga
     from pipeline.endpoint import EndpointConfig
     from pipeline.endpoint.batches import BatchApi
     from pipeline.stages.batch_api import Driver, submit
-    from pipeline.staging.batch_log import BatchLog
+    from pipeline.journal.batch_log import BatchLog
 
     from tests.support.openai_server import FaultPlan, FaultProxy
 
@@ -319,11 +319,11 @@ def test_a_runs_batch_journal_goes_with_its_staging_and_a_file_dropped_in_it_sta
     """The batch journal (request files, their states, the provider's result files, the answers, the try's
     ledger entry) is the run's own: removed with the run's staging after its commit, except a file someone
     put in it, which stays, named, with the proofs that the folders around it are ours."""
-    from pipeline.staging.batch_log import BatchLog, batch_plan
-    from pipeline.staging.layout import OWNER_FILE
-    from pipeline.staging.plans import open_plan
-    from pipeline.staging.request_log import record_batch_usage
-    from pipeline.staging.sweep import remove_run, sweep_staging
+    from pipeline.journal.batch_log import BatchLog, batch_plan
+    from pipeline.journal.layout import OWNER_FILE
+    from pipeline.journal.plans import open_plan
+    from pipeline.journal.request_log import record_batch_usage
+    from pipeline.journal.sweep import remove_run, sweep_staging
     from pipeline.stages.batch_api import Verdicts, write_answers
 
     root = tmp_path / "stage"

@@ -2,10 +2,10 @@
 
 A root holds the owner file ``_sbi_staging.json`` (written when a run creates it,
 or adopts it empty) and one folder per plan, named by its plan key
-(:mod:`pipeline.staging.plans`). A plan folder holds its ``plan.json``, per
+(:mod:`pipeline.journal.plans`). A plan folder holds its ``plan.json``, per
 finished task a rows file ``task-<n>.<12 hex>.arrow`` and a marker
-``task-<n>.done.json`` that names it (:mod:`pipeline.staging.tasks`), and the
-endpoint backend's journal and token ledger (:mod:`pipeline.staging.request_log`).
+``task-<n>.done.json`` that names it (:mod:`pipeline.journal.tasks`), and the
+endpoint backend's journal and token ledger (:mod:`pipeline.journal.request_log`).
 
 Every file a later try trusts is written by :func:`write_atomic` (a temp file,
 fsync, ``os.replace``), so a writer killed half-way leaves the old file or none,

@@ -1,7 +1,7 @@
 """Answers a run paid for, kept as they arrive: no row is requested twice, and a token budget spans the tasks.
 
 A row sent to a served model costs money the moment the server answers. The
-task's staged output (:mod:`pipeline.staging.tasks`) is written when the task
+task's staged output (:mod:`pipeline.journal.tasks`) is written when the task
 ends, so a task attempt that dies half-way (a killed worker, a run stopped by
 its token budget) would otherwise pay again, on its retry or on the rerun, for
 every row it had been answered. So each answer is appended to the task's
@@ -16,7 +16,7 @@ reached the row).
 ``<plan folder>/usage/<try id>/<task>-<attempt>.json``: what each attempt of this try has spent
 and holds reserved, rewritten (atomically) as it changes, at most every ``publish_s``: the
 tasks of one try read each other's to hold ``run.max_tokens`` together. A run in batch mode
-(:mod:`pipeline.staging.batch_log`) adds ``usage/<try id>/batch-<12 hex>.json``: what the answers this try
+(:mod:`pipeline.journal.batch_log`) adds ``usage/<try id>/batch-<12 hex>.json``: what the answers this try
 collected from the provider's batch API used (:func:`record_batch_usage`).
 
 Plain values in (a folder, ids); no Spark. The plan folder is the run's staging
@@ -157,7 +157,7 @@ def record_batch_usage(folder: str, try_id: str, tokens: int) -> None:
     """
     import hashlib
 
-    from pipeline.staging.layout import write_atomic
+    from pipeline.journal.layout import write_atomic
 
     ledger = Path(folder) / "usage" / try_id
     ledger.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ with another number of tasks, finds it), written from the driver:
 - ``answers/part-<n>.jsonl``, ``answers/part-failed.jsonl``: one line per request key, its answer or why
   there is none, the input the scoring pass joins to the rows by key (``answers/_done.json`` once whole).
 
-Every file is written whole or not at all (:func:`pipeline.staging.layout.write_atomic`; the provider's result
+Every file is written whole or not at all (:func:`pipeline.journal.layout.write_atomic`; the provider's result
 files and the answers streamed the same way: a temp file, fsync, rename). Plain values in; no Spark.
 """
 
@@ -29,8 +29,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, BinaryIO, Iterable, Iterator
 
-from pipeline.staging.layout import read_json, write_atomic
-from pipeline.staging.plans import StagePlan
+from pipeline.journal.layout import read_json, write_atomic
+from pipeline.journal.plans import StagePlan
 
 __all__ = ["ANSWERS", "BatchFile", "BatchLog", "batch_plan"]
 

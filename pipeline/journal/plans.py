@@ -8,7 +8,7 @@ version, fingerprint or plan) never opens it; :func:`explain_unused` names what
 changed when a try of the same job and run date finds another's staged tasks.
 
 A plan folder is **ours** when its ``plan.json`` hashes back to the folder's own
-name (:func:`owned_plan`): the proof a sweep (:mod:`pipeline.staging.sweep`) needs
+name (:func:`owned_plan`): the proof a sweep (:mod:`pipeline.journal.sweep`) needs
 before it removes anything in it.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from pipeline.identity import plan_key
-from pipeline.staging.layout import MARKER_SUFFIX, OWNER_FILE, PLAN_FILE, read_json, write_atomic
+from pipeline.journal.layout import MARKER_SUFFIX, OWNER_FILE, PLAN_FILE, read_json, write_atomic
 
 __all__ = ["StagePlan", "explain_unused", "open_plan", "owned_plan", "plan_folders", "staged_tasks"]
 

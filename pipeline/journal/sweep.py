@@ -2,9 +2,9 @@
 
 Nothing is removed because of its name, its place or its age alone. A root is
 **ours** when it holds the owner file ``_sbi_staging.json`` that
-:func:`pipeline.staging.plans.open_plan` writes when it creates (or adopts an
+:func:`pipeline.journal.plans.open_plan` writes when it creates (or adopts an
 empty) root; a plan folder is ours when its ``plan.json`` hashes back to the
-folder's own name (:func:`pipeline.staging.plans.owned_plan`); inside an owned
+folder's own name (:func:`pipeline.journal.plans.owned_plan`); inside an owned
 plan folder only the files staging names (``plan.json``, ``task-<n>.done.json``,
 ``task-<n>.<12 hex>.arrow``, their temp files, and the endpoint backend's journal,
 ledger and batch journal) are removed. A folder that holds a Delta table, or entries no run
@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Iterable
 
 from pipeline.errors import SinkError
-from pipeline.staging.layout import OWNER_FILE, PLAN_FILE
-from pipeline.staging.plans import owned_plan, plan_folders
+from pipeline.journal.layout import OWNER_FILE, PLAN_FILE
+from pipeline.journal.plans import owned_plan, plan_folders
 
 __all__ = ["RootCheck", "StagingLayoutError", "StagingSweep", "check_root", "remove_run", "sweep_staging"]
 
 # the only paths removed inside an owned plan folder (relative to it): what open_plan, write_atomic and
-# TaskStage write, and the request journal and token ledger of pipeline.staging.request_log
+# TaskStage write, and the request journal and token ledger of pipeline.journal.request_log
 _BATCH = r"batch-\d{5}\.(requests\.jsonl|json|output\.jsonl|errors\.jsonl)"
 _ANSWER = r"part-(\d{5}|failed)\.jsonl|_done\.json"
 _OUR_FILES = re.compile(

@@ -7,7 +7,7 @@ What makes a staged task reusable:
   while writing leaves no marker, and its half-written file is never read.
   On a mount that refuses renames (a Unity Catalog Volume) the marker names the
   rows file under its temp name and is written in place
-  (:func:`~pipeline.staging.layout.write_atomic`): torn, it does not parse.
+  (:func:`~pipeline.journal.layout.write_atomic`): torn, it does not parse.
 - The marker records a digest of the task's input rows (:class:`InputDigest`:
   the row count and an order-free hash of ``id`` and ``content_hash``). A
   rerun reuses the task only when the rows dealt to it now digest the same,
@@ -31,7 +31,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline.staging.layout import MARKER_SUFFIX, read_json, rename_refused, write_atomic
+from pipeline.journal.layout import MARKER_SUFFIX, read_json, rename_refused, write_atomic
 
 __all__ = ["InputDigest", "TaskStage"]
 
