@@ -34,6 +34,20 @@ if not CONNECTOR_RUN:
 # tests/wheel is the smoke set of the built wheel: make test-wheel runs it in venvs of its own, outside the checkout
 collect_ignore = ["wheel"]
 
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Every JVM of the run (the fixtures' sessions, the Connect server, the drivers the drills kill) keeps its
+    scratch folders (``spark-*``: shuffle, broadcast, the jars and files it was given) under this run's pytest
+    base folder, not in /tmp: a killed driver never removes its own, and with the S3 jars in each one they
+    were 672 MB a driver (a drill-heavy run filled a disk). pytest keeps its three newest base folders and
+    removes older ones, these with them. Read by Spark's launcher (``SPARK_LOCAL_DIRS``); one a caller set wins."""
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    if factory is None or os.environ.get("SPARK_LOCAL_DIRS"):
+        return
+    local = factory.getbasetemp() / "spark-local"
+    local.mkdir(exist_ok=True)
+    os.environ["SPARK_LOCAL_DIRS"] = str(local)
+
 # what a `beside` test may not use: in the connector run these carry the connector jars
 SESSION_FIXTURES = frozenset({"spark", "connect_server", "spark_connect", "any_spark", "writer"})
 
