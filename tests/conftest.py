@@ -22,7 +22,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # interpreted; 256 MB holds a whole run (docs/benchmarks_small_jobs.md, "The suite's JVM code cache and its two runs
 # side by side"). Read by spark-submit's launcher (SPARK_SUBMIT_OPTS).
 FAST_START_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:ReservedCodeCacheSize=256m"
-os.environ.setdefault("SPARK_SUBMIT_OPTS", FAST_START_JVM)
+# With the class archive (make jvm-archive, pipeline.spark.class_archive) these JVMs map Spark's classes instead of
+# loading them one by one; sessions the library builds map it themselves.
+if "SPARK_SUBMIT_OPTS" not in os.environ:
+    from pipeline.spark.class_archive import mapped_options
+
+    os.environ["SPARK_SUBMIT_OPTS"] = " ".join(filter(None, [FAST_START_JVM, mapped_options()]))
 
 from tests.support.data import CONNECT_MODE, CONNECTOR_RUN, DELTA_TEST_CONFS, REPO, writer_stack, build_tiny_bert  # noqa: E402
 

@@ -56,6 +56,10 @@ class SparkConfig(ConfigSection):
         "counts) with local paths only, `sink.writer` auto or deltalake and no session of its own runs light on a "
         "local master: no Delta jars, a quick-start JVM, the commit written from the driver (pipeline.small_jobs); "
         "0: never")
+    class_archive: bool = Field(
+        True, description="a session started here maps its JVM's classes from an archive (Java's class-data "
+        "sharing), written by the first such session at its exit (~150 MB under $SBI_CACHE_DIR/jvm): starts "
+        "sooner; false: off (pipeline.spark.class_archive)")
     remote: str | None = Field(
         None, description="Spark Connect address (`sc://host:port/;token=...`); none: `$SPARK_REMOTE`, "
         "else a classic session")

@@ -143,7 +143,8 @@ def get_session(config: SparkConfig, *, object_stores: bool = True,
     ``spark.conf`` can still set any one of them); an active or Spark Connect session keeps its own.
     ``small`` (a small job on a local master, :mod:`pipeline.small_jobs`): a session built here leaves
     every cached jar off and starts its JVM with :data:`QUICK_START_JVM_OPTIONS` unless ``spark.conf``
-    sets ``spark.driver.extraJavaOptions``.
+    sets ``spark.driver.extraJavaOptions``. A JVM it starts maps the class archive of
+    :mod:`pipeline.spark.class_archive` (``spark.class_archive``), unless ``spark.conf`` sets those options.
     """
     url = remote_url(config)
     if url:
@@ -184,6 +185,14 @@ def get_session(config: SparkConfig, *, object_stores: bool = True,
         defaults[DELTA_CONNECTOR_CONF] = "true" if "spark.sql.extensions" in jars else "false"
     if small and master is not None:
         defaults["spark.driver.extraJavaOptions"] = QUICK_START_JVM_OPTIONS
+    if master is not None and config.class_archive and "spark.driver.extraJavaOptions" not in config.conf:
+        # the JVM maps the classes it loads at start from an archive (pipeline.spark.class_archive)
+        from pipeline.spark import class_archive
+
+        archive = class_archive.archive_options(config.conf.get("spark.driver.extraClassPath", ""))
+        if archive:
+            defaults["spark.driver.extraJavaOptions"] = " ".join(
+                filter(None, [defaults.get("spark.driver.extraJavaOptions"), archive]))
     if jars and config.conf.get("spark.jars"):
         jars["spark.jars"] = f"{config.conf['spark.jars']},{jars['spark.jars']}"
     if master is not None:

@@ -1,0 +1,204 @@
+"""A class-data-sharing archive for the driver JVMs this library starts, so a session starts sooner.
+
+A local session's JVM loads some ten thousand of Spark's classes before its first query, parsing and
+verifying each one: most of a session's start on 2 cores. Java 17 can keep those classes, parsed, in an
+archive it maps at start (AppCDS, a dynamic archive: ``-XX:ArchiveClassesAtExit`` writes it when a JVM exits,
+``-XX:SharedArchiveFile`` maps it). The first session on a machine writes it when its process ends (about
+150 MB in the user's cache folder, a few seconds more at that exit); every later session with the same Java,
+pyspark and class path maps it. A session started with it and its first query took about 0.6x the time,
+measured with ``bench/small_jobs.py`` (docs/benchmarks_small_jobs.md).
+
+Safe by construction: the archive is only a speed-up. The JVM maps it with ``-Xshare:auto``, so an archive that
+does not match (another Java, a changed class path, a torn file) is skipped silently and the classes load as
+before. One process writes it at a time: a dump is written under a name of its own
+(``<key>.<pid>.part``) and renamed into place by a later session once the writer is gone and the file is whole
+(Java's dynamic-archive magic at its start, untouched for a minute); a session that finds a dump still being
+written runs without an archive. Only sessions this library launches get it (``get_session`` on a local or
+other master it starts itself); under spark-submit or on Databricks the driver JVM exists before the job runs:
+pass ``--driver-java-options "-XX:SharedArchiveFile=..."`` there if wanted. ``spark.class_archive: false`` turns
+it off; ``$SBI_CACHE_DIR/jvm`` (else ``~/.cache/spark-batch-inference/jvm``) holds the archives.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import time
+from pathlib import Path
+
+__all__ = ["archive_folder", "archive_key", "archive_options", "build", "mapped_options"]
+
+# Java's magic number at the start of a dynamic CDS archive (CDS_DYNAMIC_ARCHIVE_MAGIC, little-endian)
+_DYNAMIC_MAGIC = (0xF00BABA8).to_bytes(4, "little")
+# a dump untouched this long, its claimant gone, is done: whole (adopted) or torn (removed)
+_SETTLED_S = 60.0
+# the archive logs nothing: a mismatched archive is skipped, not reported on the job's output
+_QUIET = "-Xshare:auto -Xlog:cds=off -Xlog:cds+dynamic=off"
+
+
+def archive_folder() -> Path:
+    """``$SBI_CACHE_DIR/jvm``, else ``$XDG_CACHE_HOME/spark-batch-inference/jvm`` (``~/.cache`` by default)."""
+    base = os.environ.get("SBI_CACHE_DIR") or str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+                                                  / "spark-batch-inference")
+    return Path(base).expanduser() / "jvm"
+
+
+def _java() -> Path | None:
+    home = os.environ.get("JAVA_HOME")
+    found = Path(home) / "bin" / "java" if home else (Path(w) if (w := shutil.which("java")) else None)
+    return found.resolve() if found is not None and found.exists() else None
+
+
+def archive_key(extra: str = "") -> str | None:
+    """What an archive is valid for: the Java that runs (its path and release file), pyspark's version and its
+    jars (the class path the archive records), and ``extra`` (the class-path settings of the session); None when
+    no Java is found (the launcher will say so itself)."""
+    import pyspark
+
+    java = _java()
+    if java is None:
+        return None
+    release = java.parent.parent / "release"
+    jars = sorted(p.name for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar"))
+    digest = hashlib.sha256()
+    for part in (str(java), release.read_text(errors="replace") if release.is_file() else "",
+                 pyspark.__version__, "\n".join(jars), extra):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:20]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _whole(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == _DYNAMIC_MAGIC
+    except OSError:
+        return False
+
+
+def _adopt(folder: Path, key: str, final: Path, now: float) -> bool:
+    """Rename a finished dump of ``key`` into place, remove torn ones; whether one is claimed or being written
+    (its claimant alive, or touched within :data:`_SETTLED_S`)."""
+    busy = False
+    for part in folder.glob(f"{key}.*.part"):
+        try:
+            pid = int(part.name.split(".")[-2])
+            age = now - part.stat().st_mtime
+        except (ValueError, OSError):
+            continue
+        if _alive(pid) or age < _SETTLED_S:
+            busy = True
+        elif _whole(part) and not final.exists():
+            try:
+                os.replace(part, final)
+            except OSError:
+                pass
+        else:
+            part.unlink(missing_ok=True)
+    return busy
+
+
+def archive_options(extra: str = "", *, folder: Path | None = None, dump_to: Path | None = None) -> str:
+    """The driver JVM's options: map the archive for this Java and class path, else (nobody claimed one) claim it
+    and write it at this JVM's exit; ``""`` when neither (no Java found, an unwritable cache folder, a dump
+    claimed by a live process: the test suite's long-lived session, say). ``extra``: what else decides the class
+    path (``spark.driver.extraClassPath``). ``dump_to``: write the dump there, whatever is cached (:func:`build`).
+
+    >>> import tempfile
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> first = archive_options(folder=folder)
+    >>> first.startswith("-XX:ArchiveClassesAtExit=") and first.endswith(".part " + _QUIET)
+    True
+    >>> archive_options(folder=folder)  # claimed by this process, alive: nothing to map yet, no second dump
+    ''
+    """
+    if dump_to is not None:
+        return _dump_options(dump_to)
+    key = archive_key(extra)
+    if key is None:
+        return ""
+    folder = folder or archive_folder()
+    final = folder / f"{key}.jsa"
+    try:
+        if folder.is_dir() and _adopt(folder, key, final, time.time()) and not final.exists():
+            return ""
+        if final.exists() and _whole(final):
+            return f"-XX:SharedArchiveFile={final} {_QUIET}"
+        folder.mkdir(parents=True, exist_ok=True)
+        claim = folder / f"{key}.{os.getpid()}.part"
+        claim.touch()  # claimed: sessions started meanwhile neither map nor write one
+    except OSError:
+        return ""
+    return f"-XX:ArchiveClassesAtExit={claim} {_QUIET}"
+
+
+def mapped_options(extra: str = "", *, folder: Path | None = None) -> str:
+    """The options that map the archive when one is there, else ``""``: never a claim or a dump. For JVMs started
+    outside :func:`~pipeline.spark.session.get_session` (``SPARK_SUBMIT_OPTS`` of a spark-submit or a Connect
+    server), where many may start at once and none should write one."""
+    key = archive_key(extra)
+    final = (folder or archive_folder()) / f"{key}.jsa"
+    return f"-XX:SharedArchiveFile={final} {_QUIET}" if key is not None and _whole(final) else ""
+
+
+def build(folder: Path | None = None) -> Path | None:
+    """Write the archive now (``make jvm-archive``, CI before the tests): a session in a child process runs one
+    query and a Python UDF, its JVM exits and dumps, the dump is renamed into place; the archive's path (None
+    when no Java is found). An archive already there is kept."""
+    import subprocess
+    import sys
+
+    key = archive_key()
+    if key is None:
+        return None
+    folder = folder or archive_folder()
+    final = folder / f"{key}.jsa"
+    if final.exists() and _whole(final):
+        return final
+    folder.mkdir(parents=True, exist_ok=True)
+    part = folder / f"{key}.build-{os.getpid()}.tmp"
+    subprocess.run([sys.executable, "-c", _BUILD, str(part)], check=True, env={**os.environ, "SBI_NO_JARS": "1"})
+    if not _whole(part):
+        part.unlink(missing_ok=True)
+        raise RuntimeError(f"the JVM wrote no class archive at {part}")
+    os.replace(part, final)
+    return final
+
+
+# the child of build(): its session's JVM dumps at exit, which this waits for
+_BUILD = """
+import sys
+from pathlib import Path
+from pyspark import SparkContext
+from pyspark.sql import functions as F
+from pipeline.config import SparkConfig
+from pipeline.spark import class_archive
+from pipeline.spark.session import get_session
+
+class_archive.archive_options = lambda *a, **k: class_archive._dump_options(Path(sys.argv[1]))
+spark = get_session(SparkConfig(master="local[2]", app_name="sbi-class-archive"), object_stores=False)
+spark.range(100).select(F.udf(lambda x: x + 1, "long")("id").alias("x")).agg(F.sum("x")).collect()
+proc = SparkContext._gateway.proc
+spark.stop()
+proc.stdin.close()  # the JVM exits on its stdin's end, writing the archive
+proc.wait()
+"""
+
+
+def _dump_options(path: Path) -> str:
+    return f"-XX:ArchiveClassesAtExit={path} {_QUIET}"
+
+
+if __name__ == "__main__":
+    print(build() or "no Java found: no class archive")

@@ -1,0 +1,112 @@
+"""The driver JVM's class archive (pipeline.spark.class_archive): one process claims and writes it, later sessions
+map it, a torn or foreign one costs nothing but the speed-up."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.spark import class_archive
+from pipeline.spark.class_archive import _DYNAMIC_MAGIC, archive_key, archive_options, mapped_options
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def _aged(path: Path, seconds: float) -> Path:
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+    return path
+
+
+def test_one_claim_a_finished_dump_adopted_a_torn_one_removed(tmp_path: Path) -> None:
+    """A finished dump (its writer gone, untouched for a minute, Java's magic at its start) is renamed into place and
+    mapped; a torn one is removed and claimed again; a claim of a live process or a dump touched within the minute
+    means no archive and no second dump."""
+    key = archive_key()
+    final = tmp_path / f"{key}.jsa"
+    assert mapped_options(folder=tmp_path) == ""
+
+    live = tmp_path / f"{key}.{os.getppid()}.part"  # a live claimant (this test's parent), nothing written yet
+    live.touch()
+    assert archive_options(folder=tmp_path) == "" and live.exists()
+    live.unlink()
+
+    writing = tmp_path / f"{key}.{_dead_pid()}.part"  # its claimant gone, but the JVM still writing it
+    writing.write_bytes(_DYNAMIC_MAGIC + b"half")
+    assert archive_options(folder=tmp_path) == ""
+
+    _aged(writing, 120)  # settled: whole, adopted
+    options = archive_options(folder=tmp_path)
+    assert options.startswith(f"-XX:SharedArchiveFile={final} ") and "-Xshare:auto" in options, options
+    assert not writing.exists() and final.read_bytes().startswith(_DYNAMIC_MAGIC)
+    assert mapped_options(folder=tmp_path) == options
+
+    final.unlink()
+    torn = tmp_path / f"{key}.{_dead_pid()}.part"
+    torn.write_bytes(b"\0\0")  # a JVM killed while it wrote
+    _aged(torn, 120)
+    options = archive_options(folder=tmp_path)
+    claim = tmp_path / f"{key}.{os.getpid()}.part"
+    assert not torn.exists() and not final.exists()
+    assert options.startswith(f"-XX:ArchiveClassesAtExit={claim} ") and claim.exists(), options
+    assert mapped_options(folder=tmp_path) == ""  # JVMs outside get_session never claim or dump
+
+
+def test_a_cache_folder_that_cannot_be_written_gives_no_options(tmp_path: Path, monkeypatch) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    assert archive_options(folder=blocked / "jvm") == ""
+    monkeypatch.setattr(class_archive, "_java", lambda: None)
+    assert archive_options(folder=tmp_path) == "" and mapped_options(folder=tmp_path) == ""
+
+
+_MAPS = """
+import json, os, sys
+from pipeline.config import SparkConfig
+from pipeline.spark.session import get_session
+conf, archive = json.loads(sys.argv[1]), sys.argv[2] == "on"
+spark = get_session(SparkConfig(master="local[1]", app_name="archive-test", conf=conf, class_archive=archive),
+                    object_stores=False)
+args = list(spark._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+print("RESULT " + json.dumps({"args": args, "sum": spark.range(10).selectExpr("sum(id)").first()[0]}))
+"""
+
+
+@pytest.mark.beside  # two JVMs of their own, in subprocesses
+def test_a_session_started_here_maps_the_archive_spark_classes_and_all(tmp_path: Path) -> None:
+    """A session get_session starts passes the archive to its JVM; the archive maps with Spark's class path (under
+    -Xshare:on a JVM that cannot map it does not start), and a session with spark.class_archive off passes none."""
+    cache = class_archive.archive_folder().parent  # make jvm-archive built it there; else one built here
+    if not mapped_options():
+        cache = tmp_path / "cache"
+        class_archive.build(cache / "jvm")
+    final = cache / "jvm" / f"{archive_key()}.jsa"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SBI_NO_JARS": "1",
+           "SBI_CACHE_DIR": str(cache)}
+    for key in ("SPARK_SUBMIT_OPTS", "SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "PYSPARK_GATEWAY_PORT"):
+        env.pop(key, None)
+
+    def start(conf: dict, archive: str = "on") -> dict:
+        done = subprocess.run([sys.executable, "-c", _MAPS, json.dumps(conf), archive], env=env, capture_output=True,
+                              text=True, timeout=300, cwd=str(tmp_path))
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        return json.loads(done.stdout.split("RESULT ", 1)[1].splitlines()[0])
+
+    mapped = start({})
+    assert f"-XX:SharedArchiveFile={final}" in mapped["args"] and mapped["sum"] == 45, mapped["args"]
+    strict = start({"spark.driver.extraJavaOptions": f"-XX:SharedArchiveFile={final} -Xshare:on"})
+    assert "-Xshare:on" in strict["args"] and strict["sum"] == 45
+    off = start({}, "off")
+    assert not [a for a in off["args"] if "SharedArchiveFile" in a or "ArchiveClassesAtExit" in a], off["args"]
