@@ -153,8 +153,8 @@ def mapped_options(extra: str = "", *, folder: Path | None = None) -> str:
 
 
 def build(folder: Path | None = None) -> Path | None:
-    """Write the archive now (``make jvm-archive``, CI before the tests): a session in a child process runs one
-    query and a Python UDF, its JVM exits and dumps, the dump is renamed into place; the archive's path (None
+    """Write the archive now (``make jvm-archive``, CI before the tests): a session in a child process writes and
+    reads Parquet, shuffles, joins and runs Arrow and Python UDFs, its JVM exits and dumps, the dump is renamed into place; the archive's path (None
     when no Java is found). An archive already there is kept."""
     import subprocess
     import sys
@@ -188,7 +188,16 @@ from pipeline.spark.session import get_session
 
 class_archive.archive_options = lambda *a, **k: class_archive._dump_options(Path(sys.argv[1]))
 spark = get_session(SparkConfig(master="local[2]", app_name="sbi-class-archive"), object_stores=False)
-spark.range(100).select(F.udf(lambda x: x + 1, "long")("id").alias("x")).agg(F.sum("x")).collect()
+# what a job's JVM loads: Parquet written and read, a shuffle, a join, Arrow to Python workers and back
+folder = Path(sys.argv[1] + ".data")
+rows = spark.range(2000).selectExpr("id", "cast(id as string) as text", "current_date() as ds")
+rows.write.mode("overwrite").partitionBy("ds").parquet(str(folder))
+back = spark.read.parquet(str(folder))
+back.mapInArrow(lambda batches: batches, back.schema).groupBy((F.col("id") % 7).alias("k")).count().collect()
+back.join(back.select("id"), "id").select(F.udf(lambda x: x + 1, "long")("id").alias("x")).agg(F.sum("x")).collect()
+back.select(F.pandas_udf(lambda s: s.str.len(), "long")("text").alias("n")).agg(F.max("n")).collect()
+import shutil
+shutil.rmtree(folder, ignore_errors=True)
 proc = SparkContext._gateway.proc
 spark.stop()
 proc.stdin.close()  # the JVM exits on its stdin's end, writing the archive
