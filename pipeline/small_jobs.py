@@ -150,7 +150,7 @@ def _delta_log_rows(path: "str | Location") -> tuple[int | None, list[str]]:
     """The rows of the Delta table at ``path`` by its log's per-file counts (None when any is missing or no
     table), and the features it uses that only the Delta connector reads (deletion vectors, column mapping)."""
     from pipeline.io.delta.tables import log_rows
-    from pipeline.io.sources import unreadable_features
+    from pipeline.io.delta.state import unreadable_features
     from pipeline.io.stores import open_table
 
     try:

@@ -26,6 +26,7 @@ from pipeline.errors import SourceError
 from pipeline.rows import MALFORMED_COLUMN
 from pipeline.io.file_readers import CORRUPT_RECORD_COLUMN, read_binary_files, read_json, read_text
 from pipeline.io.paths import connector_hint, remote_refusal
+from pipeline.io.delta.state import UNSUPPORTED_READER_FEATURES, unreadable_features
 from pipeline.io.stores import Where, is_table, open_table, table_store
 from pipeline.locations import Location
 
@@ -54,24 +55,6 @@ def pinned_versions(versions: Mapping[str, int | None]) -> Iterator[None]:
         yield
     finally:
         _PINNED.reset(token)
-
-
-# Reader features whose semantics a plain Parquet read would get wrong.
-_UNSUPPORTED_READER_FEATURES = {
-    "deletionVectors": "rows deleted through deletion vectors would reappear",
-    "columnMapping": "physical column names differ from the logical ones",
-    "v2Checkpoint": "the snapshot cannot be resolved reliably",
-}
-
-
-def unreadable_features(table: Any) -> list[str]:
-    """The features of the deltalake ``table`` the deltalake-backed reader cannot honour (deletion vectors,
-    column mapping: what Databricks turns on by default); only the Delta connector reads such a table right."""
-    features = set(table.protocol().reader_features or [])
-    config = table.metadata().configuration or {}
-    if config.get("delta.columnMapping.mode", "none") != "none":
-        features.add("columnMapping")
-    return sorted(features & set(_UNSUPPORTED_READER_FEATURES))
 
 
 _connector_cache: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
@@ -214,7 +197,7 @@ def _read_delta_with_deltalake(spark: "SparkSession", loc: Location, *, version:
         ) from None
     blocked = unreadable_features(table)
     if blocked:
-        reasons = "; ".join(f"{f}: {_UNSUPPORTED_READER_FEATURES[f]}" for f in blocked)
+        reasons = "; ".join(f"{f}: {UNSUPPORTED_READER_FEATURES[f]}" for f in blocked)
         raise SourceError(
             f"Delta table {path} uses {', '.join(blocked)}, which the deltalake-backed reader cannot honour "
             f"({reasons}). Run with the Delta Spark connector ({connector_hint()}) "
