@@ -149,12 +149,9 @@ def _source_rows(config: JobConfig, state: Any = None) -> tuple[int | None, str]
 def _delta_log_rows(path: "str | Location") -> tuple[int | None, list[str]]:
     """The rows of the Delta table at ``path`` by its log's per-file counts (None when any is missing or no
     table), and the features it uses that only the Delta connector reads (deletion vectors, column mapping)."""
-    from pipeline.io.delta.tables import log_rows
-    from pipeline.io.sources import unreadable_features
-    from pipeline.io.stores import open_table
+    from pipeline.io.delta.state import read_state
 
-    try:
-        table = open_table(path)
-    except Exception:  # noqa: BLE001 - no table there (yet): the read reports it; not small meanwhile
+    state = read_state(path)
+    if state is None or not state.exists:  # no table there (yet): the read reports it; not small meanwhile
         return None, []
-    return log_rows(table), unreadable_features(table)
+    return state.rows(), list(state.unreadable)

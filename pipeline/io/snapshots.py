@@ -12,21 +12,9 @@ import json
 import os
 
 from pipeline.config import SourceConfig
-from pipeline.io.stores import configured, open_table
-from pipeline.locations import Location
+from pipeline.io.delta.state import read_state
 
 __all__ = ["source_rebuilt", "source_snapshot"]
-
-
-def _table_identity(path: "str | Location") -> str | None:
-    """``delta:<table id>:<version>`` of the Delta table at ``path``; None when there is none."""
-    from deltalake.exceptions import TableNotFoundError
-
-    try:
-        table = open_table(path)
-    except TableNotFoundError:
-        return None
-    return f"delta:{table.metadata().id}:{table.version()}"
 
 
 def source_rebuilt(before: str | None, now: str | None) -> str | None:
@@ -56,16 +44,12 @@ def source_snapshot(source: SourceConfig) -> str | None:
     loc = source.location
     if loc is None:
         return None
-    if source.format == "delta" and loc.object_store and configured(loc):
-        try:
-            return _table_identity(loc)
-        except Exception:  # noqa: BLE001 - unreachable: unknown, as for any other remote source
-            return None
+    if source.format == "delta":  # its log, where deltalake reads it here (local, S3 with keys or an endpoint)
+        state = read_state(loc)
+        return state.snapshot if state is not None else None
     if not loc.local:
         return None
     path = loc.path
-    if source.format == "delta":
-        return _table_identity(path) if os.path.isdir(path) else None
     listing = []
     if os.path.isfile(path):
         stat = os.stat(path)

@@ -18,15 +18,14 @@ import tempfile
 import uuid
 import weakref
 from contextlib import contextmanager
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from pipeline.config import DELTA_CONNECTOR_CONF, SourceConfig
 from pipeline.errors import SourceError
 from pipeline.rows import MALFORMED_COLUMN
 from pipeline.io.file_readers import CORRUPT_RECORD_COLUMN, read_binary_files, read_json, read_text
-from pipeline.io.paths import connector_hint, remote_refusal
-from pipeline.io.stores import Where, is_table, open_table, table_store
+from pipeline.io.paths import remote_refusal
+from pipeline.io.stores import Where, is_table, open_table
 from pipeline.locations import Location
 
 if TYPE_CHECKING:
@@ -54,24 +53,6 @@ def pinned_versions(versions: Mapping[str, int | None]) -> Iterator[None]:
         yield
     finally:
         _PINNED.reset(token)
-
-
-# Reader features whose semantics a plain Parquet read would get wrong.
-_UNSUPPORTED_READER_FEATURES = {
-    "deletionVectors": "rows deleted through deletion vectors would reappear",
-    "columnMapping": "physical column names differ from the logical ones",
-    "v2Checkpoint": "the snapshot cannot be resolved reliably",
-}
-
-
-def unreadable_features(table: Any) -> list[str]:
-    """The features of the deltalake ``table`` the deltalake-backed reader cannot honour (deletion vectors,
-    column mapping: what Databricks turns on by default); only the Delta connector reads such a table right."""
-    features = set(table.protocol().reader_features or [])
-    config = table.metadata().configuration or {}
-    if config.get("delta.columnMapping.mode", "none") != "none":
-        features.add("columnMapping")
-    return sorted(features & set(_UNSUPPORTED_READER_FEATURES))
 
 
 _connector_cache: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
@@ -151,7 +132,9 @@ def read_delta(spark: "SparkSession", path: Where, *, version: int | None = None
         return spark.read.format("delta").option("versionAsOf", int(version)).load(loc.spark)
     if not loc.reachable:
         raise SourceError(remote_refusal(loc.raw, what="Delta reader", key="path"))
-    return _read_delta_with_deltalake(spark, loc, version=version)
+    from pipeline.io.delta.reader import read_with_deltalake
+
+    return read_with_deltalake(spark, loc, version=version)
 
 
 def latest_version(spark: "SparkSession", location: str) -> int | None:
@@ -195,71 +178,6 @@ def is_delta_table(spark: "SparkSession", path: Where) -> bool:
     if not loc.reachable:
         return False
     return is_table(loc)
-
-
-def _read_delta_with_deltalake(spark: "SparkSession", loc: Location, *, version: int | None = None) -> "DataFrame":
-    import pyarrow as pa
-    from deltalake.exceptions import TableNotFoundError
-    from pyspark.sql import functions as F
-    from pipeline.arrow_types import from_arrow_schema
-
-    path = loc.path or loc.raw  # the local path, or the S3 URI as written
-    store = table_store(replace(loc, raw=path) if loc.local else loc)
-    try:
-        table = store.table(version=version)
-    except TableNotFoundError:
-        raise SourceError(
-            f"no Delta table at {path} (no _delta_log folder); for the demo run `make demo`, "
-            "or set source.path / source.format to your data"
-        ) from None
-    blocked = unreadable_features(table)
-    if blocked:
-        reasons = "; ".join(f"{f}: {_UNSUPPORTED_READER_FEATURES[f]}" for f in blocked)
-        raise SourceError(
-            f"Delta table {path} uses {', '.join(blocked)}, which the deltalake-backed reader cannot honour "
-            f"({reasons}). Run with the Delta Spark connector ({connector_hint()}) "
-            "or rewrite the table without those features."
-        )
-    arrow_schema = pa.schema(table.schema().to_arrow())
-    spark_schema = from_arrow_schema(arrow_schema, prefer_timestamp_ntz=False)
-    partition_cols = list(table.metadata().partition_columns)
-    data_schema = spark_schema.__class__([f for f in spark_schema.fields if f.name not in partition_cols])
-    actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
-    if not actions:
-        return spark.createDataFrame([], spark_schema)
-    if store.remote:  # Spark has no s3a:// file system without the connector's jars: pyarrow reads the files
-        from urllib.parse import unquote
-
-        from pipeline.io.delta.reader import log_string, read_snapshot
-
-        files = [{"path": unquote(a["path"]),
-                  "partition_values": {c: log_string(a.get(f"partition.{c}")) for c in partition_cols}}
-                 for a in actions]
-        return read_snapshot(spark, store, files, arrow_schema, spark_schema)
-    root = table.table_uri.rstrip("/")
-    groups: dict[tuple, list[str]] = {}
-    for action in actions:
-        key = tuple(action.get(f"partition.{c}") for c in partition_cols)
-        groups.setdefault(key, []).append(_join(root, action["path"]))
-    frames = []
-    for key, files in groups.items():
-        df = spark.read.schema(data_schema).parquet(*files)
-        for col, value in zip(partition_cols, key):
-            df = df.withColumn(col, F.lit(value).cast(spark_schema[col].dataType))
-        frames.append(df.select(*spark_schema.fieldNames()))
-    result = frames[0]
-    for df in frames[1:]:
-        result = result.unionByName(df)
-    return result
-
-
-def _join(root: str, rel: str) -> str:
-    from urllib.parse import unquote
-
-    if "://" in rel:
-        return rel
-    root = root[len("file://"):] if root.startswith("file://") else root
-    return f"{root}/{unquote(rel)}"
 
 
 def read_source(spark: "SparkSession", config: SourceConfig, *, location: Location | None = None) -> "DataFrame":

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 from pipeline.config import SourceConfig
 from pipeline.errors import SourceError
 from pipeline.io.file_readers import CORRUPT_RECORD_COLUMN
-from pipeline.io.sources import has_delta_connector, unreadable_features
+from pipeline.io.delta.state import unreadable_features
+from pipeline.io.sources import has_delta_connector
 from pipeline.io.stores import table_store
 from pipeline.locations import Location
 

@@ -24,6 +24,7 @@ from typing import Iterable
 from pipeline.errors import SinkError
 from pipeline.journal.layout import OWNER_FILE, PLAN_FILE
 from pipeline.journal.plans import owned_plan, plan_folders
+from pipeline.locations import has_delta_log
 
 __all__ = ["RootCheck", "StagingLayoutError", "StagingSweep", "check_root", "remove_run", "sweep_staging"]
 
@@ -92,7 +93,7 @@ def check_root(root: str | None) -> RootCheck | None:
         if entry.is_dir() and not entry.is_symlink() and (owned_plan(entry) is not None or _empty(entry)):
             continue
         foreign.append(entry.name + ("/" if entry.is_dir() else ""))
-    return RootCheck(root=str(root), owned=owned or not foreign, delta_table=os.path.isdir(os.path.join(root, "_delta_log")),
+    return RootCheck(root=str(root), owned=owned or not foreign, delta_table=has_delta_log(root),
                      foreign=tuple(foreign))
 
 

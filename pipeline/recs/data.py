@@ -26,6 +26,7 @@ import pandas as pd
 import pyarrow as pa
 
 from pipeline.errors import DataFetchError
+from pipeline.locations import has_delta_log
 
 __all__ = [
     "DataFetchError",
@@ -198,7 +199,7 @@ def read_recs_tables(warehouse: str | Path) -> RecsData:
     frames = {}
     for name in TABLES:
         path = root / name
-        if not (path / "_delta_log").is_dir():
+        if not has_delta_log(path):
             raise FileNotFoundError(
                 f"{path} is not a Delta table; create the tables first: python jobs/prepare_recs_data.py --warehouse {root}"
             )

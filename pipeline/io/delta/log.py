@@ -14,9 +14,11 @@ import json
 from typing import Any, Mapping
 from urllib.parse import unquote
 
+from pipeline.locations import DELTA_LOG
+
 __all__ = ["LOG_DIR", "action_path", "entry_name", "log_entry", "parse_entry"]
 
-LOG_DIR = "_delta_log"
+LOG_DIR = DELTA_LOG  # the log folder under a table's root
 
 
 def entry_name(version: int) -> str:

@@ -4,6 +4,9 @@ Without the Delta connector (and its Hadoop S3A jars) Spark has no ``s3a://`` fi
 table on S3 is read here: the driver resolves the snapshot's files with delta-rs and hands them
 over; each Spark task reads one file through pyarrow's ``S3FileSystem`` and adds the partition
 columns from the log. One task per file, so a table is read in parallel as Spark would.
+:func:`read_with_deltalake` is the whole jar-free Delta read (:func:`pipeline.io.sources.read_delta` without
+the connector): it resolves the snapshot, refuses what it cannot honour, and reads a local table's Parquet
+files with Spark, a table on S3 here.
 
     read_snapshot(spark, store, files, arrow_schema, partition_columns)
 """
@@ -11,15 +14,22 @@ columns from the log. One task per file, so a table is read in parallel as Spark
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from pipeline.errors import SourceError
+from pipeline.locations import Location
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["DeltaFilesDataSource", "FilePartition", "READ_FORMAT", "file_batches", "log_string", "read_snapshot"]
+__all__ = [
+    "DeltaFilesDataSource", "FilePartition", "READ_FORMAT", "file_batches", "log_string", "read_snapshot",
+    "read_with_deltalake",
+]
 
 READ_FORMAT = "sbi_delta_files"
 
@@ -104,3 +114,71 @@ def _register(spark: "SparkSession") -> None:
     from pipeline.sessions import register_data_source
 
     register_data_source(spark, DeltaFilesDataSource)
+
+
+def read_with_deltalake(spark: "SparkSession", loc: Location, *, version: int | None = None) -> "DataFrame":
+    """The snapshot of the Delta table at ``loc`` (at ``version``) resolved with ``deltalake``, without the Delta
+    connector: Spark reads a local table's Parquet files; a table on S3 is read through :func:`read_snapshot`.
+    Refuses (:class:`~pipeline.errors.SourceError`) no table, and a table whose features this reader cannot honour."""
+    from deltalake.exceptions import TableNotFoundError
+    from pyspark.sql import functions as F
+
+    from pipeline.arrow_types import from_arrow_schema
+    from pipeline.io.delta.state import UNSUPPORTED_READER_FEATURES, unreadable_features
+    from pipeline.io.paths import connector_hint
+    from pipeline.io.stores import table_store
+
+    path = loc.path or loc.raw  # the local path, or the S3 URI as written
+    store = table_store(replace(loc, raw=path) if loc.local else loc)
+    try:
+        table = store.table(version=version)
+    except TableNotFoundError:
+        raise SourceError(
+            f"no Delta table at {path} (no _delta_log folder); for the demo run `make demo`, "
+            "or set source.path / source.format to your data"
+        ) from None
+    blocked = unreadable_features(table)
+    if blocked:
+        reasons = "; ".join(f"{f}: {UNSUPPORTED_READER_FEATURES[f]}" for f in blocked)
+        raise SourceError(
+            f"Delta table {path} uses {', '.join(blocked)}, which the deltalake-backed reader cannot honour "
+            f"({reasons}). Run with the Delta Spark connector ({connector_hint()}) "
+            "or rewrite the table without those features."
+        )
+    arrow_schema = pa.schema(table.schema().to_arrow())
+    spark_schema = from_arrow_schema(arrow_schema, prefer_timestamp_ntz=False)
+    partition_cols = list(table.metadata().partition_columns)
+    data_schema = spark_schema.__class__([f for f in spark_schema.fields if f.name not in partition_cols])
+    actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    if not actions:
+        return spark.createDataFrame([], spark_schema)
+    if store.remote:  # Spark has no s3a:// file system without the connector's jars: pyarrow reads the files
+        from urllib.parse import unquote
+        files = [{"path": unquote(a["path"]),
+                  "partition_values": {c: log_string(a.get(f"partition.{c}")) for c in partition_cols}}
+                 for a in actions]
+        return read_snapshot(spark, store, files, arrow_schema, spark_schema)
+    root = table.table_uri.rstrip("/")
+    groups: dict[tuple, list[str]] = {}
+    for action in actions:
+        key = tuple(action.get(f"partition.{c}") for c in partition_cols)
+        groups.setdefault(key, []).append(_join(root, action["path"]))
+    frames = []
+    for key, files in groups.items():
+        df = spark.read.schema(data_schema).parquet(*files)
+        for col, value in zip(partition_cols, key):
+            df = df.withColumn(col, F.lit(value).cast(spark_schema[col].dataType))
+        frames.append(df.select(*spark_schema.fieldNames()))
+    result = frames[0]
+    for df in frames[1:]:
+        result = result.unionByName(df)
+    return result
+
+
+def _join(root: str, rel: str) -> str:
+    from urllib.parse import unquote
+
+    if "://" in rel:
+        return rel
+    root = root[len("file://"):] if root.startswith("file://") else root
+    return f"{root}/{unquote(rel)}"

@@ -27,7 +27,25 @@ from typing import Any, Mapping
 
 from pipeline.locations import Location
 
-__all__ = ["TableState", "read_state"]
+__all__ = ["TableState", "UNSUPPORTED_READER_FEATURES", "read_state", "unreadable_features"]
+
+
+# Reader features whose semantics a plain Parquet read would get wrong.
+UNSUPPORTED_READER_FEATURES = {
+    "deletionVectors": "rows deleted through deletion vectors would reappear",
+    "columnMapping": "physical column names differ from the logical ones",
+    "v2Checkpoint": "the snapshot cannot be resolved reliably",
+}
+
+
+def unreadable_features(table: Any) -> list[str]:
+    """The features of the deltalake ``table`` the deltalake-backed reader cannot honour (deletion vectors,
+    column mapping: what Databricks turns on by default); only the Delta connector reads such a table right."""
+    features = set(table.protocol().reader_features or [])
+    config = table.metadata().configuration or {}
+    if config.get("delta.columnMapping.mode", "none") != "none":
+        features.add("columnMapping")
+    return sorted(features & set(UNSUPPORTED_READER_FEATURES))
 
 
 @dataclass(frozen=True)
@@ -117,8 +135,6 @@ def read_state(location: "str | Location | None", *, table: str | None = None, f
 
 def _state_of(location: str, opened: Any) -> TableState:
     import pyarrow as pa
-
-    from pipeline.io.sources import unreadable_features
 
     metadata = opened.metadata()
     partitions = tuple(metadata.partition_columns)

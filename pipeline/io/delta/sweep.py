@@ -26,6 +26,7 @@ from pipeline.io.delta.markers import (MARKER_DIR, MARKER_RETENTION_S, STATES, f
                                        marker_path, owner_gone, read_marker, remote_store, write_id_of)
 
 from pipeline.io.delta.options import WRITE_ID_KEY
+from pipeline.locations import has_delta_log
 
 __all__ = ["REMOTE_SWEEP", "SWEPT_STAMP", "SweepReport", "sweep_due", "sweep_leftovers", "table_data_files"]
 
@@ -84,7 +85,7 @@ def _log_facts(root: Path) -> tuple[set[str], set[str], int]:
 
 
 def _current_files(root: Path) -> set[str]:
-    if not (root / LOG_DIR).is_dir():
+    if not has_delta_log(root):
         return set()
     from deltalake import DeltaTable
 
@@ -111,7 +112,7 @@ def table_data_files(root: str | Path) -> list[Path]:
     for folder, dirs, names in os.walk(root):
         here = Path(folder)
         dirs[:] = sorted(d for d in dirs if not d.startswith(("_", "."))
-                         and not (here / d / "_delta_log").is_dir())
+                         and not has_delta_log(here / d))
         found.extend(here / n for n in sorted(names) if n.endswith(".parquet"))
     return found
 
