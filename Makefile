@@ -100,9 +100,11 @@ demo-data: warehouse/demo/documents/_delta_log
 
 # spark-submit's JVM starts before our code: the cached jars go on its command line
 JAR_ARGS = $$($(PY) -m pipeline.spark.jars submit-args)
+# the driver JVM maps the class archive when make jvm-archive (or an earlier session) wrote one
+JVM_ARGS = $$($(PY) -m pipeline.spark.class_archive submit-args)
 
 demo: demo-data jars-delta
-	$(VENV)/bin/spark-submit $(JAR_ARGS) --master 'local[*,4]' --driver-memory 2g \
+	$(VENV)/bin/spark-submit $(JAR_ARGS) $(JVM_ARGS) --master 'local[*,4]' --driver-memory 2g \
 	  --conf spark.ui.enabled=false --conf spark.ui.showConsoleProgress=false --conf spark.log.level=WARN \
 	  --conf spark.databricks.delta.snapshotPartitions=$$(nproc) \
 	  jobs/score_documents.py --conf conf/score_documents.yaml --set source.limit=$(DEMO_ROWS) $(ARGS)

@@ -104,7 +104,12 @@ def batch(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     if args.launcher == "spark-submit":
         jars = subprocess.run([sys.executable, "-m", "pipeline.spark.jars", "submit-args"], capture_output=True,
                               text=True, check=True).stdout
-        launcher = [str(Path(sys.executable).parent / "spark-submit"), *shlex.split(jars), "--master",
+        # the class archive, as make demo passes it (none under --set spark.class_archive=false)
+        archive = "" if "spark.class_archive=false" in args.set else subprocess.run(
+            [sys.executable, "-m", "pipeline.spark.class_archive", "submit-args"], capture_output=True, text=True,
+            check=True).stdout
+        launcher = [str(Path(sys.executable).parent / "spark-submit"), *shlex.split(jars), *shlex.split(archive),
+                    "--master",
                     args.master or "local[*,4]", "--driver-memory", "2g", "--conf", "spark.ui.enabled=false",
                     "--conf", "spark.ui.showConsoleProgress=false", "--conf", "spark.log.level=WARN",
                     "--conf", f"spark.databricks.delta.snapshotPartitions={os.cpu_count() or 2}"]

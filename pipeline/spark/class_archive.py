@@ -27,7 +27,7 @@ import shutil
 import time
 from pathlib import Path
 
-__all__ = ["archive_folder", "archive_key", "archive_options", "build", "mapped_options"]
+__all__ = ["archive_folder", "archive_key", "archive_options", "build", "mapped_options", "submit_args"]
 
 # Java's magic number at the start of a dynamic CDS archive (CDS_DYNAMIC_ARCHIVE_MAGIC, little-endian)
 _DYNAMIC_MAGIC = (0xF00BABA8).to_bytes(4, "little")
@@ -209,5 +209,22 @@ def _dump_options(path: Path) -> str:
     return f"-XX:ArchiveClassesAtExit={path} {_QUIET}"
 
 
+def submit_args() -> str:
+    """spark-submit's argument that maps the archive (``--driver-java-options=-XX:SharedArchiveFile=...``), one word
+    with no quoting needed (``""`` without an archive, or where its path has a space). spark-submit starts the
+    driver's JVM before the job's code runs, so a job launched that way passes it itself:
+    ``spark-submit $(python -m pipeline.spark.class_archive submit-args) ...`` (make demo does)."""
+    key = archive_key()
+    final = archive_folder() / f"{key}.jsa"
+    if key is None or not _whole(final) or any(c.isspace() for c in str(final)):
+        return ""
+    return f"--driver-java-options=-XX:SharedArchiveFile={final}"
+
+
 if __name__ == "__main__":
-    print(build() or "no Java found: no class archive")
+    import sys
+
+    if sys.argv[1:] == ["submit-args"]:
+        print(submit_args())
+    else:
+        print(build() or "no Java found: no class archive")

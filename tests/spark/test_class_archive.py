@@ -110,3 +110,14 @@ def test_a_session_started_here_maps_the_archive_spark_classes_and_all(tmp_path:
     assert "-Xshare:on" in strict["args"] and strict["sum"] == 45
     off = start({}, "off")
     assert not [a for a in off["args"] if "SharedArchiveFile" in a or "ArchiveClassesAtExit" in a], off["args"]
+
+
+def test_spark_submit_gets_one_word_that_maps_the_archive(tmp_path: Path, monkeypatch) -> None:
+    """spark-submit starts its driver's JVM itself: make demo passes this word (no quoting survives make's $(...))."""
+    monkeypatch.setenv("SBI_CACHE_DIR", str(tmp_path))
+    assert class_archive.submit_args() == ""
+    final = tmp_path / "jvm" / f"{archive_key()}.jsa"
+    final.parent.mkdir()
+    final.write_bytes(_DYNAMIC_MAGIC + b"...")
+    assert class_archive.submit_args() == f"--driver-java-options=-XX:SharedArchiveFile={final}"
+    assert len(class_archive.submit_args().split()) == 1
