@@ -27,7 +27,7 @@ from pipeline.io.file_readers import CORRUPT_RECORD_COLUMN
 from pipeline.io.delta.state import unreadable_features
 from pipeline.io.sources import has_delta_connector
 from pipeline.io.stores import table_store
-from pipeline.locations import Location
+from pipeline.locations import Location, resolve_location
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

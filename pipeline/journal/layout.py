@@ -23,7 +23,10 @@ import json
 import os
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.locations import Location
 
 __all__ = ["MARKER_SUFFIX", "OWNER_FILE", "PLAN_FILE", "STAGING_SUFFIX", "read_json", "rename_refused", "staging_root",
            "write_atomic"]
