@@ -27,6 +27,8 @@ import shutil
 import time
 from pathlib import Path
 
+from pipeline.host import pid_alive
+
 __all__ = ["archive_folder", "archive_key", "archive_options", "build", "mapped_options", "submit_args"]
 
 # Java's magic number at the start of a dynamic CDS archive (CDS_DYNAMIC_ARCHIVE_MAGIC, little-endian)
@@ -69,16 +71,6 @@ def archive_key(extra: str = "") -> str | None:
     return digest.hexdigest()[:20]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _whole(path: Path) -> bool:
     try:
         with open(path, "rb") as f:
@@ -97,7 +89,7 @@ def _adopt(folder: Path, key: str, final: Path, now: float) -> bool:
             age = now - part.stat().st_mtime
         except (ValueError, OSError):
             continue
-        if _alive(pid) or age < _SETTLED_S:
+        if pid_alive(pid) or age < _SETTLED_S:
             busy = True
         elif _whole(part) and not final.exists():
             try:

@@ -25,7 +25,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "pipeline"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("pipeline.errors", "pipeline.error_text", "pipeline.compat", "pipeline.extras", "pipeline.sessions",
               "pipeline.locations", "pipeline.rows", "pipeline.batching", "pipeline.metrics", "pipeline.run_summary",
-              "pipeline.run_counts", "pipeline.faults", "pipeline.logs", "pipeline.sketches", "pipeline.drift")),
+              "pipeline.run_counts", "pipeline.faults", "pipeline.logs", "pipeline.sketches", "pipeline.drift",
+              "pipeline.host")),
     ("config", ("pipeline.config", "pipeline.fingerprint", "pipeline.identity")),
     ("registry", ("pipeline.registry",)),
     # engines and platform share a floor: each may use the other, never in a circle (checked below)

@@ -32,6 +32,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from pipeline.host import pid_alive
+
 __all__ = ["MARKER_DIR", "MARKER_RETENTION_S", "STATES", "claim_for_commit", "finish_marker", "finished_facts",
            "is_given_up", "is_our_marker", "local_root", "marker_path", "owner_fields", "owner_gone", "read_marker",
            "remote_store", "running_marker", "write_id_of"]
@@ -76,19 +78,9 @@ def read_marker(path: Path) -> dict[str, Any]:
         return {}
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def owner_gone(info: dict[str, Any]) -> bool:
     """Whether the process that started a write is known to be dead (same host, pid gone)."""
-    return info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int) and not _pid_alive(info["pid"])
+    return info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int) and not pid_alive(info["pid"])
 
 
 @contextmanager
