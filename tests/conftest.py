@@ -45,13 +45,29 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     scratch folders (``spark-*``: shuffle, broadcast, the jars and files it was given) under this run's pytest
     base folder, not in /tmp: a killed driver never removes its own, and with the S3 jars in each one they
     were 672 MB a driver (a drill-heavy run filled a disk). pytest keeps its three newest base folders and
-    removes older ones, these with them. Read by Spark's launcher (``SPARK_LOCAL_DIRS``); one a caller set wins."""
+    removes older ones, these with them; and the run removes its own when it ends (:func:`pytest_sessionfinish`:
+    with the connector's jars a drill-heavy run left 6 GB there). Read by Spark's launcher (``SPARK_LOCAL_DIRS``);
+    one a caller set wins."""
     factory = getattr(session.config, "_tmp_path_factory", None)
     if factory is None or os.environ.get("SPARK_LOCAL_DIRS"):
         return
     local = factory.getbasetemp() / "spark-local"
     local.mkdir(exist_ok=True)
     os.environ["SPARK_LOCAL_DIRS"] = str(local)
+    session.config.stash[_SPARK_LOCAL] = local
+
+
+_SPARK_LOCAL = pytest.StashKey[Path]()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The JVMs' scratch folders of this run (:func:`pytest_sessionstart`) go with it: the session fixture's JVM
+    removes its own at exit, a killed driver's stay; the next runs' base folders hold none of them."""
+    import shutil
+
+    local = session.config.stash.get(_SPARK_LOCAL, None)
+    if local is not None:
+        shutil.rmtree(local, ignore_errors=True)
 
 # what a `beside` test may not use: in the connector run these carry the connector jars
 SESSION_FIXTURES = frozenset({"spark", "connect_server", "spark_connect", "any_spark", "writer"})
