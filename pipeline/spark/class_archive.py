@@ -101,11 +101,11 @@ def _adopt(folder: Path, key: str, final: Path, now: float) -> bool:
     return busy
 
 
-def archive_options(extra: str = "", *, folder: Path | None = None, dump_to: Path | None = None) -> str:
+def archive_options(extra: str = "", *, folder: Path | None = None) -> str:
     """The driver JVM's options: map the archive for this Java and class path, else (nobody claimed one) claim it
     and write it at this JVM's exit; ``""`` when neither (no Java found, an unwritable cache folder, a dump
     claimed by a live process: the test suite's long-lived session, say). ``extra``: what else decides the class
-    path (``spark.driver.extraClassPath``). ``dump_to``: write the dump there, whatever is cached (:func:`build`).
+    path (``spark.driver.extraClassPath``).
 
     >>> import tempfile
     >>> folder = Path(tempfile.mkdtemp())
@@ -115,8 +115,6 @@ def archive_options(extra: str = "", *, folder: Path | None = None, dump_to: Pat
     >>> archive_options(folder=folder)  # claimed by this process, alive: nothing to map yet, no second dump
     ''
     """
-    if dump_to is not None:
-        return _dump_options(dump_to)
     key = archive_key(extra)
     if key is None:
         return ""
@@ -198,6 +196,7 @@ proc.wait()
 
 
 def _dump_options(path: Path) -> str:
+    """What :func:`build`'s child passes its JVM in place of :func:`archive_options`: write the dump at ``path``."""
     return f"-XX:ArchiveClassesAtExit={path} {_QUIET}"
 
 
