@@ -217,5 +217,8 @@ if __name__ == "__main__":
 
     if sys.argv[1:] == ["submit-args"]:
         print(submit_args())
-    else:
-        print(build() or "no Java found: no class archive")
+    else:  # only a speed-up: a JVM that writes none (an older Java, say) leaves sessions to start as before
+        try:
+            print(build() or "no Java found: no class archive")
+        except Exception as exc:  # noqa: BLE001 - said, not raised: make test goes on without it
+            print(f"no class archive ({type(exc).__name__}: {exc}); sessions start without one", file=sys.stderr)
