@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from pipeline.errors import ModelError
+from pipeline.host import user_cache_folder
 
 __all__ = ["PACKAGE_PREFIX", "cached_by_files", "file_lock", "files_revision", "files_signature", "model_cache_folder",
            "package_folder", "user_cache_folder", "write_whole"]
@@ -80,13 +81,6 @@ def files_signature(files: list[Path]) -> str:
         if stat.st_size <= SMALL_FILE_BYTES:
             digest.update(file.read_bytes())
     return digest.hexdigest()
-
-
-def user_cache_folder(name: str) -> Path:
-    """``$SBI_CACHE_DIR/<name>``, else ``$XDG_CACHE_HOME/spark-batch-inference/<name>`` (``~/.cache`` by default)."""
-    base = os.environ.get("SBI_CACHE_DIR") or str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-                                                  / "spark-batch-inference")
-    return Path(base).expanduser() / name
 
 
 def model_cache_folder(model_dir: Path, beside: str, shared: str) -> Path:

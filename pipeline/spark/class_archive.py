@@ -4,18 +4,18 @@ A local session's JVM loads some ten thousand of Spark's classes before its firs
 verifying each one: most of a session's start on 2 cores. Java 17 can keep those classes, parsed, in an
 archive it maps at start (AppCDS, a dynamic archive: ``-XX:ArchiveClassesAtExit`` writes it when a JVM exits,
 ``-XX:SharedArchiveFile`` maps it). The first session on a machine writes it when its process ends (about
-150 MB in the user's cache folder, a few seconds more at that exit); every later session with the same Java,
-pyspark and class path maps it. A session started with it and its first query took about 0.6x the time,
-measured with ``bench/small_jobs.py`` (docs/benchmarks_small_jobs.md).
+180 MB in the user's cache folder, a few seconds more at that exit); every later session with the same Java,
+pyspark and class path maps it. A session's start took 2.5 s instead of 5.4 s, measured with
+``bench/bench_driver.py`` (docs/benchmarks_small_jobs.md, "With the driver JVM's class archive").
 
 Safe by construction: the archive is only a speed-up. The JVM maps it with ``-Xshare:auto``, so an archive that
 does not match (another Java, a changed class path, a torn file) is skipped silently and the classes load as
 before. One process writes it at a time: a dump is written under a name of its own
 (``<key>.<pid>.part``) and renamed into place by a later session once the writer is gone and the file is whole
 (Java's dynamic-archive magic at its start, untouched for a minute); a session that finds a dump still being
-written runs without an archive. Only sessions this library launches get it (``get_session`` on a local or
-other master it starts itself); under spark-submit or on Databricks the driver JVM exists before the job runs:
-pass ``--driver-java-options "-XX:SharedArchiveFile=..."`` there if wanted. ``spark.class_archive: false`` turns
+written runs without an archive. Sessions this library launches get it (``get_session`` on a local or other
+master it starts itself); under spark-submit the driver JVM exists before the job runs, and :func:`submit_args`
+gives spark-submit's argument for it (``make demo`` passes it); on Databricks the cluster starts the driver. ``spark.class_archive: false`` turns
 it off; ``$SBI_CACHE_DIR/jvm`` (else ``~/.cache/spark-batch-inference/jvm``) holds the archives.
 """
 
@@ -27,7 +27,7 @@ import shutil
 import time
 from pathlib import Path
 
-from pipeline.host import pid_alive
+from pipeline.host import pid_alive, user_cache_folder
 
 __all__ = ["archive_folder", "archive_key", "archive_options", "build", "mapped_options", "submit_args"]
 
@@ -41,9 +41,7 @@ _QUIET = "-Xshare:auto -Xlog:cds=off -Xlog:cds+dynamic=off"
 
 def archive_folder() -> Path:
     """``$SBI_CACHE_DIR/jvm``, else ``$XDG_CACHE_HOME/spark-batch-inference/jvm`` (``~/.cache`` by default)."""
-    base = os.environ.get("SBI_CACHE_DIR") or str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-                                                  / "spark-batch-inference")
-    return Path(base).expanduser() / "jvm"
+    return user_cache_folder("jvm")
 
 
 def _java() -> Path | None:
@@ -71,6 +69,12 @@ def archive_key(extra: str = "") -> str | None:
     return digest.hexdigest()[:20]
 
 
+def _archive(extra: str = "", folder: Path | None = None) -> Path | None:
+    """Where the archive for this Java and class path lives (None: no Java found)."""
+    key = archive_key(extra)
+    return None if key is None else (folder or archive_folder()) / f"{key}.jsa"
+
+
 def _whole(path: Path) -> bool:
     try:
         with open(path, "rb") as f:
@@ -79,11 +83,11 @@ def _whole(path: Path) -> bool:
         return False
 
 
-def _adopt(folder: Path, key: str, final: Path, now: float) -> bool:
-    """Rename a finished dump of ``key`` into place, remove torn ones; whether one is claimed or being written
+def _adopt(final: Path, now: float) -> bool:
+    """Rename a finished dump of the archive ``final`` into place, remove torn ones; whether one is claimed or being written
     (its claimant alive, or touched within :data:`_SETTLED_S`)."""
     busy = False
-    for part in folder.glob(f"{key}.*.part"):
+    for part in final.parent.glob(f"{final.stem}.*.part"):
         try:
             pid = int(part.name.split(".")[-2])
             age = now - part.stat().st_mtime
@@ -115,18 +119,17 @@ def archive_options(extra: str = "", *, folder: Path | None = None) -> str:
     >>> archive_options(folder=folder)  # claimed by this process, alive: nothing to map yet, no second dump
     ''
     """
-    key = archive_key(extra)
-    if key is None:
+    final = _archive(extra, folder)
+    if final is None:
         return ""
-    folder = folder or archive_folder()
-    final = folder / f"{key}.jsa"
+    folder = final.parent
     try:
-        if folder.is_dir() and _adopt(folder, key, final, time.time()) and not final.exists():
+        if folder.is_dir() and _adopt(final, time.time()) and not final.exists():
             return ""
         if final.exists() and _whole(final):
             return f"-XX:SharedArchiveFile={final} {_QUIET}"
         folder.mkdir(parents=True, exist_ok=True)
-        claim = folder / f"{key}.{os.getpid()}.part"
+        claim = folder / f"{final.stem}.{os.getpid()}.part"
         claim.touch()  # claimed: sessions started meanwhile neither map nor write one
     except OSError:
         return ""
@@ -137,27 +140,22 @@ def mapped_options(extra: str = "", *, folder: Path | None = None) -> str:
     """The options that map the archive when one is there, else ``""``: never a claim or a dump. For JVMs started
     outside :func:`~pipeline.spark.session.get_session` (``SPARK_SUBMIT_OPTS`` of a spark-submit or a Connect
     server), where many may start at once and none should write one."""
-    key = archive_key(extra)
-    final = (folder or archive_folder()) / f"{key}.jsa"
-    return f"-XX:SharedArchiveFile={final} {_QUIET}" if key is not None and _whole(final) else ""
+    final = _archive(extra, folder)
+    return f"-XX:SharedArchiveFile={final} {_QUIET}" if final is not None and _whole(final) else ""
 
 
 def build(folder: Path | None = None) -> Path | None:
     """Write the archive now (``make jvm-archive``, CI before the tests): a session in a child process writes and
-    reads Parquet, shuffles, joins and runs Arrow and Python UDFs, its JVM exits and dumps, the dump is renamed into place; the archive's path (None
-    when no Java is found). An archive already there is kept."""
+    reads Parquet, shuffles, joins and runs Arrow and Python UDFs, its JVM exits and dumps, the dump is renamed
+    into place; the archive's path (None when no Java is found). An archive already there is kept."""
     import subprocess
     import sys
 
-    key = archive_key()
-    if key is None:
-        return None
-    folder = folder or archive_folder()
-    final = folder / f"{key}.jsa"
-    if final.exists() and _whole(final):
+    final = _archive(folder=folder)
+    if final is None or _whole(final):
         return final
-    folder.mkdir(parents=True, exist_ok=True)
-    part = folder / f"{key}.build-{os.getpid()}.tmp"
+    final.parent.mkdir(parents=True, exist_ok=True)
+    part = final.with_name(f"{final.stem}.build-{os.getpid()}.tmp")
     subprocess.run([sys.executable, "-c", _BUILD, str(part)], check=True, env={**os.environ, "SBI_NO_JARS": "1"})
     if not _whole(part):
         part.unlink(missing_ok=True)
@@ -205,9 +203,8 @@ def submit_args() -> str:
     with no quoting needed (``""`` without an archive, or where its path has a space). spark-submit starts the
     driver's JVM before the job's code runs, so a job launched that way passes it itself:
     ``spark-submit $(python -m pipeline.spark.class_archive submit-args) ...`` (make demo does)."""
-    key = archive_key()
-    final = archive_folder() / f"{key}.jsa"
-    if key is None or not _whole(final) or any(c.isspace() for c in str(final)):
+    final = _archive()
+    if final is None or not _whole(final) or any(c.isspace() for c in str(final)):
         return ""
     return f"--driver-java-options=-XX:SharedArchiveFile={final}"
 
