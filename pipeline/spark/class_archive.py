@@ -35,6 +35,8 @@ __all__ = ["archive_folder", "archive_key", "archive_options", "build", "mapped_
 _DYNAMIC_MAGIC = (0xF00BABA8).to_bytes(4, "little")
 # a dump untouched this long, its claimant gone, is done: whole (adopted) or torn (removed)
 _SETTLED_S = 60.0
+# archives of other keys kept (other venvs, other Javas): the most recently used
+_KEPT = 3
 # the archive logs nothing: a mismatched archive is skipped, not reported on the job's output
 _QUIET = "-Xshare:auto -Xlog:cds=off -Xlog:cds+dynamic=off"
 
@@ -52,18 +54,25 @@ def _java() -> Path | None:
 
 def archive_key(extra: str = "") -> str | None:
     """What an archive is valid for: the Java that runs (its path and release file), pyspark's version and its
-    jars (the class path the archive records), and ``extra`` (the class-path settings of the session); None when
-    no Java is found (the launcher will say so itself)."""
+    jars as the JVM checks them (the class path the archive records: each jar's full path, size and modification
+    time, so a venv at another path or installed again gets an archive of its own), and ``extra`` (the class-path
+    settings of the session); None when no Java is found (the launcher will say so itself)."""
     import pyspark
 
     java = _java()
     if java is None:
         return None
     release = java.parent.parent / "release"
-    jars = sorted(p.name for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar"))
+    jars = []
+    for jar in sorted((Path(pyspark.__file__).parent / "jars").resolve().glob("*.jar")):
+        try:
+            stat = jar.stat()
+        except OSError:
+            continue
+        jars.append(f"{jar} {stat.st_size} {int(stat.st_mtime)}")
     digest = hashlib.sha256()
     for part in (str(java), release.read_text(errors="replace") if release.is_file() else "",
-                 pyspark.__version__, "\n".join(jars), extra):
+                 pyspark.__version__, pyspark.__file__, "\n".join(jars), extra):
         digest.update(part.encode())
         digest.update(b"\0")
     return digest.hexdigest()[:20]
@@ -84,25 +93,41 @@ def _whole(path: Path) -> bool:
 
 
 def _adopt(final: Path, now: float) -> bool:
-    """Rename a finished dump of the archive ``final`` into place, remove torn ones; whether one is claimed or being written
-    (its claimant alive, or touched within :data:`_SETTLED_S`)."""
+    """Rename finished dumps into place, remove torn ones (of every key in the folder, so a venv gone leaves no
+    dump behind); whether one of ``final``'s is claimed or being written (its claimant alive, or touched within
+    :data:`_SETTLED_S`)."""
     busy = False
-    for part in final.parent.glob(f"{final.stem}.*.part"):
+    for part in final.parent.glob("*.*.part"):
         try:
-            pid = int(part.name.split(".")[-2])
+            key, pid = part.name.split(".")[0], int(part.name.split(".")[-2])
             age = now - part.stat().st_mtime
         except (ValueError, OSError):
             continue
+        target = final.with_name(f"{key}.jsa")
         if pid_alive(pid) or age < _SETTLED_S:
-            busy = True
-        elif _whole(part) and not final.exists():
+            busy = busy or target == final
+        elif _whole(part) and not target.exists():
             try:
-                os.replace(part, final)
+                os.replace(part, target)
             except OSError:
                 pass
         else:
             part.unlink(missing_ok=True)
     return busy
+
+
+def _prune(final: Path) -> None:
+    """Keep the :data:`_KEPT` archives last written or mapped besides ``final`` (each is some 180 MB; a venv
+    installed again or moved has a key of its own); older ones go. A JVM that maps one keeps its own mapping."""
+    others = []
+    for jsa in final.parent.glob("*.jsa"):
+        try:
+            if jsa != final:
+                others.append((jsa.stat().st_mtime, jsa))
+        except OSError:
+            continue
+    for _, jsa in sorted(others, reverse=True)[_KEPT:]:
+        jsa.unlink(missing_ok=True)
 
 
 def archive_options(extra: str = "", *, folder: Path | None = None) -> str:
@@ -127,8 +152,10 @@ def archive_options(extra: str = "", *, folder: Path | None = None) -> str:
         if folder.is_dir() and _adopt(final, time.time()) and not final.exists():
             return ""
         if final.exists() and _whole(final):
+            os.utime(final)  # mapped: the most recently used, kept by _prune
             return f"-XX:SharedArchiveFile={final} {_QUIET}"
         folder.mkdir(parents=True, exist_ok=True)
+        _prune(final)
         claim = folder / f"{final.stem}.{os.getpid()}.part"
         claim.touch()  # claimed: sessions started meanwhile neither map nor write one
     except OSError:
@@ -155,6 +182,7 @@ def build(folder: Path | None = None) -> Path | None:
     if final is None or _whole(final):
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
+    _prune(final)
     part = final.with_name(f"{final.stem}.build-{os.getpid()}.tmp")
     subprocess.run([sys.executable, "-c", _BUILD, str(part)], check=True, env={**os.environ, "SBI_NO_JARS": "1"})
     if not _whole(part):

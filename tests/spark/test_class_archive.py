@@ -64,6 +64,47 @@ def test_one_claim_a_finished_dump_adopted_a_torn_one_removed(tmp_path: Path) ->
     assert mapped_options(folder=tmp_path) == ""  # JVMs outside get_session never claim or dump
 
 
+def test_the_key_follows_the_jars_the_jvm_checks_their_path_size_and_time(tmp_path: Path, monkeypatch) -> None:
+    """The JVM refuses an archive whose class path moved or changed (a venv at another path, installed again: CI's
+    checkout and a copied cache folder); each gets a key of its own, so a stale archive is never the one mapped."""
+    import pyspark
+
+    def venv(where: Path) -> Path:
+        (where / "jars").mkdir(parents=True)
+        for name in ("spark-core_2.13-4.2.0.jar", "scala-library-2.13.16.jar"):
+            (where / "jars" / name).write_bytes(name.encode())
+        return where
+
+    first = venv(tmp_path / "a" / "pyspark")
+    monkeypatch.setattr(pyspark, "__file__", str(first / "__init__.py"))
+    key = archive_key()
+    assert archive_key() == key and archive_key("extra") != key
+    moved = venv(tmp_path / "b" / "pyspark")
+    monkeypatch.setattr(pyspark, "__file__", str(moved / "__init__.py"))
+    assert archive_key() != key
+    monkeypatch.setattr(pyspark, "__file__", str(first / "__init__.py"))
+    _aged(first / "jars" / "scala-library-2.13.16.jar", 3600)  # installed again
+    assert archive_key() != key
+
+
+def test_leftovers_of_other_keys_go_and_only_the_recent_archives_stay(tmp_path: Path) -> None:
+    """A dump of another key whose writer is gone is adopted or removed, whatever key it has; of the other keys'
+    archives the three most recently used stay (each is some 180 MB), the rest go when one is claimed."""
+    torn = tmp_path / f"{'0' * 20}.{_dead_pid()}.part"
+    torn.write_bytes(b"\0")
+    whole = tmp_path / f"{'1' * 20}.{_dead_pid()}.part"
+    whole.write_bytes(_DYNAMIC_MAGIC)
+    for n in range(2, 7):  # archives of keys 2..6, key 2 the most recently used
+        (tmp_path / f"{str(n) * 20}.jsa").write_bytes(_DYNAMIC_MAGIC)
+        _aged(tmp_path / f"{str(n) * 20}.jsa", 1000 * n)
+    _aged(torn, 120)
+    _aged(whole, 120)
+    assert archive_options(folder=tmp_path).startswith("-XX:ArchiveClassesAtExit=")
+    assert not torn.exists() and not whole.exists()
+    left = sorted(p.name[0] for p in tmp_path.glob("*.jsa"))
+    assert left == ["1", "2", "3"], left  # key 1's dump adopted (the newest), 2 and 3 kept; 4, 5 and 6 gone
+
+
 def test_a_cache_folder_that_cannot_be_written_gives_no_options(tmp_path: Path, monkeypatch) -> None:
     blocked = tmp_path / "file"
     blocked.write_text("not a folder")
