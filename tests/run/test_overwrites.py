@@ -19,6 +19,8 @@ from tests.support.drivers import at_once
 from tests.support.drills import D0, D1, SIZES, ids_frame, overwrite_race, table_rows
 from tests.support.jobs import job_config
 
+pytestmark = pytest.mark.drills  # races: writers at a barrier (make test-drills)
+
 @pytest.mark.parametrize(("day", "names"), [("new day", ("a", "b")), ("new day", ("a", "b", "c")),
                                            ("existing day", ("a", "b"))], ids=["new-two", "new-three", "existing-two"])
 def test_overwrites_of_one_day_at_once_leave_one_writers_rows(spark, tmp_path, writer, day, names):
