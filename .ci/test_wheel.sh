@@ -67,6 +67,8 @@ ocr_models=$(grep -E '^rapidocr-onnxruntime==' requirements-data.lock)
 # (SBI_WHEEL_KEEP_SHARED=1: keep an earlier run's, so this run's lines are compared with its lines too)
 shared=$work/shared
 results=$work/results
+pyspark_wheels=$work/pyspark-wheels
+mkdir -p "$pyspark_wheels"
 [ "${SBI_WHEEL_KEEP_SHARED:-0}" = 1 ] || rm -rf "$shared"
 rm -rf "$results"
 mkdir -p "$shared" "$results"
@@ -82,7 +84,17 @@ line() {  # one Spark line (PYSPARK_VERSION[@PYTHON_X.Y]): its venv, the install
   rm -rf "$venv"
   "$uv" venv -q --python "$python" "$venv"
   pyver=$("$venv/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-  "$uv" pip install -q --python "$venv/bin/python" "pyspark[connect]==$spark" --constraint "$constraints"
+  # pyspark's wheel, built from its sdist once per version into $work/pyspark-wheels (PyPI has no pyspark wheel,
+  # and uv's cache built the sdist again for every new revision it fetched: 1 GB a build, 43 GB on one machine)
+  if ! ls "$pyspark_wheels"/pyspark-"$spark"-*.whl >/dev/null 2>&1; then
+    local built
+    built=$(mktemp -d "$pyspark_wheels/.build-XXXXXX")
+    "$PYTHON" -m pip wheel -q --no-deps --no-cache-dir -w "$built" "pyspark==$spark"
+    mv "$built"/pyspark-"$spark"-*.whl "$pyspark_wheels/"
+    rm -rf "$built"
+  fi
+  "$uv" pip install -q --python "$venv/bin/python" --find-links "$pyspark_wheels" --only-binary pyspark \
+    "pyspark[connect]==$spark" --constraint "$constraints"
   # pip itself must resolve the wheel and its extras beside the platform's pyspark without touching it
   "$uv" pip install -q --python "$venv/bin/python" pip
   "$venv/bin/python" -m pip install -q --dry-run --report "$work/report-$spark-$pyver.json" "$wheel[$extras]" \
@@ -94,7 +106,8 @@ moved = [i["metadata"]["name"] + "==" + i["metadata"]["version"] for i in json.l
 print(f"[test-wheel]   pip install of the wheel beside the platform's pyspark would install: {moved or 'no pyspark'}")
 sys.exit(1 if moved else 0)
 PY
-  "$uv" pip install -q --python "$venv/bin/python" "$wheel[$extras]" --constraint "$constraints"
+  "$uv" pip install -q --python "$venv/bin/python" --find-links "$pyspark_wheels" --only-binary pyspark \
+    "$wheel[$extras]" --constraint "$constraints"
   "$uv" pip install -q --python "$venv/bin/python" --no-deps "$ocr_models"
   found=$("$venv/bin/python" -c 'import pyspark; print(pyspark.__version__)')
   [ "$found" = "$spark" ] || { echo "[test-wheel] FAIL: pyspark is $found after installing the wheel, not $spark"; exit 1; }
