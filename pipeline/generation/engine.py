@@ -33,8 +33,8 @@ from pipeline.generation.sampling import SamplingParams, choose_tokens, make_gen
 from pipeline.generation.stopping import find_stop
 
 __all__ = [
-    "BatchGenerator", "GenerationMode", "GenerationRequest", "GenerationResult", "check_requests", "eos_ids",
-    "prefill_groups",
+    "BatchGenerator", "GenerationMode", "GenerationRequest", "GenerationResult", "Generator", "check_requests",
+    "eos_ids", "prefill_groups",
 ]
 
 GenerationMode = Literal["static", "continuous"]
@@ -85,7 +85,34 @@ class _Row:
     matcher: Any = None  # this row's grammar state (constrained decoding only)
 
 
-class BatchGenerator:
+class Generator:
+    """What every generation backend holds (:class:`BatchGenerator`, and vLLM's
+    :class:`~pipeline.generation.vllm_backend.VllmGenerator`): the tokenizer that decodes completions, the ids
+    that end one, how rows are sampled, the longest prompt + completion it takes, and ``stats``, the figures of
+    its last ``generate`` call (the generate task reads them). A completion's text is made here, for every
+    backend alike, so the task's output is the same whichever backend ran.
+    """
+
+    def __init__(self, tokenizer: Any, *, eos_ids: frozenset[int], sampling: SamplingParams, max_seq_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_ids
+        self.sampling = sampling
+        self.max_seq_len = max_seq_len
+        self.stats: dict[str, float] = {}
+
+    def _completion(self, tokens: list[int]) -> tuple[str, bool]:
+        """The text of ``tokens`` (a final end-of-sequence id left out), cut before the first stop string; whether
+        one cut it."""
+        body = tokens[:-1] if tokens and tokens[-1] in self.eos_ids else tokens
+        text = self.tokenizer.decode(body, skip_special_tokens=True)
+        cut = find_stop(text, self.sampling.stop) if self.sampling.stop else None
+        return (text, False) if cut is None else (text[:cut], True)
+
+    def _count(self, name: str, value: float = 1) -> None:
+        self.stats[name] = self.stats.get(name, 0) + value
+
+
+class BatchGenerator(Generator):
     """Generates completions for many prompts with one causal LM, ``slots`` rows at a time.
 
     Memory is bounded by configuration: the KV cache never holds more than
@@ -114,19 +141,15 @@ class BatchGenerator:
             raise ValueError(f"mode must be 'static' or 'continuous', got {mode!r}")
         if slots <= 0:
             raise ValueError(f"slots must be positive, got {slots}")
+        super().__init__(tokenizer, eos_ids=eos_ids(model, tokenizer), sampling=sampling, max_seq_len=max_seq_len)
         self.model = model
-        self.tokenizer = tokenizer
         self.mode = mode
         self.slots = slots
-        self.max_seq_len = max_seq_len
-        self.sampling = sampling
         self.constraint = constraint
         # the rows' model state: SlotBatch (transformers, one KV cache) or llama_cpp_backend.LlamaSlotBatch
         self.batch_class = batch_class
-        self.eos_ids = eos_ids(model, tokenizer)
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else (min(self.eos_ids) if self.eos_ids else 0))
-        self.stats: dict[str, float] = {}
         self._on_finish: Callable[[int, GenerationResult], None] | None = None
 
     def one_at_a_time(self) -> "BatchGenerator":
@@ -223,29 +246,21 @@ class BatchGenerator:
 
     def _finish(self, row: _Row) -> GenerationResult | None:
         """The row's result if it is done (EOS, a stop string, or its token budget), else None."""
+        # with stop strings every step's text is read; without, only a finished row's
+        text, stopped = self._completion(row.tokens) if self.sampling.stop else (None, False)
         reason: FinishReason | None = None
-        body = row.tokens
-        if row.tokens[-1] in self.eos_ids:
-            reason, body = "stop", row.tokens[:-1]
-        text = None
-        if self.sampling.stop:
-            text = self.tokenizer.decode(body, skip_special_tokens=True)
-            cut = find_stop(text, self.sampling.stop)
-            if cut is not None:
-                reason, text = "stop", text[:cut]
-        if reason is None and len(row.tokens) >= row.request.max_new_tokens:
+        if row.tokens[-1] in self.eos_ids or stopped:
+            reason = "stop"
+        elif len(row.tokens) >= row.request.max_new_tokens:
             reason = "length"
         if reason is None:
             return None
         if text is None:
-            text = self.tokenizer.decode(body, skip_special_tokens=True)
+            text, _ = self._completion(row.tokens)
         return GenerationResult(
             completion=text, token_ids=list(row.tokens), prompt_tokens=len(row.request.prompt_ids),
             finish_reason=reason, latency_ms=(time.perf_counter() - row.started) * 1000.0,
         )
-
-    def _count(self, name: str, value: float = 1) -> None:
-        self.stats[name] = self.stats.get(name, 0) + value
 
 
 def check_requests(requests: Sequence[GenerationRequest], max_seq_len: int) -> None:

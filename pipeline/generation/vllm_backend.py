@@ -34,10 +34,9 @@ from typing import Any, Callable, Sequence
 
 from pipeline.generation.config import VllmConfig
 from pipeline.errors import EngineError
-from pipeline.generation.engine import GenerationRequest, GenerationResult, check_requests
+from pipeline.generation.engine import GenerationRequest, GenerationResult, Generator, check_requests
 from pipeline.generation.kv import check_kv_budget, kv_cache_bytes
 from pipeline.generation.sampling import SamplingParams
-from pipeline.generation.stopping import find_stop
 
 __all__ = [
     "EngineError", "VllmGenerator", "engine_kwargs", "load_vllm", "resolve_backend", "shutdown_engine",
@@ -132,7 +131,7 @@ def engine_kwargs(
     return kwargs
 
 
-class VllmGenerator:
+class VllmGenerator(Generator):
     """Generates completions for many prompts with one ``vllm.LLM``; results in input order.
 
     The same surface as :class:`~pipeline.generation.engine.BatchGenerator`
@@ -142,19 +141,15 @@ class VllmGenerator:
     token (vLLM admits rows itself, so queueing time is included).
 
     The completion text is decoded from the token ids and cut at the first
-    stop string exactly as the transformers backend does it (vLLM's own
-    streaming text holds back a trailing partial UTF-8 character).
+    stop string by the transformers backend's code (:class:`~pipeline.generation.engine.Generator`;
+    vLLM's own streaming text holds back a trailing partial UTF-8 character).
     """
 
     def __init__(self, llm: Any, tokenizer: Any, *, sampling: SamplingParams, max_seq_len: int,
                  eos_ids: frozenset[int] = frozenset(), json_schema: dict[str, Any] | None = None) -> None:
+        super().__init__(tokenizer, eos_ids=eos_ids, sampling=sampling, max_seq_len=max_seq_len)
         self.llm = llm
         self.json_schema = json_schema
-        self.tokenizer = tokenizer
-        self.eos_ids = eos_ids
-        self.sampling = sampling
-        self.max_seq_len = max_seq_len
-        self.stats: dict[str, float] = {}
         self._calls = 0  # request ids are unique per call: "<call>-<row>"
         self.failed = False
         client = type(getattr(llm.llm_engine, "engine_core", None)).__name__
@@ -226,9 +221,6 @@ class VllmGenerator:
         self._count("decode_row_steps", sum(r.completion_tokens for r in results.values()))
         return [results[r] for r in ids]
 
-    def _count(self, name: str, value: float = 1) -> None:
-        self.stats[name] = self.stats.get(name, 0) + value
-
     def _structured(self) -> dict[str, Any]:
         """``SamplingParams`` arguments that constrain a row to ``json_schema`` (vLLM's structured outputs)."""
         if self.json_schema is None:
@@ -242,11 +234,9 @@ class VllmGenerator:
         completion = out.outputs[0]
         tokens = list(completion.token_ids)
         reason = _FINISH.get(str(completion.finish_reason))
-        body = tokens[:-1] if tokens and tokens[-1] in self.eos_ids else tokens
-        text = self.tokenizer.decode(body, skip_special_tokens=True)
-        cut = find_stop(text, self.sampling.stop) if self.sampling.stop else None
+        text, _ = self._completion(tokens)
         return GenerationResult(
-            completion=text if cut is None else text[:cut], token_ids=tokens, prompt_tokens=prompt_tokens,
+            completion=text, token_ids=tokens, prompt_tokens=prompt_tokens,
             finish_reason=reason or "error", latency_ms=(time.perf_counter() - started) * 1000.0,
             error=None if reason else f"vLLM finished the row with {completion.finish_reason!r}",
         )

@@ -8,41 +8,57 @@ seconds of each stage, the character error rate's sums) for the summary.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.config import JobConfig
 from pipeline.models.files import files_revision
-from pipeline.run_counts import RunCounts, TaskCounts
+from pipeline.run_counts import RunCounts, TaskCounts, counter
 from pipeline.tasks.job import ModelInfo, TaskJob, executor_model_path
 
-__all__ = ["STAGES", "OcrCounts", "OcrJob", "find_direction_model", "find_ocr_models"]
+__all__ = ["STAGES", "TESSERACT_STAGES", "OcrCounts", "OcrJob", "find_direction_model", "find_ocr_models",
+           "stage_counter"]
 
-# the stages whose seconds each worker counts (``ocr_<stage>_seconds``); tesseract's: input, recognize, results
+# the stages whose seconds each worker counts (a counter each: stage_counter); PP-OCR's, in order
 STAGES = ("detect", "boxes", "crops", "direction", "recognize")
+# the tesseract engine's: the page handed to it, its own work (``recognize``, the same counter), its lines read back
+TESSERACT_STAGES = ("input", "recognize", "results")
+
+
+def stage_counter(stage: str) -> str:
+    """The counter of a stage's worker seconds (the key the workers add them under).
+
+    >>> stage_counter("detect")
+    'ocr_detect_seconds'
+    """
+    return f"ocr_{stage}_seconds"
+
+
+# one seconds counter per stage of either engine, declared from the stages above (a new stage is a new counter)
+_StageSeconds = make_dataclass(
+    "_StageSeconds", [(stage_counter(stage), float, counter(default=0.0))
+                      for stage in dict.fromkeys(STAGES + TESSERACT_STAGES)],
+    bases=(TaskCounts,), frozen=True)
 
 
 @dataclass(frozen=True)
-class OcrCounts(TaskCounts):
+class OcrCounts(_StageSeconds):  # type: ignore[misc,valid-type]
     """What an ``ocr`` run's workers count besides every kind's counters (:class:`~pipeline.run_counts.RunCounts`).
+
+    The seconds of each stage (:data:`STAGES`, :data:`TESSERACT_STAGES`) are the counters ``ocr_<stage>_seconds``
+    (:func:`stage_counter`), read per engine with :attr:`stage_seconds` and :attr:`tesseract_seconds`.
 
     >>> c = RunCounts.from_merged({"images_inferred": 2, "ocr_detect_seconds": 1.5}, task=OcrCounts).task
     >>> c.images_inferred, c.stage_seconds["detect"], sorted(c.stage_seconds) == sorted(STAGES)
     (2, 1.5, True)
+    >>> c.tesseract_seconds
+    {'input': 0.0, 'recognize': 0.0, 'results': 0.0}
     """
 
     images_inferred: int = 0
     ocr_lines: int = 0
     ocr_lines_turned: int = 0
-    ocr_detect_seconds: float = 0.0
-    ocr_boxes_seconds: float = 0.0
-    ocr_crops_seconds: float = 0.0
-    ocr_direction_seconds: float = 0.0
-    ocr_recognize_seconds: float = 0.0
-    # the tesseract engine's: the page handed to it, and its lines read back (its own work is ``recognize``)
-    ocr_input_seconds: float = 0.0
-    ocr_results_seconds: float = 0.0
     # the character error rate against task.reference_column: errors (rate x reference chars) and chars
     cer_errors: float = 0.0
     cer_reference_chars: int = 0
@@ -52,14 +68,15 @@ class OcrCounts(TaskCounts):
     @property
     def stage_seconds(self) -> dict[str, float]:
         """Worker seconds per stage, in :data:`STAGES` order."""
-        return {"detect": self.ocr_detect_seconds, "boxes": self.ocr_boxes_seconds, "crops": self.ocr_crops_seconds,
-                "direction": self.ocr_direction_seconds, "recognize": self.ocr_recognize_seconds}
+        return self._seconds(STAGES)
 
     @property
     def tesseract_seconds(self) -> dict[str, float]:
         """The tesseract engine's worker seconds per stage: the page handed over, its own work, the lines read."""
-        return {"input": self.ocr_input_seconds, "recognize": self.ocr_recognize_seconds,
-                "results": self.ocr_results_seconds}
+        return self._seconds(TESSERACT_STAGES)
+
+    def _seconds(self, stages: tuple[str, ...]) -> dict[str, float]:
+        return {stage: getattr(self, stage_counter(stage)) for stage in stages}
 
 
 def find_ocr_models(folder: Path) -> tuple[Path, Path]:

@@ -17,10 +17,7 @@ import numpy as np
 from pipeline.images.ocr_tesseract import TesseractEngine, find_tessdata, open_tesseract
 from pipeline.metrics import WorkerCounts
 
-__all__ = ["TESSERACT_STAGES", "load_tesseract", "read_tesseract_pages", "tessdata_folder"]
-
-# the stages whose seconds a tesseract worker counts: the page handed over, tesseract's own work, the lines read back
-TESSERACT_STAGES = ("input", "recognize", "results")
+__all__ = ["load_tesseract", "read_tesseract_pages", "tessdata_folder"]
 
 
 def tessdata_folder(config: Any, spec: str) -> Path:

@@ -43,7 +43,7 @@ from pipeline.models.files import PACKAGE_PREFIX, package_folder
 from pipeline.registry import register_task
 from pipeline.tasks._images import ImageTask
 from pipeline.tasks._ocr_config import OcrConfig
-from pipeline.tasks._ocr_job import STAGES, OcrJob, find_direction_model, find_ocr_models
+from pipeline.tasks._ocr_job import STAGES, OcrJob, find_direction_model, find_ocr_models, stage_counter
 
 __all__ = ["LoadedOcr", "OcrConfig", "OcrJob", "OcrTask", "STAGES", "StageTimer", "find_direction_model", "find_ocr_models"]
 
@@ -299,7 +299,7 @@ class OcrTask(ImageTask):
         if counts.on_batch is not None:
             counts.on_batch(counts)
         for stage, seconds in timer.seconds.items():
-            counts.add(f"ocr_{stage}_seconds", seconds)
+            counts.add(stage_counter(stage), seconds)
         out = []
         for im in images:
             page_lines = [next(lines) for _ in range(1 + len(im.more_pages))]
