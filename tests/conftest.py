@@ -106,6 +106,22 @@ def tiny_embed_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def own_process_run(tmp_path_factory: pytest.TempPathFactory, tiny_embed_model: Path) -> tuple[dict, list[str]]:
+    """One small embed job in a process of its own, jar-free (tests/support/event_log_job.py): ``spark.task.cpus=2``
+    on ``local[2]``, Spark's event log on, its lines as JSON. Its ``RESULT`` and the other lines it printed.
+
+    Shared by the ``beside`` tests of what only a fresh SparkContext sets (tests/run/test_logging.py reads its
+    lines and event log, tests/spark/test_threads.py its one task's torch threads): one JVM, one worker and one
+    model load for both, where each had a process of its own."""
+    from tests.support.drivers import run_job_script
+
+    lines: list[str] = []
+    result = run_job_script("event_log_job.py", tmp_path_factory.mktemp("own-process-run"), tiny_embed_model,
+                            timeout_s=900, output=lines, env={"SBI_NO_JARS": "1"})
+    return result, lines
+
+
+@pytest.fixture(scope="session")
 def tiny_classify_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_bert(tmp_path_factory.mktemp("models") / "tiny-classify", kind="classify")
 

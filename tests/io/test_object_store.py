@@ -128,7 +128,9 @@ def test_a_session_the_library_builds_reaches_s3a_with_the_storage_section_alone
     key_id, secret = "AKIDSESSIONBUILT3", "session-built-secret-5e1a"  # moto takes any keys; these are ours alone
     job = {
         "job": "score_test",
-        "source": {"format": "delta", "path": str(tmp_path / "docs"), "id_column": "doc_id", "text_column": "text"},
+        # one task: one worker loads the model (two, side by side on 2 cores, took 11 s); it writes through S3A alike
+        "source": {"format": "delta", "path": str(tmp_path / "docs"), "id_column": "doc_id", "text_column": "text",
+                   "repartition": 1},
         "model": {"path": str(tiny_embed_model), "name": "tiny-bert"},
         "task": {"kind": "embed", "labels": {"pos": "good great", "neg": "bad awful"}},
         "sink": {"path": "s3a://lake/built/scores", "quarantine_path": "s3a://lake/built/scores_quarantine",

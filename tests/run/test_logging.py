@@ -17,7 +17,6 @@ from pipeline.logs import RunLog
 from pipeline.runner import run_job
 
 from tests.support.data import make_documents, write_delta
-from tests.support.drivers import run_job_script
 from tests.support.jobs import job_config
 
 # the driver's stages, as StageClock laps them and as the run's Spark jobs are described
@@ -154,11 +153,10 @@ def test_log_json_on_the_command_line_is_run_log_format_json(tmp_path):
 
 
 @pytest.mark.beside
-def test_every_spark_job_of_a_run_carries_its_job_run_id_and_stage_in_the_event_log(tmp_path, tiny_embed_model):
+def test_every_spark_job_of_a_run_carries_its_job_run_id_and_stage_in_the_event_log(own_process_run):
     """A run in a process of its own (a small job: its warm-up job runs on a thread of its own), its JSON lines
     on stdout, then Spark's event log: every job started carries the run's description and run tag."""
-    lines: list[str] = []
-    result = run_job_script("event_log_job.py", tmp_path, tiny_embed_model, timeout_s=900, output=lines)
+    result, lines = own_process_run  # the run tests/spark/test_threads.py reads too (tests/conftest.py)
     events = _events("\n".join(lines))
     assert {(e["job"], e["run_id"]) for e in events} == {("labelled", "20261129")}
     assert set(_stage_seconds(events)) == set(result["stage_seconds"])

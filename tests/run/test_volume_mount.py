@@ -113,6 +113,8 @@ def test_the_runs_table_is_written_and_read_back_on_the_volume_like_mount(shim: 
     runs = root / "state" / "score_documents" / "runs"
     jobs = [_job(tmp_path, tiny_embed_model, root, writer="delta", ds=ds, run_id=run_id)
             for ds, run_id in (("2026-11-29", "night1"), ("2026-11-30", "night2"))]
+    for job in jobs:  # one task: one worker loads the model (two side by side on 2 cores took 11 s); it stages alike
+        job["source"]["repartition"] = 1
     found = run_on_volume(shim, root, {"what": "jobs", "jobs": jobs, "runs_path": str(runs),
                                        "executors_on_volume": True}, timeout_s=560)
     first, second = found["results"]

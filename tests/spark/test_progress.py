@@ -87,8 +87,11 @@ def _status_store_probe() -> None:
     from pipeline.config import SparkConfig
     from pipeline.spark.session import get_session
 
+    # PySpark's own worker daemon: the library's (pipeline.spark.daemon) imports torch and transformers before it
+    # forks, 6 of this test's seconds, and these chunks need neither
     spark = get_session(SparkConfig(master="local[2]", app_name="status-store-probe",
-                                    conf={"spark.executor.heartbeatInterval": "1s"}))
+                                    conf={"spark.executor.heartbeatInterval": "1s",
+                                          "spark.python.daemon.module": "pyspark.daemon"}))
     source = stage_source(spark)
     seen: list[tuple[int, int]] = []
     stop = threading.Event()

@@ -10,7 +10,6 @@ import pytest
 from pipeline.runner import run_job
 
 from tests.support.data import make_documents, write_delta
-from tests.support.drivers import run_job_script
 from tests.support.jobs import job_config
 
 
@@ -33,11 +32,11 @@ def test_model_torch_threads_overrides_task_cpus(spark, tmp_path, tiny_embed_mod
 
 
 @pytest.mark.beside  # a Spark of its own in a subprocess
-def test_task_cpus_two_runs_one_task_with_two_torch_threads(tmp_path, tiny_embed_model):
+def test_task_cpus_two_runs_one_task_with_two_torch_threads(own_process_run):
     """spark.task.cpus=2 on local[2]: one task at a time, planned as one task, its worker on two torch threads."""
-    result = run_job_script("task_cpus_job.py", tmp_path, tiny_embed_model, timeout_s=900)
+    result, _ = own_process_run  # the run tests/run/test_logging.py reads the event log of (tests/conftest.py)
     assert result["complete"] and result["rows_in"] == result["rows_out"] == 120
     assert result["tasks"] == 1  # planned from the task slots: 2 cores / 2 cpus per task
     assert result["details"]["torch threads"] == "2 (1 tasks)"
-    ids = DeltaTable(str(tmp_path / "scores")).to_pyarrow_table()["doc_id"].to_pylist()
+    ids = DeltaTable(result["scores"]).to_pyarrow_table()["doc_id"].to_pylist()
     assert sorted(ids) == [f"d{i:05d}" for i in range(120)]

@@ -36,13 +36,14 @@ def start_driver(config_file: Path, log: Path, faults: dict | None = None,
                                 start_new_session=True)
 
 
-def run_job_script(script: str, *args: object, timeout_s: float, output: list[str] | None = None) -> dict:
+def run_job_script(script: str, *args: object, timeout_s: float, output: list[str] | None = None,
+                   env: Mapping[str, str] | None = None) -> dict:
     """Run ``tests/support/<script>`` with ``args`` on this interpreter; the JSON of its last ``RESULT`` line.
 
     Fails, with the end of its output, when the script exits non-zero or prints no result. ``output``, when
-    given, receives the other lines the script printed on stdout.
+    given, receives the other lines the script printed on stdout; ``env`` adds variables to its environment.
     """
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYSPARK_PYTHON": sys.executable}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYSPARK_PYTHON": sys.executable, **(env or {})}
     done = subprocess.run([sys.executable, str(REPO / "tests" / "support" / script), *map(str, args)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
