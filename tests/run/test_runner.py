@@ -89,7 +89,7 @@ def test_model_loads_once_per_python_worker(spark, tmp_path, tiny_embed_model):
     # a fresh copy is a fresh cache key, so earlier tests' cached models don't count
     model = tmp_path / "fresh-model"
     shutil.copytree(tiny_embed_model, model)
-    write_delta(tmp_path / "docs", make_documents(400))
+    write_delta(tmp_path / "docs", make_documents(48))  # 4 rows a task: the claim is about tasks, not rows
     config = job_config(tmp_path, model, source={"repartition": 12})
     summary = run_job(config, spark=spark, out=io.StringIO())
     assert summary.complete
