@@ -152,7 +152,10 @@ def archive_options(extra: str = "", *, folder: Path | None = None) -> str:
         if folder.is_dir() and _adopt(final, time.time()) and not final.exists():
             return ""
         if final.exists() and _whole(final):
-            os.utime(final)  # mapped: the most recently used, kept by _prune
+            try:
+                os.utime(final)  # mapped: the most recently used, kept by _prune
+            except OSError:  # another user's archive (a shared cache folder) maps all the same
+                pass
             return f"-XX:SharedArchiveFile={final} {_QUIET}"
         folder.mkdir(parents=True, exist_ok=True)
         _prune(final)
