@@ -28,8 +28,8 @@ DATABRICKS = {"4.0": "Databricks 17.3 LTS"}
 
 
 def _compat() -> tuple[list[str], set[str]]:
-    """The supported Spark lines and those with a Delta connector release, read from pipeline/compat.py."""
-    text = (REPO / "pipeline" / "compat.py").read_text()
+    """The supported Spark lines and those with a Delta connector release, read from pipeline/core/compat.py."""
+    text = (REPO / "pipeline" / "core" / "compat.py").read_text()
     major, first, last_major, last = map(int, re.search(
         r"SUPPORTED_SPARK = \(\((\d+), (\d+)\), \((\d+), (\d+)\)\)", text).groups())
     assert major == last_major, "the supported range spans one major line"

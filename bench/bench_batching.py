@@ -99,7 +99,7 @@ def run_limit(loaded: Any, task: Any, ids: list[list[int]], lengths: np.ndarray,
     """Forward passes only, over all rows, length-sorted, ``THREADS`` torch threads; embeddings in input order."""
     import torch
 
-    from pipeline.batching import collate, pad_multiple, plan_batches
+    from pipeline.core.batching import collate, pad_multiple, plan_batches
 
     torch.set_num_threads(THREADS)
     batches = plan_batches(lengths, batch_size=BATCH, pad_to_multiple_of=pad_multiple("auto", DEVICE),
@@ -311,7 +311,7 @@ def task_model_dir() -> Path:
 
 def planning_table(lengths: np.ndarray, char_lengths: np.ndarray) -> list[tuple[str, float, int]]:
     """Padding efficiency (and batch count) of batching choices over ``lengths``, chunk by chunk."""
-    from pipeline.batching import plan_batches
+    from pipeline.core.batching import plan_batches
 
     def efficiency(chunk: int, *, by: np.ndarray | None = None, sort: bool = True, **plan: Any) -> tuple[float, int]:
         real = padded = count = 0
@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"(b) done: {results['b']}", flush=True)
         results["c"] = run_predict_batch_udf(spark, input_path, min(args.subset_c, args.rows))
         _, c_lengths = token_lengths(loaded.tokenizer, texts[: results["c"]["rows"]])
-        from pipeline.batching import plan_batches
+        from pipeline.core.batching import plan_batches
 
         c_plan = plan_batches(c_lengths, batch_size=BATCH, pad_to_multiple_of=1, sort=False)
         results["c"].update(tokens=int(c_lengths.sum()), padded=sum(b.padded_tokens for b in c_plan))

@@ -64,7 +64,7 @@ def _task(backend: str, width: int, url: str | None, key: str | None):
 def _run(task, loaded, texts: list[str]) -> dict[str, float]:
     import pyarrow as pa
 
-    from pipeline.metrics import WorkerCounts
+    from pipeline.core.metrics import WorkerCounts
 
     chunk = pa.RecordBatch.from_pydict({"text": texts})
     counts = WorkerCounts()

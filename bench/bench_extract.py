@@ -43,7 +43,7 @@ def main() -> None:
     import torch
 
     from pipeline.config import load_config
-    from pipeline.metrics import WorkerCounts
+    from pipeline.core.metrics import WorkerCounts
     from pipeline.tasks import build_task
 
     parser = argparse.ArgumentParser()

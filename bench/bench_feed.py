@@ -164,7 +164,7 @@ def _consume(task: Any, loaded: Any, chunks: list, cpus: int, start: Any) -> Non
     """One Spark task's worker: its chunks through ``process_stream``, each result serialised as Arrow IPC."""
     import pyarrow as pa
 
-    from pipeline.metrics import WorkerCounts
+    from pipeline.core.metrics import WorkerCounts
 
     if start is not None:
         start.wait()

@@ -94,7 +94,7 @@ def pipeline_run(folder: Path, cores: int, warehouse: Path, batch_size: int) -> 
 def ocr_padding(batch_size: int, time_rec: bool) -> dict[str, Any]:
     from deltalake import DeltaTable
 
-    from pipeline.batching import padding_efficiency
+    from pipeline.core.batching import padding_efficiency
     from pipeline.config import BatchingConfig, ModelConfig
     from pipeline.images.decode import decode_image
     from pipeline.images.ocr_lines import crop_line, plan_line_batches

@@ -121,7 +121,7 @@ def _raw_worker(rank: int, threads: int, precision: str, ids: list[list[int]], b
     """One raw process: load the model, warm up, wait for the others, time its share of the batches."""
     import torch
 
-    from pipeline.batching import collate
+    from pipeline.core.batching import collate
     from pipeline.models.loading import resolve_model_path
 
     import transformers
@@ -142,7 +142,7 @@ def _raw_worker(rank: int, threads: int, precision: str, ids: list[list[int]], b
 
 def run_raw(ids: list[list[int]], lengths: np.ndarray, *, processes: int, threads: int, precision: str) -> dict:
     """``processes`` x ``threads`` raw forward passes over globally length-sorted batches of all rows."""
-    from pipeline.batching import plan_batches
+    from pipeline.core.batching import plan_batches
 
     batches = plan_batches(lengths, batch_size=BATCH, pad_to_multiple_of=1, max_length=MAX_LENGTH, sort=True)
     ctx = mp.get_context("spawn")
@@ -152,7 +152,7 @@ def run_raw(ids: list[list[int]], lengths: np.ndarray, *, processes: int, thread
         share = batches[rank::processes]  # round-robin over the sorted batches: equal work per process
         sub_ids = sorted({int(i) for b in share for i in b.indices})
         remap = {old: new for new, old in enumerate(sub_ids)}
-        from pipeline.batching import Batch
+        from pipeline.core.batching import Batch
 
         local = [Batch(np.array([remap[int(i)] for i in b.indices]), b.length) for b in share]
         procs.append(ctx.Process(target=_raw_worker, args=(rank, threads, precision, [ids[i] for i in sub_ids],
@@ -474,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     ids, _ = tokenize(tokenizer, texts, max_length=MAX_LENGTH)
     tokenise_seconds = time.perf_counter() - t0  # one thread, all rows: what the workers do between them
     lengths = token_lengths(ids)
-    from pipeline.batching import plan_batches
+    from pipeline.core.batching import plan_batches
 
     global_padded = sum(b.padded_tokens for b in plan_batches(lengths, batch_size=BATCH, pad_to_multiple_of=1,
                                                               max_length=MAX_LENGTH, sort=True))

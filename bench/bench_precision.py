@@ -156,7 +156,7 @@ def generation_runs(args: argparse.Namespace) -> dict[str, Any]:
         for repeat in range(args.repeats):
             for precision in (("fp32", "int4") if repeat % 2 == 0 else ("int4", "fp32")):
                 task, state = loaded[precision]
-                from pipeline.metrics import WorkerCounts
+                from pipeline.core.metrics import WorkerCounts
 
                 counts = WorkerCounts()
                 started = time.perf_counter()

@@ -94,7 +94,7 @@ def _task_point(chunk_path: str, model_root: str, batch_size: int) -> dict[str, 
     import torch
 
     from pipeline.config import ModelConfig
-    from pipeline.metrics import WorkerCounts
+    from pipeline.core.metrics import WorkerCounts
     from pipeline.tasks.recommend import RecommendTask, RecommendTaskConfig
 
     torch.set_num_threads(1)

@@ -55,7 +55,7 @@ from pydantic import Field
 
 from pipeline.config import TaskConfig
 from pipeline.registry import ModelInfo, register_task
-from pipeline.rows import STATUS_FIELDS
+from pipeline.core.rows import STATUS_FIELDS
 from pipeline.tasks.job import TaskJob
 
 REPO = Path(__file__).resolve().parents[1]

@@ -63,7 +63,7 @@ def contenders(spark: Any, model: str = MODEL, names: tuple[str, ...] = CONTENDE
     import handwritten_job  # from bench/: workers import it by name and keep its model cache
 
     from pipeline import score
-    from pipeline.compat import COLUMN_FUNCTION_ENV
+    from pipeline.core.compat import COLUMN_FUNCTION_ENV
 
     def ours(df: Any, *, path: str | None = None) -> Any:
         if path:

@@ -93,7 +93,7 @@ def counting_reads() -> Iterator[Reads]:
 
 def spark_jobs(spark: Any, *, job: str, run_id: str, stages: list[str]) -> dict[str, int]:
     """Spark jobs run ``run_id`` of ``job`` started, by stage (a classic session; {} on Spark Connect)."""
-    from pipeline.sessions import is_connect
+    from pipeline.core.sessions import is_connect
     from pipeline.spark.job_labels import describe_tag, run_tag
 
     if is_connect(spark):

@@ -21,15 +21,15 @@ from __future__ import annotations
 # when it exported eight names
 from pipeline import tasks  # noqa: F401 - the built-in task kinds register themselves before any config is validated
 from pipeline import cli, errors, notebook
-from pipeline.compat import library_version
+from pipeline.core.compat import library_version
 from pipeline.config import ConfigError, JobConfig, TaskConfig, load_config
 from pipeline.dataframe import register_function, score
 from pipeline.errors import PipelineError
-from pipeline.logs import JsonFormatter
+from pipeline.core.logs import JsonFormatter
 from pipeline.registry import register_task
-from pipeline.rows import STATUS_FIELDS
-from pipeline.runs import read_runs
-from pipeline.run_summary import RunSummary
+from pipeline.core.rows import STATUS_FIELDS
+from pipeline.records.runs import read_runs
+from pipeline.core.run_summary import RunSummary
 from pipeline.runner import JobError, run_job
 from pipeline.tasks.job import TaskJob
 

@@ -53,7 +53,7 @@ class _Version(argparse.Action):
 
 def version_line() -> str:
     """``spark-batch-inference 0.2.0 (pyspark 4.2.0, Python 3.11.7)``."""
-    from pipeline.compat import runtime_versions
+    from pipeline.core.compat import runtime_versions
 
     versions = runtime_versions()
     shown = ", ".join(f"{name} {versions[key]}" for key, name in
@@ -67,7 +67,7 @@ def check_environment(config) -> list[str]:
 
     Raises the job's own error (the one ``run`` would give before any work) when one is missing.
     """
-    from pipeline.compat import SUPPORTED_TEXT, check_spark
+    from pipeline.core.compat import SUPPORTED_TEXT, check_spark
     from pipeline.registry import get_task_kind
 
     found = check_spark()
@@ -109,7 +109,7 @@ def vacuum_command(args: argparse.Namespace) -> int:
     """``pipeline vacuum``: sweep leftovers (see ``pipeline.io.delta.sweep``) and say what went."""
     from pipeline.errors import SinkError
     from pipeline.io.delta.sweep import sweep_leftovers
-    from pipeline.locations import is_local, local_path
+    from pipeline.core.locations import is_local, local_path
 
     if not is_local(args.table):
         raise SinkError(f"vacuum works on local or mounted table folders, not {args.table!r}")
@@ -280,7 +280,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m pipeline")
             return 3  # the output moved: a quality alert (as `pipeline report --fail-on-deviation`), nothing published
         return 143 if isinstance(exc, RunStopped) else 2  # 128 + SIGTERM, as a shell reports a stopped job
     except Exception as exc:  # a failure Spark reports (e.g. a worker's exception): one line, not pages of Java
-        from pipeline.error_text import is_spark_error
+        from pipeline.core.error_text import is_spark_error
 
         if not is_spark_error(exc):
             raise  # our bug: the full traceback is the useful report
@@ -294,7 +294,7 @@ def _print_error(exc: BaseException, *, verbose: bool, secrets: Sequence[str] = 
     from pipeline.config.redaction import scrub
 
     from pipeline.errors import PipelineError
-    from pipeline.error_text import error_line, is_spark_error
+    from pipeline.core.error_text import error_line, is_spark_error
 
     if verbose:
         import traceback

@@ -89,14 +89,14 @@ def config_reference() -> str:
 
 
 def fingerprint_reference() -> str:
-    """The markdown of what is in the task fingerprint (:mod:`pipeline.fingerprint`), per built-in kind.
+    """The markdown of what is in the task fingerprint (:mod:`pipeline.config.fingerprint`), per built-in kind.
 
     Kinds registered from outside ``pipeline`` (tests, plugins) are left out, like kinds that refuse
     ``run.incremental``.
     """
     from pipeline.config import BatchingConfig, ModelConfig
-    from pipeline.fingerprint import (MODEL_KEYS, MODEL_KEYS_WHEN, fingerprint_batching_keys,
-                                      fingerprint_task_keys)
+    from pipeline.config.fingerprint import (MODEL_KEYS, MODEL_KEYS_WHEN, fingerprint_batching_keys,
+                                             fingerprint_task_keys)
     from pipeline.registry import task_kinds
 
     def keys(names: list[str]) -> str:

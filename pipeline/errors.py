@@ -147,7 +147,7 @@ class DemoDataError(PipelineError, RuntimeError):
 
 
 class InjectedFaultError(PipelineError, RuntimeError):
-    """Raised where a configured fault drill fires (``pipeline.faults``)."""
+    """Raised where a configured fault drill fires (``pipeline.core.faults``)."""
 
 
 class SimulatedOutOfMemoryError(InjectedFaultError):

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import ConfigError, JobConfig, parse_overrides
-from pipeline.locations import uri_scheme
+from pipeline.core.locations import uri_scheme
 
 __all__ = ["NotebookArgs", "check_inputs", "declare_widgets", "find_config_file", "preview_scores", "read_widgets",
            "run_notebook"]
@@ -172,7 +172,7 @@ def check_inputs(config: JobConfig) -> None:
     Databricks workspace does not have."""
     import importlib.util
 
-    from pipeline.locations import is_local, local_path
+    from pipeline.core.locations import is_local, local_path
 
     missing = {key: value for key, value in config.locations(reads=True).items()
                if is_local(value) and not os.path.exists(local_path(value))}

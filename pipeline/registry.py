@@ -33,8 +33,8 @@ from typing import Any
 
 from pipeline.config import JobConfig, TaskConfig
 from pipeline.config.kinds import add_task_config, remove_task_config
-from pipeline.fingerprint import check_declarations
-from pipeline.rows import MODEL_LINEAGE_COLUMNS
+from pipeline.config.fingerprint import check_declarations
+from pipeline.core.rows import MODEL_LINEAGE_COLUMNS
 
 __all__ = ["ModelInfo", "TaskKind", "get_task_kind", "kind_and_task", "register_task", "set_default_job",
            "task_kinds"]
@@ -54,8 +54,8 @@ class ModelInfo:
     revision: str
 
     def lineage(self, fingerprint: str) -> dict[str, str]:
-        """The lineage columns (:data:`pipeline.rows.MODEL_LINEAGE_COLUMNS`) of a row this model scored with
-        the task ``fingerprint`` (:func:`pipeline.fingerprint.task_fingerprint`).
+        """The lineage columns (:data:`pipeline.core.rows.MODEL_LINEAGE_COLUMNS`) of a row this model scored with
+        the task ``fingerprint`` (:func:`pipeline.config.fingerprint.task_fingerprint`).
 
         >>> ModelInfo("/m", "minilm", "abc").lineage("f00")
         {'model_name': 'minilm', 'model_revision': 'abc', 'task_fingerprint': 'f00'}

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any, TextIO
 from pipeline.config import JobConfig
 from pipeline.errors import JobError
 from pipeline.io.stores import using_settings
-from pipeline.logs import RunLog
-from pipeline.metrics import StageClock
+from pipeline.core.logs import RunLog
+from pipeline.core.metrics import StageClock
 from pipeline.stages.outcomes import AlreadyCommitted, Checkpoint
-from pipeline.run_summary import RunSummary
+from pipeline.core.run_summary import RunSummary
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -35,15 +35,15 @@ def run_job(config: JobConfig, *, spark: "SparkSession | None" = None, out: Text
     keys must match the input's and the failed rows stay within the error budget
     (``pipeline.spark.checks``); the quarantine commits first, then the output, and
     both are read back at the versions committed and checked again by key.
-    Every run, failed or not, leaves a row in the runs table (``pipeline.runs``).
+    Every run, failed or not, leaves a row in the runs table (``pipeline.records.runs``).
 
-    Its lines and events are records of the ``pipeline`` loggers (:mod:`pipeline.logs`): written to ``out``
+    Its lines and events are records of the ``pipeline`` loggers (:mod:`pipeline.core.logs`): written to ``out``
     when given; else to stdout when nothing handles those loggers, or to the application's handlers when
     something does. ``run.log_format: json`` writes them as JSON lines, one event per driver stage among
     them. Every Spark job it starts is described ``[job] run <id>: <stage>`` (:mod:`pipeline.spark.job_labels`).
     """
     # every run on the record (runs table, report, MLflow); recording never fails the run
-    from pipeline.recorder import RunRecorder
+    from pipeline.records.recorder import RunRecorder
     from pipeline.spark.job_labels import JobLabels
 
     # the run id and ds resolved once, here: the record, the identity and every stage read these (a stream's
@@ -135,7 +135,7 @@ def _run_job(config: JobConfig, *, spark: "SparkSession | None", log: RunLog, re
 def _failure_line(exc: BaseException, config: JobConfig) -> str:
     """The one line a failed run's event carries: what the CLI would print, the config's secrets scrubbed."""
     from pipeline.config.redaction import scrub
-    from pipeline.error_text import error_line, is_spark_error
+    from pipeline.core.error_text import error_line, is_spark_error
 
     text = error_line(exc) if is_spark_error(exc) else ((str(exc).strip().splitlines() or [""])[0]
                                                          or type(exc).__name__)

@@ -129,7 +129,7 @@ def tiny_classify_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def drill():
     """``drill(settings)`` activates fault injection in this process (as a Spark task does); cleared after."""
-    from pipeline import faults
+    from pipeline.core import faults
 
     yield faults.activate
     faults.activate(None)

@@ -13,7 +13,7 @@ from pydantic import Field, SecretStr, field_serializer, model_validator
 
 from pipeline.config.base import READS, WRITES, ConfigSection
 from pipeline.config.redaction import REDACTED
-from pipeline.locations import Location
+from pipeline.core.locations import Location
 
 __all__ = ["SinkConfig", "SourceConfig", "StorageConfig", "StreamConfig"]
 
@@ -67,7 +67,7 @@ class SourceConfig(ConfigSection):
 
     @property
     def location(self) -> Location | None:
-        """``path`` parsed (:class:`~pipeline.locations.Location`): what the run passes on; None without one."""
+        """``path`` parsed (:class:`~pipeline.core.locations.Location`): what the run passes on; None without one."""
         return Location.of(self.path) if self.path else None
     id_column: str = Field("id", description="the row id column (checked before any work); `binary_file`: `path`")
     text_column: str = Field("text", description="text tasks: the column scored (checked before any work)")
@@ -134,7 +134,7 @@ class SinkConfig(ConfigSection):
 
     @property
     def location(self) -> Location | None:
-        """``path`` parsed (:class:`~pipeline.locations.Location`): what the run passes on; None without one."""
+        """``path`` parsed (:class:`~pipeline.core.locations.Location`): what the run passes on; None without one."""
         return Location.of(self.path) if self.path else None
 
     @property

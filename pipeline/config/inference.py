@@ -97,7 +97,7 @@ class ModelConfig(ConfigSection):
 
 
 class BatchingConfig(ConfigSection):
-    """How each Arrow chunk is cut into padded batches (see ``pipeline.batching.plan_batches``)."""
+    """How each Arrow chunk is cut into padded batches (see ``pipeline.core.batching.plan_batches``)."""
 
     batch_size: int = Field(64, gt=0, description="rows per padded batch (the most, when token_budget is set)")
     token_budget: int | None = Field(

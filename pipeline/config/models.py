@@ -21,7 +21,7 @@ from pipeline.config.data import SinkConfig, SourceConfig, StorageConfig
 from pipeline.config.inference import BatchingConfig, ModelConfig
 from pipeline.config.kinds import known_kinds, task_config_class
 from pipeline.config.redaction import redact_config
-from pipeline.locations import Location
+from pipeline.core.locations import Location
 
 __all__ = ["DELTA_CONNECTOR_CONF", "JobConfig", "MlflowConfig", "QualityConfig", "RunConfig", "SparkConfig", "TaskConfig"]
 
@@ -54,7 +54,7 @@ class SparkConfig(ConfigSection):
     small_job_rows: int = Field(
         10_000, ge=0, description="a job of at most this many source rows (`source.limit`, else the Delta log's "
         "counts) with local paths only, `sink.writer` auto or deltalake and no session of its own runs light on a "
-        "local master: no Delta jars, a quick-start JVM, the commit written from the driver (pipeline.small_jobs); "
+        "local master: no Delta jars, a quick-start JVM, the commit written from the driver (pipeline.stages.small_jobs); "
         "0: never")
     class_archive: bool = Field(
         True, description="a session started here maps its JVM's classes from an archive (Java's class-data "
@@ -76,7 +76,7 @@ class TaskConfig(ConfigSection):
 
     kind: str = Field(description="the task kind; see the registered kinds below")
 
-    # The task fingerprint (pipeline.fingerprint) that incremental runs compare: this config's fields
+    # The task fingerprint (pipeline.config.fingerprint) that incremental runs compare: this config's fields
     # (dotted paths) that provably never change a row's output, and the ``batching`` keys that do
     # (None: every batching key, the safe default for a kind that does not say).
     fingerprint_ignore: ClassVar[frozenset[str]] = frozenset()
@@ -93,7 +93,7 @@ class TaskConfig(ConfigSection):
 
 
 class MlflowConfig(ConfigSection):
-    """Where a run logs its params, metrics and report (see ``pipeline.tracking``)."""
+    """Where a run logs its params, metrics and report (see ``pipeline.records.tracking``)."""
 
     tracking_uri: str = Field(..., description="MLflow tracking URI, e.g. sqlite:///mlflow.db, file:/path, databricks")
     experiment: str | None = Field(None, description="experiment name; none: the job name")
@@ -104,7 +104,7 @@ class QualityConfig(ConfigSection):
     """Each run's output profiled on the executors and compared with the job's recent runs before its commit."""
 
     enabled: bool = Field(True, description="profile the output while it is scored and compare it with the job's "
-                          "recent runs before the commit (`pipeline.sketches`, `pipeline.drift`)")
+                          "recent runs before the commit (`pipeline.core.sketches`, `pipeline.core.drift`)")
     on_drift: Literal["warn", "refuse"] = Field(
         "warn", description="a measure that moved: `warn` publishes and flags it (summary, runs table, report, "
         "MLflow); `refuse` commits nothing and keeps the scored rows staged: `--accept-drift` publishes them "
@@ -162,9 +162,9 @@ class RunConfig(ConfigSection):
         None, ge=0, description="error budget: more than this many failed rows fails the run before anything is "
                                 "committed; none: no count limit")
     faults: dict[str, Any] = Field(
-        default_factory=dict, description="fault injection for drills and tests (see `pipeline/faults.py`)")
+        default_factory=dict, description="fault injection for drills and tests (see `pipeline/core/faults.py`)")
     runs_path: str | None = Field(
-        None, description="Delta table with one row per run (see `pipeline/runs.py`); none: "
+        None, description="Delta table with one row per run (see `pipeline/records/runs.py`); none: "
         "`<run.state_path>/<job>/runs`, else `<sink.path>_runs`", json_schema_extra=WRITES)
     report_path: str | None = Field(
         None, description="write this run's HTML report there at the end: a local path or an `s3://`/`s3a://` "

@@ -55,7 +55,7 @@ class EndpointConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
-    # the settings a retry or resume of the same run may change (pipeline.fingerprint, the run key)
+    # the settings a retry or resume of the same run may change (pipeline.config.fingerprint, the run key)
     PER_TRY: ClassVar[tuple[str, ...]] = (
         "base_url", "api_key", "concurrency", "requests_per_minute", "tokens_per_minute", "timeout_s",
         "connect_timeout_s", "max_attempts", "backoff_s", "max_backoff_s", "max_retry_after_s",

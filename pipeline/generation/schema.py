@@ -81,7 +81,7 @@ def check_schema(schema: Mapping[str, Any]) -> None:
     ...     print(str(exc)[:70])
     task.output_schema.properties.x: keyword 'pattern' is not supported (s
     """
-    from pipeline.extras import require
+    from pipeline.core.extras import require
 
     require(("extract",), for_what="task.kind extract (its output_schema is checked with jsonschema)")
     from jsonschema import Draft202012Validator

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import PipelineError
-from pipeline.rows import Status
+from pipeline.core.rows import Status
 
 __all__ = [
     "DEFAULT_MAX_PIXELS", "DecodedImage", "ImageRejected", "decode_image", "decode_pages", "read_image_bytes", "resize_center_crop",

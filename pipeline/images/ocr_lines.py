@@ -8,7 +8,7 @@ text-direction classifier (0 or 180 degrees).
 
 :func:`plan_line_batches` / :func:`collate_lines`: line crops resized to a
 fixed height (48 px) keep their own width; recognition batches are planned
-like token batches (:func:`pipeline.batching.plan_batches`, widths in place
+like token batches (:func:`pipeline.core.batching.plan_batches`, widths in place
 of token counts): **sorted by width and cut into fixed-size batches**, each
 padded only to its widest crop. On real manual pages (docs/benchmarks_images.md)
 this keeps padding efficiency above 0.9, against about 0.5 in arrival order.
@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from pipeline.batching import Batch, plan_batches
+from pipeline.core.batching import Batch, plan_batches
 from pipeline.images.ocr_layout import LineBox, Point
 
 __all__ = ["DIRECTION_WIDTH", "LINE_HEIGHT", "collate_lines", "crop_line", "direction_input", "noise_level",

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pipeline.errors import SinkError
 from pipeline.io.stores import table_store
-from pipeline.locations import Location
+from pipeline.core.locations import Location
 
 __all__ = ["check_output", "read_output", "write_output"]
 

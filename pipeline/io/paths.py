@@ -1,6 +1,6 @@
 """What the fallback readers and writers refuse, and how to put the Delta connector on a session.
 
-Which locations are local is :mod:`pipeline.locations`. The deltalake-backed fallbacks (the
+Which locations are local is :mod:`pipeline.core.locations`. The deltalake-backed fallbacks (the
 ``sbi_delta`` writer, the Delta snapshot reader) run Python file I/O on the driver and executors,
 so they take local (or mounted) paths, and S3 through delta-rs and pyarrow (``pipeline.io.stores``);
 for anything else they refuse before any work and name the Delta connector. Pure functions (no
@@ -9,8 +9,8 @@ pyspark import); the check that asks the session is :func:`pipeline.io.preflight
 
 from __future__ import annotations
 
-from pipeline.locations import uri_scheme
-from pipeline.sessions import delta_package
+from pipeline.core.locations import uri_scheme
+from pipeline.core.sessions import delta_package
 
 __all__ = ["DELTA_CONNECTOR_CONFS", "connector_hint", "remote_refusal"]
 
@@ -24,7 +24,7 @@ def connector_hint() -> str:
     """How to put the Delta connector on a session, for error messages."""
     package = delta_package()
     if package is None:
-        from pipeline.compat import DELTA_CONNECTOR_LINES, DELTA_VERSION, installed_pyspark
+        from pipeline.core.compat import DELTA_CONNECTOR_LINES, DELTA_VERSION, installed_pyspark
 
         lines = ", ".join(f"{a}.{b}" for a, b in sorted(DELTA_CONNECTOR_LINES))
         return (f"no Delta connector release is built for Spark {installed_pyspark()} yet (Delta {DELTA_VERSION}: "

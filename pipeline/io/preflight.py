@@ -26,7 +26,7 @@ def check_locations(spark: Any, *, source: "SourceConfig", sink: "SinkConfig",
     check_source(source, connector=connector)
     check_sink(sink, connector=connector)
     if not connector:  # the jar-free writer is a Python data source (pyspark.sql.datasource, Spark 4.0)
-        from pipeline.compat import check_spark_feature
+        from pipeline.core.compat import check_spark_feature
 
         check_spark_feature("the jar-free deltalake writer (sink.writer deltalake, or auto without the Delta "
                             "connector) is a Python data source, which", (4, 0), spark.version,

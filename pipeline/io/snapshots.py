@@ -1,5 +1,5 @@
 """The identity of what a run read: a source snapshot, cheap to know on the driver, that the run key
-(:func:`pipeline.identity.run_key`) rests on, and what changed when a Delta source was rebuilt.
+(:func:`pipeline.config.identity.run_key`) rests on, and what changed when a Delta source was rebuilt.
 
 A table dropped and rebuilt starts at version 0 again under a new table id: a new input, never
 mistaken for the old one.

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from pipeline.config import DELTA_CONNECTOR_CONF, SourceConfig
 from pipeline.errors import SourceError
-from pipeline.rows import MALFORMED_COLUMN
+from pipeline.core.rows import MALFORMED_COLUMN
 from pipeline.io.file_readers import CORRUPT_RECORD_COLUMN, read_binary_files, read_json, read_text
 from pipeline.io.paths import remote_refusal
 from pipeline.io.stores import Where, is_table, open_table
-from pipeline.locations import Location
+from pipeline.core.locations import Location
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

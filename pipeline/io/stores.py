@@ -45,7 +45,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Iterator, Mapping, Union
 
 from pipeline.errors import PipelineError
-from pipeline.locations import OBJECT_STORE_SCHEMES, Location
+from pipeline.core.locations import OBJECT_STORE_SCHEMES, Location
 
 __all__ = ["OBJECT_STORE_SCHEMES", "StoreError", "TableStore", "configured", "delta_uri", "is_object_store",
            "is_table", "located", "open_table", "reachable", "storage_options", "table_store",

@@ -27,7 +27,7 @@ from pipeline.io.file_readers import CORRUPT_RECORD_COLUMN
 from pipeline.io.delta.state import unreadable_features
 from pipeline.io.sources import has_delta_connector
 from pipeline.io.stores import table_store
-from pipeline.locations import Location, resolve_location
+from pipeline.core.locations import Location, resolve_location
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -80,7 +80,7 @@ def open_stream(spark: "SparkSession", source: SourceConfig) -> OpenStream:
     except SourceError:
         raise
     except Exception as exc:  # noqa: BLE001 - Spark raises many kinds; name the source in all of them
-        from pipeline.error_text import error_line
+        from pipeline.core.error_text import error_line
 
         raise SourceError(f"could not read source {source.path!r} as a stream (format {source.format}): "
                           f"{error_line(exc)}") from exc
@@ -134,7 +134,7 @@ def _delta_stream(spark: "SparkSession", source: SourceConfig) -> "tuple[DataFra
 
     from pipeline.arrow_types import from_arrow_schema
     from pipeline.io.delta.stream_source import DeltaStreamDataSource, STREAM_FORMAT, stream_options
-    from pipeline.sessions import register_data_source
+    from pipeline.core.sessions import register_data_source
 
     path = str(source.path)
     loc = Location.of(path)
@@ -166,7 +166,7 @@ def _own_limits(spark: "SparkSession", stream: Any, version: int) -> tuple[bool,
     """``(own limits, resume offset, until)`` of the jar-free reader: below Spark 4.2 with a read limit it applies
     the limit itself from the checkpoint's last offset, and an available-now run with something left to read runs
     to the table's version now (``until``; see :class:`OpenStream`)."""
-    from pipeline.compat import STREAM_READ_LIMITS_SINCE, session_spark, spark_line
+    from pipeline.core.compat import STREAM_READ_LIMITS_SINCE, session_spark, spark_line
 
     limited = stream.max_files_per_trigger or stream.max_bytes_per_trigger
     if not limited or spark_line(session_spark(spark)) >= STREAM_READ_LIMITS_SINCE:
@@ -215,7 +215,7 @@ def checkpoint_offset(spark: "SparkSession", checkpoint: str) -> dict | None:
 def stream_failure(exc: BaseException, source: SourceConfig) -> SourceError | None:
     """The :class:`SourceError` a failed query's error stands for, when the source changed under the stream
     (its schema, or rows removed from a Delta source); None for any other failure."""
-    from pipeline.error_text import python_error_line
+    from pipeline.core.error_text import python_error_line
 
     text = str(exc)
     line = python_error_line(text)

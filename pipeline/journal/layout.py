@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pipeline.locations import Location
+    from pipeline.core.locations import Location
 
 __all__ = ["MARKER_SUFFIX", "OWNER_FILE", "PLAN_FILE", "STAGING_SUFFIX", "read_json", "rename_refused", "staging_root",
            "write_atomic"]
@@ -49,7 +49,7 @@ def staging_root(sink_path: "str | Location | None", override: str | None = None
     >>> staging_root("/lake/scores"), staging_root("s3a://b/scores"), staging_root(None, "/mnt/stage")
     ('/lake/scores_staging', None, '/mnt/stage')
     """
-    from pipeline.locations import Location
+    from pipeline.core.locations import Location
 
     sink = str(sink_path) if sink_path else None
     location = override or (f"{sink.rstrip('/')}{STAGING_SUFFIX}" if sink else None)

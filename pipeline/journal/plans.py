@@ -1,6 +1,6 @@
 """A plan folder: one plan of one run, its tasks staged so far, and why an earlier try's is not reused.
 
-The folder is named by the **plan key** (:func:`pipeline.identity.plan_key`): the run key
+The folder is named by the **plan key** (:func:`pipeline.config.identity.plan_key`): the run key
 (the Delta transaction id of the logical run, which covers the config minus per-try
 settings, the model revision, the run date and the source snapshot), the task
 fingerprint, the number of rows and of tasks. Another run (another key, source
@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from pipeline.identity import plan_key
+from pipeline.config.identity import plan_key
 from pipeline.journal.layout import MARKER_SUFFIX, OWNER_FILE, PLAN_FILE, read_json, write_atomic
 
 __all__ = ["StagePlan", "explain_unused", "open_plan", "owned_plan", "plan_folders", "staged_tasks"]

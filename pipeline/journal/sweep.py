@@ -24,7 +24,7 @@ from typing import Iterable
 from pipeline.errors import SinkError
 from pipeline.journal.layout import OWNER_FILE, PLAN_FILE
 from pipeline.journal.plans import owned_plan, plan_folders
-from pipeline.locations import has_delta_log
+from pipeline.core.locations import has_delta_log
 
 __all__ = ["RootCheck", "StagingLayoutError", "StagingSweep", "check_root", "remove_run", "sweep_staging"]
 

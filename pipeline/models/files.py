@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from pipeline.errors import ModelError
-from pipeline.host import user_cache_folder
+from pipeline.core.host import user_cache_folder
 
 __all__ = ["PACKAGE_PREFIX", "cached_by_files", "file_lock", "files_revision", "files_signature", "model_cache_folder",
            "package_folder", "user_cache_folder", "write_whole"]

@@ -26,7 +26,7 @@ import pandas as pd
 import pyarrow as pa
 
 from pipeline.errors import DataFetchError
-from pipeline.locations import has_delta_log
+from pipeline.core.locations import has_delta_log
 
 __all__ = [
     "DataFetchError",

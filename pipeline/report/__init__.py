@@ -1,7 +1,7 @@
 """One self-contained HTML report of a run, or of the last N runs, from the runs table.
 
 ``pipeline report <output table | runs table | run id> [--history N] [--out FILE]``
-reads the runs table (:mod:`pipeline.runs`) with ``deltalake`` (no Spark) and
+reads the runs table (:mod:`pipeline.records.runs`) with ``deltalake`` (no Spark) and
 writes a single HTML file with its plots embedded as PNG data URIs, so it can
 be mailed, attached to an MLflow run or opened from object storage:
 

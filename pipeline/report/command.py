@@ -12,7 +12,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from pipeline.errors import ReportError
 from pipeline.io.outputs import write_output
 from pipeline.io.stores import is_table, open_table, reachable, unreachable_reason
-from pipeline.locations import uri_scheme
+from pipeline.core.locations import uri_scheme
 from pipeline.report.deviations import Thresholds, find_deviations
 from pipeline.report.page import render_report
 
@@ -26,7 +26,7 @@ def resolve_runs(target: str, *, runs_path: str | None = None) -> tuple[str, lis
     or a run id (then ``runs_path`` names the runs table). Tables may be local or on S3 (``s3://``,
     ``s3a://``, settings from the environment: :mod:`pipeline.io.stores`).
     """
-    from pipeline.runs import read_runs
+    from pipeline.records.runs import read_runs
 
     if runs_path:
         path, run_id = runs_path, None if _is_table(target) else target

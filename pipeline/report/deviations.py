@@ -1,6 +1,6 @@
 """When a night deviates from the runs before it: rows in, throughput and flagged rows against their median.
 
-Pure: the runs are the runs table's rows (:mod:`pipeline.runs`) as dicts,
+Pure: the runs are the runs table's rows (:mod:`pipeline.records.runs`) as dicts,
 oldest first; the report flags each deviating night in its history table and
 plots (:mod:`pipeline.report.page`, :mod:`pipeline.report.plots`).
 """
@@ -31,7 +31,7 @@ def find_deviations(runs: Sequence[Mapping[str, Any]], thresholds: Thresholds = 
     Rows in dropped by more than ``rows_drop``, docs/s by more than
     ``throughput_drop``, or the flagged share of rows rose by more than
     ``flagged_rise``; a failed run is always flagged, and so is a run whose output the drift gate
-    found moved (refused, or published with a warning or ``--accept-drift``: :mod:`pipeline.drift`).
+    found moved (refused, or published with a warning or ``--accept-drift``: :mod:`pipeline.core.drift`).
 
     >>> runs = [{"run_id": str(i), "outcome": "ok", "rows_in": 100, "docs_per_s": 10.0, "rows_flagged": 1}
     ...         for i in range(3)]
@@ -76,7 +76,7 @@ def drift_reasons(run: Mapping[str, Any]) -> list[str]:
     >>> drift_reasons({"drift": json.dumps(drift)})
     ['drift (refused): status PSI 1.8 > 0.25: skipped_empty 0.0% -> 33.3%']
     """
-    from pipeline.drift import Verdict
+    from pipeline.core.drift import Verdict
 
     try:
         verdict = Verdict.from_dict(json.loads(run.get("drift") or "{}"))

@@ -128,7 +128,7 @@ def render_report(run: Mapping[str, Any], history: Sequence[Mapping[str, Any]] =
 
 def _batch_api_field(run: Mapping[str, Any]) -> list[tuple[str, str]]:
     """The row of a served model's batch-mode run: its batches, their states, the tokens and the wait."""
-    from pipeline.run_summary import batch_api_line
+    from pipeline.core.run_summary import batch_api_line
 
     facts = _json(run.get("batch_api"))
     return [("batch API", html.escape(batch_api_line(facts)))] if facts else []

@@ -1,6 +1,6 @@
 """The report's plots, each a PNG data URI (None when the run recorded nothing to draw).
 
-Drawn from the runs table's ``batch_metrics`` (:func:`pipeline.metrics.batch_metrics`)
+Drawn from the runs table's ``batch_metrics`` (:func:`pipeline.core.metrics.batch_metrics`)
 and status counts with matplotlib's Agg backend, imported only when a plot
 is drawn, so no display is needed and ``import pipeline`` stays light.
 """

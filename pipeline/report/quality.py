@@ -1,6 +1,6 @@
 """The report's quality section: the run's output profile against its history, plotted, and what moved.
 
-Read from the run's ``profile`` and ``drift`` columns (:mod:`pipeline.sketches`, :mod:`pipeline.drift`):
+Read from the run's ``profile`` and ``drift`` columns (:mod:`pipeline.core.sketches`, :mod:`pipeline.core.drift`):
 the verdict and every test in a table (flagged ones first), then one plot per measure: a histogram's
 shares per bin, this run against the pooled history it was compared with, and a categorical
 measure's shares side by side. Plots as PNG data URIs, like :mod:`pipeline.report.plots`.
@@ -12,9 +12,9 @@ import html
 import json
 from typing import Any, Mapping
 
-from pipeline.drift import Verdict
+from pipeline.core.drift import Verdict
 from pipeline.report.plots import _figure, _png
-from pipeline.sketches import Histogram
+from pipeline.core.sketches import Histogram
 
 __all__ = ["plot_categorical", "plot_histogram", "quality_section"]
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import pyarrow as pa
 
-from pipeline.rows import REQUEST_KEY_COLUMN
+from pipeline.core.rows import REQUEST_KEY_COLUMN
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -63,7 +63,7 @@ def request_lines(rows: "DataFrame", plan: Any) -> "DataFrame":
 
 
 def with_request_keys(rows: "DataFrame", plan: Any) -> "DataFrame":
-    """``rows`` with :data:`pipeline.rows.REQUEST_KEY_COLUMN`: each row's request key (null: not sent)."""
+    """``rows`` with :data:`pipeline.core.rows.REQUEST_KEY_COLUMN`: each row's request key (null: not sent)."""
     from pipeline.arrow_types import from_arrow_schema, to_arrow_schema
 
     schema = to_arrow_schema(rows.schema).append(pa.field(REQUEST_KEY_COLUMN, pa.string()))

@@ -17,7 +17,7 @@ mismatch, a small sample of the differing keys reach the driver::
         raise JobError(check.describe())
 
 That join reads the input a second time, so a run pays it only when the cheap form disagrees: the
-input's :class:`~pipeline.rows.KeyTally` observed as the scoring pass reads it
+input's :class:`~pipeline.core.rows.KeyTally` observed as the scoring pass reads it
 (:func:`observe_input_tally`) against the scored rows' tallies, written and quarantined, taken in the
 same pass (:func:`scored_totals`, which also brings the tasks' counts home). Equal tallies mean the same
 multiset of keys but for a 2**-64 chance; unequal ones (a lost row, a duplicated one, a retried stage
@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pipeline.rows import KEY_SEPARATOR, QUARANTINED_STATUSES, KeyTally
+from pipeline.core.rows import KEY_SEPARATOR, QUARANTINED_STATUSES, KeyTally
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -163,7 +163,7 @@ def _quoted(name: str) -> str:
 
 def key_hash_halves(id_column: str, hash_column: str) -> tuple[str, str]:
     """The high and low 32 bits of a key's 64-bit hash as SQL expressions of two long values: what
-    :meth:`pipeline.rows.KeyTally.of_keys` computes in Python (sha256 of ``s:<id>`` or ``n``, the separator and
+    :meth:`pipeline.core.rows.KeyTally.of_keys` computes in Python (sha256 of ``s:<id>`` or ``n``, the separator and
     the content hash), so Spark's tallies and a writer's agree. SQL text, parsed by Spark in one call per
     aggregate: built of ``functions`` calls, a run's tallies took some 150 py4j round trips (0.1 s a run on
     a classic session).

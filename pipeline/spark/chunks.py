@@ -2,13 +2,13 @@
 
 ``pipeline.spark.udf.score_partition`` is the ``mapInArrow`` function; these are
 the steps it runs on every chunk, each taking plain values (batches, column
-names, the task's :class:`~pipeline.metrics.WorkerCounts`), never the plan:
+names, the task's :class:`~pipeline.core.metrics.WorkerCounts`), never the plan:
 
 - :func:`split_null_ids`: rows without an id are flagged ``invalid_id`` and never reach the model;
 - :func:`task_results`, :func:`join_results`: the task's results, beside each chunk's kept columns, in
   input order (the flagged rows back in their places: a column function's output is matched to its
   input row by position);
-- :func:`profile_chunk`: each output chunk sketched into the task's profile (:mod:`pipeline.sketches`);
+- :func:`profile_chunk`: each output chunk sketched into the task's profile (:mod:`pipeline.core.sketches`);
 - :func:`carry_failed_inputs`: a quarantined row's own inputs carried out beside its results (the quarantine
   table keeps them), null on every other row;
 - :func:`with_metrics`: the metrics column that carries the task's counts on its last row (so run metrics
@@ -28,8 +28,8 @@ from typing import Any, Iterator
 import numpy as np
 import pyarrow as pa
 
-from pipeline.metrics import WorkerCounts
-from pipeline.rows import INVALID_ID, MALFORMED_COLUMN, QUARANTINED_STATUSES
+from pipeline.core.metrics import WorkerCounts
+from pipeline.core.rows import INVALID_ID, MALFORMED_COLUMN, QUARANTINED_STATUSES
 
 __all__ = ["CARRIED_PREFIX", "Taken", "carry_failed_inputs", "digesting", "each_hook", "finish_profile", "finish_stage", "in_input_order", "join_results",
            "profile_chunk", "replay_staged", "split_null_ids", "task_results", "with_metrics"]
@@ -62,9 +62,9 @@ def finish_stage(stage: Any, digest: Any, counts: WorkerCounts) -> None:
 
 def replay_staged(table: pa.Table, stored: dict[str, Any], *, metrics_column: str | None, input_rows: int,
                   rows_file: Any) -> Iterator[pa.RecordBatch]:
-    """A reused task's staged rows, its counts (:func:`~pipeline.metrics.reused_counts` of its
+    """A reused task's staged rows, its counts (:func:`~pipeline.core.metrics.reused_counts` of its
     ``input_rows``) on the last row."""
-    from pipeline.metrics import reused_counts
+    from pipeline.core.metrics import reused_counts
 
     counts = reused_counts(stored, rows=input_rows)
     if rows_file is not None:
@@ -81,7 +81,7 @@ def replay_staged(table: pa.Table, stored: dict[str, Any], *, metrics_column: st
 
 
 def profile_chunk(task: Any, out: pa.RecordBatch, profile: Any) -> None:
-    """Add an output chunk to the task's :class:`~pipeline.sketches.Profile` (None: not profiling): the kind's
+    """Add an output chunk to the task's :class:`~pipeline.core.sketches.Profile` (None: not profiling): the kind's
     ``profile_output``, else every kind's part (statuses and tokens)."""
     if profile is None:
         return

@@ -27,7 +27,7 @@ import shutil
 import time
 from pathlib import Path
 
-from pipeline.host import pid_alive, user_cache_folder
+from pipeline.core.host import pid_alive, user_cache_folder
 
 __all__ = ["archive_folder", "archive_key", "archive_options", "build", "mapped_options", "submit_args"]
 

@@ -3,7 +3,7 @@
 :func:`inference_udf` wraps :func:`pipeline.spark.udf.score_partition` (the function ``run_job``'s
 ``mapInArrow`` runs: the per-worker model cache, length-sorted padded batches, per-row statuses, poison
 rows isolated, out-of-memory splits) as an iterator Arrow UDF that returns one struct per row: the task's
-result and status columns, then the model's lineage (:data:`pipeline.rows.MODEL_LINEAGE_COLUMNS`).
+result and status columns, then the model's lineage (:data:`pipeline.core.rows.MODEL_LINEAGE_COLUMNS`).
 
 A column function rather than ``mapInArrow`` because only the task's inputs (and the id) cross into
 Python: the caller's other columns stay in the JVM, whatever their types and widths, and Spark puts each

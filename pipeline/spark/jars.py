@@ -70,7 +70,7 @@ def coordinates(group: str) -> list[str]:
     ['io.delta:delta-spark_4.2_2.13:4.4.0']
     """
     if group == "delta":
-        from pipeline.sessions import delta_package
+        from pipeline.core.sessions import delta_package
 
         package = delta_package()
         return [package] if package else []  # no Delta release for this Spark line: nothing to fetch
@@ -144,7 +144,7 @@ def fetch(group: str, *, out=sys.stderr) -> list[Path]:
         return have
     wanted = coordinates(group)
     if not wanted:
-        from pipeline.compat import installed_pyspark
+        from pipeline.core.compat import installed_pyspark
 
         print(f"jars: {group}: no release is built for Spark {installed_pyspark()}; nothing fetched (sessions run "
               "jar-free: sink.writer auto picks the deltalake writer)", file=out, flush=True)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from pipeline.sessions import is_connect
+from pipeline.core.sessions import is_connect
 
 __all__ = ["JobLabels", "describe", "describe_tag", "run_tag"]
 

@@ -60,7 +60,7 @@ class StageSource(Protocol):
 class TaskRowsFile:
     """Worker side: this task's rows done, written to ``<folder>/<partition>`` at most every ``interval`` s.
 
-    Called with the task's :class:`~pipeline.metrics.WorkerCounts` after every
+    Called with the task's :class:`~pipeline.core.metrics.WorkerCounts` after every
     batch (``force=True`` at the task's end). The file is replaced atomically,
     so the driver reads a whole number or none; a retried task overwrites its
     partition's. Failures to write are ignored: progress never fails a task.
@@ -114,7 +114,7 @@ def rows_folder(spark: Any) -> str | None:
     address whose master is ``local``. On a cluster the workers' disks are not
     the driver's, so no folder (classic still has the status store's rows).
     """
-    from pipeline.sessions import is_connect
+    from pipeline.core.sessions import is_connect
 
     try:
         if is_connect(spark):
@@ -246,7 +246,7 @@ def stage_source(spark: Any, *, rows_dir: str | None = None) -> StageSource:
 
     ``rows_dir``: the :func:`rows_folder` the inference tasks write their rows done to, if any.
     """
-    from pipeline.sessions import is_connect
+    from pipeline.core.sessions import is_connect
 
     return (_ConnectHandlerSource(spark, rows_dir) if is_connect(spark)
             else _StatusTrackerSource(spark, rows_dir))
@@ -260,7 +260,7 @@ class JobProgress(threading.Thread):
         with JobProgress(stage_source(spark), job="score", planned_tasks=8, rows_total=40_000):
             write_sink(...)
 
-    ``emit(line, fields)`` replaces the print (a run's log: :meth:`pipeline.logs.RunLog.progress`); ``fields``
+    ``emit(line, fields)`` replaces the print (a run's log: :meth:`pipeline.core.logs.RunLog.progress`); ``fields``
     are the numbers behind the line (``tasks_done``, ``tasks``, ``rows``, ``seconds``).
     """
 

@@ -21,7 +21,7 @@ import json
 import threading
 from typing import TYPE_CHECKING, Any, Iterable
 
-from pipeline.metrics import Counts, merge_counts
+from pipeline.core.metrics import Counts, merge_counts
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -141,7 +141,7 @@ def get_session(config: SparkConfig, *, object_stores: bool = True,
     4 s of every start on 2 cores). ``storage`` (S3 settings in delta-rs's names, the config's
     ``storage:`` section) becomes the S3A settings of a session built here (:func:`s3a_settings`;
     ``spark.conf`` can still set any one of them); an active or Spark Connect session keeps its own.
-    ``small`` (a small job on a local master, :mod:`pipeline.small_jobs`): a session built here leaves
+    ``small`` (a small job on a local master, :mod:`pipeline.stages.small_jobs`): a session built here leaves
     every cached jar off and starts its JVM with :data:`QUICK_START_JVM_OPTIONS` unless ``spark.conf``
     sets ``spark.driver.extraJavaOptions``. A JVM it starts maps the class archive of
     :mod:`pipeline.spark.class_archive` (``spark.class_archive``), unless ``spark.conf`` sets those options.

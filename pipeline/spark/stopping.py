@@ -24,7 +24,7 @@ __all__ = ["StopRequest", "stop_on_sigterm"]
 
 def _cancel(spark: Any) -> None:
     """Cancel every running Spark job of ``spark`` (classic or Connect); best effort."""
-    from pipeline.sessions import is_connect
+    from pipeline.core.sessions import is_connect
 
     try:
         if is_connect(spark):

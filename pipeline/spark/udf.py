@@ -9,7 +9,7 @@ kept columns, the metrics column, staging) are plain functions in
 Run metrics travel with the data, so they work on Spark Connect too (no
 accumulators there): with ``InferencePlan.metrics_column`` set, each task
 holds back its last chunk until it has scored everything, then writes its
-final :class:`~pipeline.metrics.WorkerCounts` as JSON into that column of its
+final :class:`~pipeline.core.metrics.WorkerCounts` as JSON into that column of its
 last row (null on every other row). The driver aggregates them
 (``pipeline.spark.run_metrics``). A failed or retried attempt's rows never
 reach the output, so neither do its counts.
@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 import pyarrow as pa
 
 from pipeline.config import BatchingConfig, ModelConfig
-from pipeline.metrics import WorkerCounts, WorkerProgress
-from pipeline.sketches import Profile
+from pipeline.core.metrics import WorkerCounts, WorkerProgress
+from pipeline.core.sketches import Profile
 from pipeline.spark.chunks import (CARRIED_PREFIX, Taken, carry_failed_inputs, digesting, each_hook, finish_profile,
                                    finish_stage, join_results, profile_chunk, replay_staged, split_null_ids,
                                    task_results, with_metrics)
@@ -58,7 +58,7 @@ class InferencePlan:
     progress_interval_s: float | None = None
     # a folder the driver reads each task's rows done from (pipeline.spark.progress.rows_folder); None: none
     progress_dir: str | None = None
-    # fault injection for tests and drills (pipeline.faults); empty in production
+    # fault injection for tests and drills (pipeline.core.faults); empty in production
     faults: tuple[tuple[str, Any], ...] = ()
     # the registered task class; pickled by reference, so a worker imports (and registers) its module
     task_class: Any = None
@@ -81,7 +81,7 @@ class InferencePlan:
     # a task that sends rows to a server journals every answer in the staging folder (run_job: no row is paid
     # for twice); False: no journal, a retried task sends its rows again (score(df): Spark's semantics)
     journal_requests: bool = True
-    # sketch the output as it is scored (pipeline.sketches): the task's profile rides in its counts
+    # sketch the output as it is scored (pipeline.core.sketches): the task's profile rides in its counts
     profile: bool = False
     # the model's revision (a hash of its weights, checked on the driver): part of the worker cache's key, so
     # a folder whose weights were replaced is loaded again by a reused worker, never served from its cache
@@ -149,7 +149,7 @@ def score_partition(plan: InferencePlan, batches: Iterator[pa.RecordBatch]) -> I
     """
     from pyspark import TaskContext
 
-    from pipeline import faults
+    from pipeline.core import faults
     from pipeline.endpoint.attempt import journals_requests
 
     ctx = TaskContext.get()

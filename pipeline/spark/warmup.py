@@ -1,6 +1,6 @@
 """A small job's model loaded in a Python worker while the driver plans, so inference starts at once.
 
-On a light session (``pipeline.small_jobs``) the first inference task used to pay, after the
+On a light session (``pipeline.stages.small_jobs``) the first inference task used to pay, after the
 driver's planning: the start of Spark's Python worker daemon (torch and transformers imported,
 ``pipeline.spark.daemon``: about 3.4 s on 2 cores) and the model's load (about 2.3 s for MiniLM).
 :func:`start_warm_up` runs one Spark task of one row as soon as the session exists, on a thread of

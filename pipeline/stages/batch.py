@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import JobError
 from pipeline.stages.outcomes import Prepared, RunPlan
-from pipeline.run_summary import RunSummary
+from pipeline.core.run_summary import RunSummary
 
 if TYPE_CHECKING:
     from pipeline.journal.batch_log import BatchLog
@@ -141,7 +141,7 @@ def answered_plan(prep: Prepared, plan: RunPlan, done: BatchesDone) -> RunPlan:
 
     from pyspark.sql import functions as F
 
-    from pipeline.rows import ANSWER_COLUMN, REQUEST_KEY_COLUMN
+    from pipeline.core.rows import ANSWER_COLUMN, REQUEST_KEY_COLUMN
     from pipeline.spark.batch_requests import with_request_keys
     from pipeline.spark.checks import observe_input_tally
     from pipeline.stages.planning import scored_rows
@@ -189,7 +189,7 @@ def batch_facts(log: "BatchLog", try_id: str, *, waited_s: float, pending: int =
 def pending_summary(prep: Prepared, plan: RunPlan, pending: BatchesPending, *, recorder: Any) -> RunSummary:
     """The summary of a run that ends with its batches at the provider: nothing scored or committed; printed,
     recorded (runs-table outcome ``submitted``) and returned."""
-    from pipeline.compat import runtime_versions
+    from pipeline.core.compat import runtime_versions
 
     config, ident = prep.config, plan.identity
     left = pending.facts["pending"]

@@ -59,7 +59,7 @@ def submit(driver: Driver) -> int:
     Raises :class:`TokenBudgetReached` before the first file whose estimate would take what this try
     submitted past ``run.max_tokens`` (the files before it stay submitted, journaled for the rerun).
     """
-    from pipeline import faults
+    from pipeline.core import faults
 
     files = driver.log.files()
     spent = sum(f.estimate for f in files if f.submitted_by == driver.try_id)

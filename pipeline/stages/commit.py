@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from pipeline.config import JobConfig
 from pipeline.errors import JobError
-from pipeline.rows import QUARANTINED_STATUSES
+from pipeline.core.rows import QUARANTINED_STATUSES
 from pipeline.stages.outcomes import AlreadyCommitted, Checkpoint, Committed, Prepared, ReadBack, RunPlan
 from pipeline.stages.quality import check_quality
 from pipeline.stages.quarantine import check_quarantine_pair, commit_quarantine, say_swept
@@ -55,7 +55,7 @@ def _budget_stop(prep: Prepared, plan: RunPlan) -> Iterator[None]:
     """A Spark job failed by ``run.max_tokens`` (a task's :class:`TokenBudgetReached`) ends the run as that
     error, with what this try spent and what is kept for the rerun; any other failure passes unchanged."""
     from pipeline.errors import TokenBudgetReached
-    from pipeline.error_text import python_error_line
+    from pipeline.core.error_text import python_error_line
 
     try:
         yield
@@ -182,7 +182,7 @@ def _commit_both(prep: Prepared, plan: RunPlan, scored: "DataFrame", *,
     """The quarantine commit, then the output's (with the quarantine pair checked around it for an
     ``overwrite_partition`` run), then the run's staging removed: ``(output result or AlreadyCommitted,
     (quarantine version, run id of its rows, its write's result))``."""
-    from pipeline import faults as fault_hooks
+    from pipeline.core import faults as fault_hooks
 
     ident = plan.identity
     metadata = {"sbi.job": prep.config.job, "sbi.run_id": ident.run_id, "sbi.model_revision": prep.model.revision}
@@ -208,7 +208,7 @@ def _commit_output(prep: Prepared, plan: RunPlan, scored: "DataFrame", *, metada
     """The output commit: the write result, or :class:`AlreadyCommitted` when a concurrent try of this run
     committed first. Appends are keyed on their rows (``plan.key_columns``) from ``plan.read_version`` on;
     a small job's commit is written from this process."""
-    from pipeline import faults as fault_hooks
+    from pipeline.core import faults as fault_hooks
     from pyspark.sql import functions as F
 
     from pipeline.spark.udf import internal_columns

@@ -1,6 +1,6 @@
 """Identify: which logical run this try belongs to, and whether that run's commit already landed.
 
-The run's identity (:func:`pipeline.identity.run_identity`) hashes the config, the model revision and the
+The run's identity (:func:`pipeline.config.identity.run_identity`) hashes the config, the model revision and the
 source snapshot (:func:`pipeline.io.snapshots.source_snapshot`). Its run key is the Delta transaction id of the
 run's commits: a retry of an append or incremental run whose commit landed, and whose rows are still in
 the output, ends here as :class:`~pipeline.stages.outcomes.AlreadyCommitted`. A transaction id is a fast path
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pipeline.config import JobConfig
-from pipeline.identity import RunIdentity, run_identity
+from pipeline.config.identity import RunIdentity, run_identity
 from pipeline.stages.outcomes import AlreadyCommitted, Prepared
 from pipeline.stages.resume import remove_staging
 from pipeline.stages.verify import rows_written
@@ -87,7 +87,7 @@ def _rebuilt_source_note(config: JobConfig, snapshot: str | None) -> str | None:
     """A line when the source table was dropped and rebuilt since this job's last finished run (its Delta
     table id changed, whatever its version says): its rows are a new input."""
     from pipeline.io.snapshots import source_rebuilt
-    from pipeline.runs import read_runs
+    from pipeline.records.runs import read_runs
 
     runs_path = config.resolved_runs_path()
     if not snapshot or not snapshot.startswith("delta:") or not runs_path:

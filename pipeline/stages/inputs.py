@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.config import JobConfig
 from pipeline.errors import JobError
-from pipeline.fingerprint import task_fingerprint
-from pipeline.rows import MALFORMED_COLUMN
+from pipeline.config.fingerprint import task_fingerprint
+from pipeline.core.rows import MALFORMED_COLUMN
 from pipeline.stages.outcomes import kind_and_task
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-    from pipeline.locations import Location
+    from pipeline.core.locations import Location
 
 __all__ = ["NewInputs", "append_key_filter", "content_hash", "hashed_inputs", "malformed_input",
            "malformed_originals", "prepare_inputs", "read_new_inputs"]
@@ -93,7 +93,7 @@ def _incremental_filter(spark: "SparkSession", inputs: "DataFrame", config: JobC
                         fingerprint: str, sink_version: int | None = None) -> NewInputs:
     """Rows whose (id, content hash, task fingerprint) the output lacks (an anti-join in Spark).
 
-    ``fingerprint`` is this run's :func:`pipeline.fingerprint.task_fingerprint`: a row scored
+    ``fingerprint`` is this run's :func:`pipeline.config.fingerprint.task_fingerprint`: a row scored
     with another model revision or other result-changing settings is scored again. A row the
     quarantine holds under the same key failed before and would fail again: skipped (and returned in
     ``known_bad``, lazily, to be counted) unless ``run.retry_quarantined``, so one poison row
@@ -201,13 +201,13 @@ def hashed_inputs(inputs: "DataFrame", config: JobConfig, task: Any) -> "DataFra
 
 def prepare_inputs(spark: "SparkSession", config: JobConfig, *, revision: str, task: Any = None) -> "DataFrame":
     """:func:`read_new_inputs`' rows, for the model ``revision`` (another revision or result-changing settings
-    give another task fingerprint, see :mod:`pipeline.fingerprint`: an incremental run scores those rows again)."""
+    give another task fingerprint, see :mod:`pipeline.config.fingerprint`: an incremental run scores those rows again)."""
     return read_new_inputs(spark, config, fingerprint=task_fingerprint(config, revision=revision), task=task).rows
 
 
 # malformed source lines (JSON lines Spark could not parse): flagged by the task, quarantined raw
 def malformed_input(inputs: "DataFrame") -> tuple[str, ...]:
-    """The raw-line column for the task when the source has one (``pipeline.rows.MALFORMED_COLUMN``)."""
+    """The raw-line column for the task when the source has one (``pipeline.core.rows.MALFORMED_COLUMN``)."""
     return (MALFORMED_COLUMN,) if MALFORMED_COLUMN in inputs.columns else ()
 
 

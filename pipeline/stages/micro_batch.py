@@ -9,7 +9,7 @@ the checks and the error budget, the drift gate (:mod:`pipeline.stages.quality`:
 profile against the job's recent runs, so ``run.quality.on_drift: refuse`` stops the stream before a
 micro-batch that moved is committed), the quarantine commit (only when rows failed), the output commit and the
 read-back by key (:func:`pipeline.stages.commit.score_and_commit`). Its commits carry the Delta transaction
-``(sbi-<job>-stream-<query id>, batch id)`` (:meth:`pipeline.identity.RunIdentity.micro_batch`): Spark
+``(sbi-<job>-stream-<query id>, batch id)`` (:meth:`pipeline.config.identity.RunIdentity.micro_batch`): Spark
 replays the micro-batch a crash interrupted with the same id and the same rows, and a commit the table
 already holds is skipped, so a kill at any point and a restart from the checkpoint write each row once.
 
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from pipeline.errors import JobError, RunStopped
-from pipeline.identity import RunIdentity
-from pipeline.metrics import StageClock
-from pipeline.run_counts import RunCounts
+from pipeline.config.identity import RunIdentity
+from pipeline.core.metrics import StageClock
+from pipeline.core.run_counts import RunCounts
 from pipeline.spark.checks import observe_input_tally
 from pipeline.stages.commit import score_and_commit
 from pipeline.stages.inputs import hashed_inputs
@@ -95,7 +95,7 @@ class StreamMemo:
 def score_micro_batch(prep: Prepared, identity: RunIdentity, batch: "DataFrame", batch_id: int,
                       memo: StreamMemo | None = None) -> BatchResult:
     """Score and commit micro-batch ``batch_id`` (``batch``: its rows as read) under ``identity`` (its
-    :meth:`~pipeline.identity.RunIdentity.micro_batch`); ``prep`` is the stream's, on the micro-batch's session;
+    :meth:`~pipeline.config.identity.RunIdentity.micro_batch`); ``prep`` is the stream's, on the micro-batch's session;
     ``memo``: what the stream read once (None: read here)."""
     from pyspark import StorageLevel
 

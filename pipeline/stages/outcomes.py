@@ -3,7 +3,7 @@
 - :class:`Prepared`: what the checks before any Spark work found (the kind and task, the checked
   model, the session, the fault drills, whether the job runs light).
 - :class:`RunPlan`: everything decided before inference, built once: the run's identity
-  (:class:`pipeline.identity.RunIdentity`), the sink in effect, the commit keys, the output version
+  (:class:`pipeline.config.identity.RunIdentity`), the sink in effect, the commit keys, the output version
   the keys were compared at, the rows and tasks, the staging folder, and the lazily scored rows.
   No stage after planning reads ``config.sink`` again: the sink in effect is ``plan.sink``.
 - :class:`AlreadyCommitted`: a retry whose commit had landed (found before planning, or when a
@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pipeline.config import JobConfig, SinkConfig
-from pipeline.identity import RunIdentity
-from pipeline.logs import RunLog
-from pipeline.metrics import StageClock
+from pipeline.config.identity import RunIdentity
+from pipeline.core.logs import RunLog
+from pipeline.core.metrics import StageClock
 from pipeline.registry import ModelInfo, TaskKind, kind_and_task
-from pipeline.rows import MODEL_LINEAGE_COLUMNS
+from pipeline.core.rows import MODEL_LINEAGE_COLUMNS
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 __all__ = ["LINEAGE_COLUMNS", "AlreadyCommitted", "Checkpoint", "Committed", "Prepared", "ReadBack", "RunPlan",
            "commit_keys", "effective_sink", "kind_and_task"]
 
-# the model's lineage (task_fingerprint: what incremental runs compare besides the input, pipeline.fingerprint),
+# the model's lineage (task_fingerprint: what incremental runs compare besides the input, pipeline.config.fingerprint),
 # then the run's own; score(df) rows carry the model's only
 LINEAGE_COLUMNS = (*MODEL_LINEAGE_COLUMNS, "run_id", "scored_at")
 
@@ -63,7 +63,7 @@ class Prepared:
     log: RunLog
     clock: StageClock
     labels: Any = None
-    # a small job (pipeline.small_jobs): its session was built light and its commits run in the driver
+    # a small job (pipeline.stages.small_jobs): its session was built light and its commits run in the driver
     small: bool = False
     # the Delta source's log, read once (pipeline.io.delta.state.TableState; None: not a Delta source read here)
     source_state: Any = None
@@ -175,7 +175,7 @@ class Committed:
     quarantine_result: Any = None
     # the output's profile and the drift verdict ({"profile": ..., "drift": ...}); None: run.quality off
     quality: dict[str, Any] | None = None
-    # the key tallies (pipeline.rows.KeyTally) of the rows sent to the output and to the quarantine, from the
+    # the key tallies (pipeline.core.rows.KeyTally) of the rows sent to the output and to the quarantine, from the
     # scoring pass (None: the exact check ran, and the read-back reads the tables); a few rows for the summary
     written: Any = None
     quarantined: Any = None

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.config import SinkConfig
 from pipeline.errors import JobError
-from pipeline.identity import RunIdentity
+from pipeline.config.identity import RunIdentity
 from pipeline.spark.checks import observe_input_tally
 from pipeline.stages.identify import Identified
 from pipeline.stages.inputs import append_key_filter, read_new_inputs

@@ -1,7 +1,7 @@
 """Prepare: the checks that fail in seconds, before any Spark work, and the session the run uses.
 
 Partitioning, the model (resolved, checked and its revision hashed by the task kind), the addresses the job
-names, the session (light for a small job, :mod:`pipeline.small_jobs`, with the model warming up in a
+names, the session (light for a small job, :mod:`pipeline.stages.small_jobs`, with the model warming up in a
 worker meanwhile), the locations the session must reach, and the staging root.
 """
 
@@ -10,13 +10,13 @@ from __future__ import annotations
 import datetime as dt
 from typing import TYPE_CHECKING, Any
 
-from pipeline.compat import check_spark
+from pipeline.core.compat import check_spark
 from pipeline.config import JobConfig
 from pipeline.errors import JobError
-from pipeline.logs import RunLog
-from pipeline.metrics import StageClock
+from pipeline.core.logs import RunLog
+from pipeline.core.metrics import StageClock
 from pipeline.registry import get_task_kind
-from pipeline.sessions import is_connect
+from pipeline.core.sessions import is_connect
 from pipeline.stages.outcomes import Prepared, kind_and_task
 from pipeline.stages.resume import check_staging_root
 from pipeline.tasks.job import checked_model
@@ -95,9 +95,9 @@ def prepare(config: JobConfig, *, spark: "SparkSession | None", log: RunLog, rec
 
     ``labels`` (:class:`pipeline.spark.job_labels.JobLabels`) gets the session once there is one: from then
     on every Spark job of the run names its stage."""
-    from pipeline import faults as fault_hooks
+    from pipeline.core import faults as fault_hooks
     from pipeline.io.preflight import check_locations
-    from pipeline.small_jobs import small_job
+    from pipeline.stages.small_jobs import small_job
     from pipeline.spark.reach import check_job_addresses
     from pipeline.spark.session import get_session
 

@@ -1,9 +1,9 @@
 """The drift gate: the run's output profile against its job's recent runs, after scoring and before any commit.
 
-Every inference task sketched its output as it scored it (:mod:`pipeline.sketches`); the merged profile
+Every inference task sketched its output as it scored it (:mod:`pipeline.core.sketches`); the merged profile
 arrives with the tasks' counts. This stage reads the job's history from the runs table (the last
 ``run.quality.history`` runs whose outcome is ``ok`` and that have a profile, from the last one
-published with ``--accept-drift`` on), compares measure by measure (:mod:`pipeline.drift`) and says
+published with ``--accept-drift`` on), compares measure by measure (:mod:`pipeline.core.drift`) and says
 what moved. With ``run.quality.on_drift: refuse`` a run that moved raises :class:`DriftRefused`
 before its commits: nothing is published, the scored rows stay staged (as after a SIGTERM), and the
 same command with ``--accept-drift`` publishes them without scoring again. The first runs of a job
@@ -17,7 +17,7 @@ import json
 from typing import Any, Mapping
 
 from pipeline.config import JobConfig, QualityConfig
-from pipeline.drift import Limits, Verdict, compare, pooled
+from pipeline.core.drift import Limits, Verdict, compare, pooled
 from pipeline.errors import DriftRefused
 from pipeline.stages.outcomes import Prepared, RunPlan
 
@@ -90,7 +90,7 @@ def _read_history(config: JobConfig, spark: Any = None) -> tuple[list[Mapping[st
     """The job's rows of the runs table. One deltalake does not reach (``abfss://``, a Volume a Connect client
     does not mount) is read through ``spark``'s connector."""
     from pipeline.io.stores import is_table, unreachable_reason
-    from pipeline.runs import read_runs
+    from pipeline.records.runs import read_runs
 
     path = config.resolved_runs_path()
     if path is None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.config import JobConfig
 from pipeline.errors import JobError
-from pipeline.rows import MALFORMED_COLUMN, QUARANTINED_STATUSES
+from pipeline.core.rows import MALFORMED_COLUMN, QUARANTINED_STATUSES
 from pipeline.stages.inputs import malformed_originals
 from pipeline.stages.outcomes import LINEAGE_COLUMNS, Prepared, RunPlan
 from pipeline.stages.verify import day_rows, write_tallied
@@ -63,7 +63,7 @@ def commit_quarantine(prep: Prepared, plan: RunPlan, scored: "DataFrame", *, err
                       metadata: dict[str, str]) -> tuple[int | None, str, Any]:
     """The quarantine commit, before the output's: ``(version, run id of its rows, the write's result)``;
     version and result None when there is nothing to commit and no quarantine table yet."""
-    from pipeline import faults as fault_hooks
+    from pipeline.core import faults as fault_hooks
     from pipeline.io.delta.history import committed_run_via
 
     config, spark, sink, ident = prep.config, prep.spark, plan.sink, plan.identity

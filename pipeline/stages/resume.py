@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 
 from pipeline.config import JobConfig
-from pipeline.identity import RunIdentity
+from pipeline.config.identity import RunIdentity
 from pipeline.stages.outcomes import Prepared
 
 __all__ = ["Staging", "check_staging_root", "no_staging_reason", "open_staging", "remove_staging", "staging_root"]
@@ -67,7 +67,7 @@ def open_staging(prep: Prepared, identity: RunIdentity, *, rows: int, tasks: int
             note = (f"no staging: {config.sink.path} is not a local or mounted path; set run.staging_path to a "
                     "folder every executor reaches to resume a killed run")
         return Staging(None, 0, note)
-    from pipeline.faults import RESULT_FAULTS
+    from pipeline.core.faults import RESULT_FAULTS
 
     drills = {k: prep.faults[k] for k in RESULT_FAULTS if k in prep.faults}
     plan = StagePlan(run_key=identity.run_key, source_version=identity.source_snapshot,

@@ -25,13 +25,13 @@ import time
 from typing import Any
 
 from pipeline.errors import JobError, RunStopped
-from pipeline.identity import run_identity
-from pipeline.metrics import merge_counts
-from pipeline.sessions import is_connect
+from pipeline.config.identity import run_identity
+from pipeline.core.metrics import merge_counts
+from pipeline.core.sessions import is_connect
 from pipeline.stages.micro_batch import BatchResult, MicroBatches
 from pipeline.stages.outcomes import Prepared
 from pipeline.stages.summary import build_summary, finish
-from pipeline.run_summary import RunSummary
+from pipeline.core.run_summary import RunSummary
 
 __all__ = ["check_streamable", "run_stream", "stream_summary"]
 
@@ -60,7 +60,7 @@ def check_streamable(prep: Prepared) -> None:
 def run_stream(prep: Prepared, *, recorder: Any, stop: Any, fixed_ds: bool) -> RunSummary:
     """Start the query, feed the runs table while it runs, and return the summary of its last (or only) run.
 
-    ``recorder``: the run's :class:`pipeline.recorder.RunRecorder` (moved on to the next run id per interval);
+    ``recorder``: the run's :class:`pipeline.records.recorder.RunRecorder` (moved on to the next run id per interval);
     ``stop``: the SIGTERM flag (:class:`pipeline.spark.stopping.StopRequest`); ``fixed_ds``: ``run.ds`` was given.
     """
     config = prep.config
@@ -69,7 +69,7 @@ def run_stream(prep: Prepared, *, recorder: Any, stop: Any, fixed_ds: bool) -> R
     check_streamable(prep)
     prep.stage("stream")
     from pipeline.io.streams import open_stream
-    from pipeline.locations import resolve_location
+    from pipeline.core.locations import resolve_location
 
     identity = run_identity(config, model_revision=prep.model.revision, source_snapshot=None)
     batches = MicroBatches(prep, identity, fixed_ds=fixed_ds, on_batch=lambda result: prep.say(result.line()))
@@ -281,6 +281,6 @@ def _stop_quietly(query: Any) -> None:
 
 
 def _first_line(exc: BaseException) -> str:
-    from pipeline.error_text import error_line
+    from pipeline.core.error_text import error_line
 
     return error_line(exc)

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from pipeline.compat import runtime_versions
+from pipeline.core.compat import runtime_versions
 from pipeline.errors import JobError
-from pipeline.identity import RunIdentity
+from pipeline.config.identity import RunIdentity
 from pipeline.io.outputs import write_output
-from pipeline.metrics import batch_metrics
-from pipeline.rows import Status
-from pipeline.run_counts import RunCounts
+from pipeline.core.metrics import batch_metrics
+from pipeline.core.rows import Status
+from pipeline.core.run_counts import RunCounts
 from pipeline.stages.outcomes import AlreadyCommitted, Committed, Prepared, ReadBack, RunPlan
-from pipeline.run_summary import RunSummary
+from pipeline.core.run_summary import RunSummary
 
 __all__ = ["already_committed", "build_summary", "finish", "summarize"]
 
@@ -37,7 +37,7 @@ def build_summary(prep: Prepared, merged: Mapping[str, Any], *, counts: RunCount
                   batch_api: dict[str, Any] | None = None, **facts: Any) -> RunSummary:
     """The summary of a batch run or of a stream's record, from its merged worker counts: the one builder of both.
 
-    Every counter's summary field (:meth:`pipeline.run_counts.RunCounts.summary_fields`), the per-batch
+    Every counter's summary field (:meth:`pipeline.core.run_counts.RunCounts.summary_fields`), the per-batch
     metrics, the kind's own lines (``summary_lines`` of its job, then ``after_commit``'s lines, then the
     run's: known-bad rows skipped, malformed input, torch threads), the model and the runtime's versions;
     ``facts`` are the :class:`RunSummary` fields the counts do not say (run id, rows in and out, the output,
@@ -45,7 +45,7 @@ def build_summary(prep: Prepared, merged: Mapping[str, Any], *, counts: RunCount
 
     Args:
         prep: the run's checks before any work (config, kind, model).
-        merged: :func:`pipeline.metrics.merge_counts` of the tasks' (or micro-batches') counts.
+        merged: :func:`pipeline.core.metrics.merge_counts` of the tasks' (or micro-batches') counts.
         counts: ``merged`` read with the kind's counters (read here when None).
         known_bad: rows skipped as quarantined earlier with the same content and task fingerprint.
         after_commit: the lines of the kind's work after the commit (``TaskJob.after_commit``).

@@ -2,7 +2,7 @@
 the versions committed when those disagree.
 
 Each commit's log entry says what it added: the rows of its add actions (``numRecords``) and, from the
-``deltalake`` writer, the :class:`~pipeline.rows.KeyTally` of their keys that the writer tallied file by file
+``deltalake`` writer, the :class:`~pipeline.core.rows.KeyTally` of their keys that the writer tallied file by file
 (:class:`pipeline.io.delta.plan.WriteResult`). When the output's and the quarantine's match the tallies the
 scoring pass took of the rows sent to each, every input key is there once and nothing is read. Otherwise
 (or after an overlapping run wrote some keys first, or when a tally is missing) both tables are read as of
@@ -16,7 +16,7 @@ import datetime as dt
 from typing import TYPE_CHECKING, Any
 
 from pipeline.config import JobConfig
-from pipeline.rows import Status
+from pipeline.core.rows import Status
 from pipeline.stages.outcomes import Committed, Prepared, ReadBack, RunPlan
 
 if TYPE_CHECKING:

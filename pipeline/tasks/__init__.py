@@ -16,7 +16,7 @@ from pipeline.tasks import job  # noqa: F401  (isort: skip)
 from pipeline.tasks import classify, classify_image, embed, extract, generate, ocr, recommend  # noqa: F401
 from pipeline.config import BatchingConfig, ModelConfig, TaskConfig
 from pipeline.registry import get_task_kind
-from pipeline.rows import STATUS_FIELDS
+from pipeline.core.rows import STATUS_FIELDS
 from pipeline.tasks.base import Task, TextTask
 
 __all__ = ["STATUS_FIELDS", "Task", "TextTask", "build_task"]

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 import pyarrow as pa
 
-from pipeline.rows import MALFORMED_COLUMN
+from pipeline.core.rows import MALFORMED_COLUMN
 
 __all__ = ["carries_content", "content_free", "malformed_rows", "special_token_ids"]
 

@@ -27,9 +27,9 @@ from pipeline.endpoint.attempt import Attempt, SendsRows
 from pipeline.endpoint.wire import (WireError, chat_body, completion_body, embedding_body, image_parts, read_embedding,
                                     read_generation)
 from pipeline.errors import EngineError, ModelError, TokenBudgetReached
-from pipeline.metrics import WorkerCounts
+from pipeline.core.metrics import WorkerCounts
 from pipeline.registry import ModelInfo
-from pipeline.rows import MALFORMED, MALFORMED_ERROR, Status
+from pipeline.core.rows import MALFORMED, MALFORMED_ERROR, Status
 from pipeline.tasks._content import carries_content
 from pipeline.tasks._generate_rows import as_text, sent_rows, skip_status
 from pipeline.tasks.job import TaskJob

@@ -7,7 +7,7 @@ A run in ``task.endpoint.mode: batch`` reads its rows twice (``pipeline.stages.b
    row sent, keyed by its request key (:mod:`pipeline.spark.batch_requests`). The driver writes them into
    the run's request files.
 2. the key of each row's request again (deterministic: the same row gives the same request), so the
-   answers collected from the provider are joined to the rows by key (:data:`pipeline.rows.ANSWER_COLUMN`);
+   answers collected from the provider are joined to the rows by key (:data:`pipeline.core.rows.ANSWER_COLUMN`);
    then the task scores the rows as in live mode, with an
    :class:`AnswerClient` in the live client's place: it sends nothing and hands each call the answer its
    key got (or the provider's error, which quarantines the row). Parsing, the schema check of ``extract``,
@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from pipeline.endpoint import Outcome, TokenBudget
 from pipeline.endpoint.wire import WireError
-from pipeline.rows import ANSWER_COLUMN
+from pipeline.core.rows import ANSWER_COLUMN
 
 __all__ = ["AnswerClient", "answer_line", "rows_client"]
 

@@ -25,7 +25,7 @@ def describe_error(exc: BaseException, limit: int = 500) -> str:
 
 def is_out_of_memory(exc: BaseException) -> bool:
     """A CUDA (or simulated) out-of-memory error: worth retrying with a smaller batch."""
-    from pipeline.faults import SimulatedOutOfMemoryError
+    from pipeline.core.faults import SimulatedOutOfMemoryError
 
     if isinstance(exc, SimulatedOutOfMemoryError):
         return True

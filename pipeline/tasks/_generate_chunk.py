@@ -19,12 +19,12 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from pipeline import faults
+from pipeline.core import faults
 from pipeline.generation.engine import GenerationRequest, GenerationResult
 from pipeline.generation.sampling import row_seed
 from pipeline.generation.vllm_backend import EngineError
-from pipeline.metrics import WorkerCounts
-from pipeline.rows import Status
+from pipeline.core.metrics import WorkerCounts
+from pipeline.core.rows import Status
 from pipeline.tasks._content import carries_content, content_free, malformed_rows, special_token_ids
 from pipeline.tasks._generate_images import RowImage
 from pipeline.tasks._generate_rows import sent_rows

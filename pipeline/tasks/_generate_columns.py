@@ -16,8 +16,8 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.generation.engine import GenerationResult
-from pipeline.metrics import WorkerCounts
-from pipeline.rows import Status
+from pipeline.core.metrics import WorkerCounts
+from pipeline.core.rows import Status
 
 __all__ = ["RESULT_FIELDS", "count_finish_reasons", "generation_batch"]
 

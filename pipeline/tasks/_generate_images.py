@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.images.decode import DecodedImage, ImageRejected, decode_image, read_image_bytes
-from pipeline.rows import Status
+from pipeline.core.rows import Status
 from pipeline.tasks._failures import describe_error
 
 __all__ = ["RowImage", "read_row_image"]

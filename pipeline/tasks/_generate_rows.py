@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from pipeline.rows import MALFORMED_ERROR, Status
+from pipeline.core.rows import MALFORMED_ERROR, Status
 from pipeline.tasks._generate_images import RowImage, read_row_image
 
 __all__ = ["as_text", "sent_rows", "skip_status"]

@@ -24,8 +24,8 @@ import pyarrow as pa
 
 from pipeline.config import BatchingConfig, ModelConfig
 from pipeline.images.decode import DecodedImage, ImageRejected, decode_image, read_image_bytes
-from pipeline.metrics import WorkerCounts
-from pipeline.rows import STATUS_FIELDS, TRUNCATED, Status
+from pipeline.core.metrics import WorkerCounts
+from pipeline.core.rows import STATUS_FIELDS, TRUNCATED, Status
 from pipeline.tasks._failures import describe_error
 
 __all__ = ["IMAGE_FIELDS", "ImageTask"]
@@ -174,7 +174,7 @@ class ImageTask:
     def _run_guarded(self, loaded: Any, group: list[_Row], counts: WorkerCounts, error: np.ndarray,
                      status: np.ndarray) -> list[tuple[int, dict[str, Any]]]:
         """Run a group; on failure split it in half down to single images, so only a poison image fails."""
-        from pipeline import faults
+        from pipeline.core import faults
 
         try:
             if faults.enabled:  # drills only: the poison marker is looked for in the image bytes

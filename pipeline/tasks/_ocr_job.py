@@ -14,7 +14,7 @@ from typing import Any
 
 from pipeline.config import JobConfig
 from pipeline.models.files import files_revision
-from pipeline.run_counts import RunCounts, TaskCounts, counter
+from pipeline.core.run_counts import RunCounts, TaskCounts, counter
 from pipeline.tasks.job import ModelInfo, TaskJob, executor_model_path
 
 __all__ = ["STAGES", "TESSERACT_STAGES", "OcrCounts", "OcrJob", "find_direction_model", "find_ocr_models",
@@ -44,7 +44,7 @@ _StageSeconds = make_dataclass(
 
 @dataclass(frozen=True)
 class OcrCounts(_StageSeconds):  # type: ignore[misc,valid-type]
-    """What an ``ocr`` run's workers count besides every kind's counters (:class:`~pipeline.run_counts.RunCounts`).
+    """What an ``ocr`` run's workers count besides every kind's counters (:class:`~pipeline.core.run_counts.RunCounts`).
 
     The seconds of each stage (:data:`STAGES`, :data:`TESSERACT_STAGES`) are the counters ``ocr_<stage>_seconds``
     (:func:`stage_counter`), read per engine with :attr:`stage_seconds` and :attr:`tesseract_seconds`.

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.images.ocr_tesseract import TesseractEngine, find_tessdata, open_tesseract
-from pipeline.metrics import WorkerCounts
+from pipeline.core.metrics import WorkerCounts
 
 __all__ = ["load_tesseract", "read_tesseract_pages", "tessdata_folder"]
 

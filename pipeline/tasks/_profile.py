@@ -1,7 +1,7 @@
-"""What each task kind adds to the profile of its output (:mod:`pipeline.sketches`), per chunk on the executors.
+"""What each task kind adds to the profile of its output (:mod:`pipeline.core.sketches`), per chunk on the executors.
 
 The Spark glue hands every output chunk to the task's ``profile_output(out, profile)`` as it is scored
-(the task's counts carry the profile to the driver; :mod:`pipeline.drift` compares it with the job's
+(the task's counts carry the profile to the driver; :mod:`pipeline.core.drift` compares it with the job's
 recent runs). Each kind composes these helpers over its own columns; every helper reads only the
 rows that carry a value (a skipped or failed row's results are null), and each is a few vectorised
 Arrow/numpy passes over the chunk: no Python loop over rows.
@@ -20,8 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.rows import Status
-from pipeline.sketches import SCORED, Profile
+from pipeline.core.rows import Status
+from pipeline.core.sketches import SCORED, Profile
 
 __all__ = ["column", "embedding_matrix", "profile_embedding", "profile_generation", "profile_labels", "profile_ocr",
            "profile_schema_valid"]

@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.sketches import SCORED, Profile, item_buckets, overlap_at_k
+from pipeline.core.sketches import SCORED, Profile, item_buckets, overlap_at_k
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

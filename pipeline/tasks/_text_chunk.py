@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from pipeline.batching import Batch, bucket_length, collate, pad_multiple, plan_batches, small_chunk_budget
-from pipeline.metrics import WorkerCounts
-from pipeline.rows import MALFORMED_ERROR, Status
+from pipeline.core.batching import Batch, bucket_length, collate, pad_multiple, plan_batches, small_chunk_budget
+from pipeline.core.metrics import WorkerCounts
+from pipeline.core.rows import MALFORMED_ERROR, Status
 from pipeline.tasks._content import carries_content, content_free, malformed_rows, special_token_ids
 from pipeline.tasks._failures import describe_error, free_accelerator_memory, is_out_of_memory
 from pipeline.tasks._tokenize import pad_token_id, token_lengths, tokenize_rows
@@ -207,7 +207,7 @@ def _run_guarded(
     log2(batch) extra forwards) and only that row is marked ``error``; its
     neighbours are scored normally. Nothing is lost and nothing is scored twice.
     """
-    from pipeline import faults
+    from pipeline.core import faults
 
     batching = task.batching
     lengths = tok.lengths

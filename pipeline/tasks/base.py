@@ -8,7 +8,7 @@ chunk to :meth:`Task.process` and yields the result.
 Every result carries ``status`` (``ok``, ``truncated``, ``skipped_null``,
 ``skipped_empty``, ``skipped_no_content``, ``error``; ``extract`` adds
 ``invalid_output``) and ``error`` (a message, or null), so no input row is ever
-dropped (the names: ``pipeline.rows``; which rows are not scored:
+dropped (the names: ``pipeline.core.rows``; which rows are not scored:
 ``pipeline.tasks._content``).
 
 :class:`TextTask` loads the model through the accuracy gate and runs each
@@ -25,10 +25,10 @@ from typing import Any, ClassVar, Hashable, Iterable, Iterator, Protocol, Sequen
 import numpy as np
 import pyarrow as pa
 
-from pipeline.batching import BatchSizeMemory, collate, plan_batches
+from pipeline.core.batching import BatchSizeMemory, collate, plan_batches
 from pipeline.config import BatchingConfig, ModelConfig
-from pipeline.metrics import WorkerCounts
-from pipeline.rows import STATUS_FIELDS
+from pipeline.core.metrics import WorkerCounts
+from pipeline.core.rows import STATUS_FIELDS
 from pipeline.tasks._text_chunk import finish_chunk, prepare_chunk, run_chunk, scatter
 from pipeline.tasks._tokenize import pad_token_id, token_lengths, tokenize
 
@@ -108,7 +108,7 @@ class TextTask:
 
     @classmethod
     def extras(cls, config: Any, model: ModelConfig) -> tuple[str, ...]:
-        """The wheel's extras this task needs on the driver and every executor (:mod:`pipeline.extras`)."""
+        """The wheel's extras this task needs on the driver and every executor (:mod:`pipeline.core.extras`)."""
         if getattr(config, "backend", None) == "endpoint":
             return ("endpoint",)
         if model.precision == "int8" and model.int8.backend == "onnxruntime":
@@ -214,7 +214,7 @@ class TextTask:
         raise NotImplementedError
 
     def profile_output(self, out: pa.RecordBatch, profile: Any) -> None:
-        """Add an output chunk to the run's profile (:mod:`pipeline.sketches`): statuses and tokens; kinds add theirs."""
+        """Add an output chunk to the run's profile (:mod:`pipeline.core.sketches`): statuses and tokens; kinds add theirs."""
         profile.rows(out)
 
     # -- the chunk loop -----------------------------------------------------------------------

@@ -33,10 +33,10 @@ from pydantic import Field
 
 from pipeline.config import JobConfig, TaskConfig
 from pipeline.images.decode import DEFAULT_MAX_PIXELS, DecodedImage, resize_center_crop
-from pipeline.metrics import WorkerCounts
+from pipeline.core.metrics import WorkerCounts
 from pipeline.models.files import PACKAGE_PREFIX, files_revision, package_folder
 from pipeline.registry import register_task
-from pipeline.run_counts import RunCounts, TaskCounts
+from pipeline.core.run_counts import RunCounts, TaskCounts
 from pipeline.tasks._images import ImageTask
 from pipeline.tasks.job import ModelInfo, TaskJob, executor_model_path
 

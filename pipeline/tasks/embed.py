@@ -11,9 +11,9 @@ from pydantic import Field
 
 from pipeline.config import TaskConfig
 from pipeline.endpoint.config import EndpointConfig
-from pipeline.metrics import WorkerCounts
+from pipeline.core.metrics import WorkerCounts
 from pipeline.registry import register_task
-from pipeline.rows import ANSWER_COLUMN, Status
+from pipeline.core.rows import ANSWER_COLUMN, Status
 from pipeline.tasks._content import malformed_rows
 from pipeline.tasks._endpoint import EndpointBackend, EndpointJob
 from pipeline.tasks._torch import check_encoder_precision, forward, label_columns, list_array

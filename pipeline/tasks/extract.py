@@ -33,7 +33,7 @@ from pydantic import Field, field_validator
 from pipeline.generation.engine import GenerationResult
 from pipeline.generation.schema import arrow_type, check_schema, load_schema, parse_completion
 from pipeline.registry import register_task
-from pipeline.rows import INVALID_OUTPUT, STATUS_FIELDS, Status
+from pipeline.core.rows import INVALID_OUTPUT, STATUS_FIELDS, Status
 from pipeline.tasks._endpoint import EndpointJob
 from pipeline.tasks._generate_columns import RESULT_FIELDS
 from pipeline.tasks.generate import GenerateTask, GenerateTaskConfig
@@ -81,7 +81,7 @@ class ExtractTask(GenerateTask):
 
     @classmethod
     def extras(cls, config: ExtractTaskConfig, model: Any) -> tuple[str, ...]:
-        """The generation extras, and jsonschema/xgrammar for the schema (:mod:`pipeline.extras`)."""
+        """The generation extras, and jsonschema/xgrammar for the schema (:mod:`pipeline.core.extras`)."""
         return (*super().extras(config, model), "extract")
 
     def output_schema(self) -> pa.Schema:

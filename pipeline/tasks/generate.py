@@ -28,9 +28,9 @@ from pipeline.generation.config import VllmConfig
 from pipeline.generation.engine import GenerationResult
 from pipeline.generation.prompts import template_fields
 from pipeline.images.decode import DEFAULT_MAX_PIXELS
-from pipeline.metrics import WorkerCounts
+from pipeline.core.metrics import WorkerCounts
 from pipeline.registry import register_task
-from pipeline.rows import ANSWER_COLUMN, STATUS_FIELDS
+from pipeline.core.rows import ANSWER_COLUMN, STATUS_FIELDS
 from pipeline.tasks._content import malformed_rows
 from pipeline.tasks._endpoint import EndpointBackend, EndpointJob
 from pipeline.tasks._generate_chunk import generate_chunk
@@ -168,7 +168,7 @@ class GenerateTask(EndpointBackend):
 
     @classmethod
     def extras(cls, config: GenerateTaskConfig, model: ModelConfig) -> tuple[str, ...]:
-        """The wheel's extras this task needs on the driver and every executor (:mod:`pipeline.extras`)."""
+        """The wheel's extras this task needs on the driver and every executor (:mod:`pipeline.core.extras`)."""
         images = ("vision",) if config.image_column else ()
         if config.backend == "endpoint":
             return ("endpoint", *images)
@@ -199,7 +199,7 @@ class GenerateTask(EndpointBackend):
         return (self.kind, self.model.path, self.model.precision, self.model.device, repr(self.config))
 
     def profile_output(self, out: pa.RecordBatch, profile: Any) -> None:
-        """Statuses and prompt tokens, completion lengths and finish reasons (:mod:`pipeline.sketches`)."""
+        """Statuses and prompt tokens, completion lengths and finish reasons (:mod:`pipeline.core.sketches`)."""
         from pipeline.tasks._profile import profile_generation
 
         profile.rows(out)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pipeline.config import JobConfig
 from pipeline.registry import ModelInfo, TaskKind, set_default_job
-from pipeline.run_counts import RunCounts, TaskCounts
+from pipeline.core.run_counts import RunCounts, TaskCounts
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -35,7 +35,7 @@ def executor_model_path(spec: str) -> str:
     """
     import os
 
-    from pipeline.locations import resolve_location
+    from pipeline.core.locations import resolve_location
 
     return resolve_location(os.path.expanduser(spec))
 
@@ -63,7 +63,7 @@ class TaskJob:
     top-K lists and refreshes a latest table).
 
     ``counters`` names the counters this kind's workers emit besides every kind's
-    (a :class:`~pipeline.run_counts.TaskCounts` subclass): the run refuses any other.
+    (a :class:`~pipeline.core.run_counts.TaskCounts` subclass): the run refuses any other.
     """
 
     counters: ClassVar[type[TaskCounts]] = TaskCounts
@@ -71,7 +71,7 @@ class TaskJob:
     not_for_dataframes: ClassVar[str | None] = None
 
     def extras(self, config: JobConfig, task_class: type) -> tuple[str, ...]:
-        """The wheel's extras a job of this kind needs (:mod:`pipeline.extras`): its task's (backend and
+        """The wheel's extras a job of this kind needs (:mod:`pipeline.core.extras`): its task's (backend and
         precision decide), plus ``report`` for ``run.report_path`` and ``mlflow`` for ``run.mlflow`` or a
         ``models:/`` model."""
         # a kind whose needs depend on its settings says so in ``extras``; the others name them in ``needs_extras``
@@ -85,7 +85,7 @@ class TaskJob:
 
     def check_extras(self, config: JobConfig, task_class: type) -> None:
         """Refuse before any Spark work when a library the job needs is missing, with the line that adds it."""
-        from pipeline.extras import require
+        from pipeline.core.extras import require
 
         backend = getattr(config.task, "backend", None)
         what = f"task.kind {config.task.kind}" + (f" (backend {backend})" if backend else "")

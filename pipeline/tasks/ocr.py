@@ -38,7 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.images.decode import DecodedImage
-from pipeline.metrics import WorkerCounts
+from pipeline.core.metrics import WorkerCounts
 from pipeline.models.files import PACKAGE_PREFIX, package_folder
 from pipeline.registry import register_task
 from pipeline.tasks._images import ImageTask
@@ -197,7 +197,7 @@ class OcrTask(ImageTask):
     def recognize(self, loaded: LoadedOcr, crops: list[np.ndarray], counts: WorkerCounts | None = None
                   ) -> list[tuple[str, float]]:
         """``(text, confidence)`` per crop (in input order), batched by width."""
-        from pipeline.batching import pad_multiple
+        from pipeline.core.batching import pad_multiple
         from pipeline.images.ocr_lines import collate_lines, plan_line_batches
         from pipeline.images.ocr_text import ctc_decode
 

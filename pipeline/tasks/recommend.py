@@ -39,10 +39,10 @@ from pydantic import Field
 from pipeline.config import BatchingConfig, JobConfig, ModelConfig, TaskConfig
 from pipeline.config.base import READS, WRITES
 from pipeline.errors import ModelError, SourceError
-from pipeline.metrics import WorkerCounts
+from pipeline.core.metrics import WorkerCounts
 from pipeline.registry import register_task
-from pipeline.rows import STATUS_FIELDS, Status
-from pipeline.run_counts import RunCounts, TaskCounts
+from pipeline.core.rows import STATUS_FIELDS, Status
+from pipeline.core.run_counts import RunCounts, TaskCounts
 from pipeline.tasks._recommend_arrow import ragged_lists, seen_lists
 from pipeline.tasks._recommend_profile import PREVIOUS_COLUMN, overlap_profile, profile_recommendations, with_previous
 from pipeline.tasks.job import ModelInfo, TaskJob

@@ -12,7 +12,7 @@ import pytest
 from pipeline import score
 from pipeline.config import ConfigError
 from pipeline.errors import ModelError, SourceError
-from pipeline.rows import MODEL_LINEAGE_COLUMNS, STATUS_FIELDS
+from pipeline.core.rows import MODEL_LINEAGE_COLUMNS, STATUS_FIELDS
 from tests.support.data import make_documents
 from tests.support.scoring import (EMBED, NULL_ID_ROW, SCORE_SETTINGS, assert_same_as_run_job, documents,
                                    run_job_rows, untouchable_frame, user_write)

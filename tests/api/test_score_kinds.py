@@ -17,7 +17,7 @@ from pipeline import score
 from pipeline.config import ConfigError
 from pipeline.errors import SourceError
 from pipeline.registry import task_kinds
-from pipeline.rows import MODEL_LINEAGE_COLUMNS, STATUS_FIELDS
+from pipeline.core.rows import MODEL_LINEAGE_COLUMNS, STATUS_FIELDS
 from tests.support import image_samples as samples
 from tests.support.generation_models import EXTRACT_SHORT_SCHEMA, save_model_folder
 

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import register_function, score
-from pipeline.compat import COLUMN_FUNCTION_ENV
+from pipeline.core.compat import COLUMN_FUNCTION_ENV
 from pipeline.errors import SourceError
 from tests.api.test_score_kinds import CASES, models  # noqa: F401 - the kinds' rows and models, and their fixture
 from tests.support.scoring import EMBED, SCORE_SETTINGS, assert_same_value, documents
@@ -112,8 +112,8 @@ def test_a_streaming_dataframe_on_the_pandas_path(spark, tmp_path, tiny_embed_mo
 def test_the_path_follows_the_spark_line_and_the_setting(spark, tiny_embed_model, monkeypatch):
     from pyspark.sql.functions import PandasUDFType
 
-    from pipeline._scoring import checked, prepare_scoring
-    from pipeline.compat import arrow_column_function
+    from pipeline.dataframe.checks import checked, prepare_scoring
+    from pipeline.core.compat import arrow_column_function
     from pipeline.dataframe import _column_function
 
     config, kind, task = prepare_scoring("embed", model=str(tiny_embed_model), batching=None, settings={},

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline._scoring import input_columns, prepare_scoring
+from pipeline.dataframe.checks import input_columns, prepare_scoring
 from pipeline.config import BatchingConfig, ConfigError, ModelConfig, build_config
-from pipeline.fingerprint import task_fingerprint
+from pipeline.config.fingerprint import task_fingerprint
 from pipeline.tasks.embed import EmbedTaskConfig
 
 LABELS = {"pos": "good great", "neg": "bad awful"}

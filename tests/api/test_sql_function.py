@@ -7,7 +7,7 @@ import pytest
 from pipeline import register_function
 from pipeline.config import ConfigError
 from pipeline.errors import ModelError
-from pipeline.rows import MODEL_LINEAGE_COLUMNS, STATUS_FIELDS
+from pipeline.core.rows import MODEL_LINEAGE_COLUMNS, STATUS_FIELDS
 from tests.support.scoring import EMBED, SCORE_SETTINGS, assert_same_as_run_job
 
 

@@ -6,10 +6,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline.batching import BatchSizeMemory
+from pipeline.core.batching import BatchSizeMemory
 from pipeline.config import BatchingConfig, ModelConfig
 from pipeline.tasks.embed import EmbedTaskConfig
-from pipeline.metrics import WorkerCounts
+from pipeline.core.metrics import WorkerCounts
 from pipeline.tasks import build_task
 
 from tests.support.data import SENTENCES

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.batching import (
+from pipeline.core.batching import (
     Batch, BatchSizeMemory, bucket_length, collate, pad_multiple, padded_length, padding_efficiency, plan_batches,
 )
 
@@ -102,7 +102,7 @@ def test_invalid_arguments():
 def test_worker_progress_prints_at_most_every_interval():
     import io
 
-    from pipeline.metrics import WorkerCounts, WorkerProgress
+    from pipeline.core.metrics import WorkerCounts, WorkerProgress
 
     out = io.StringIO()
     progress = WorkerProgress("job worker 1", interval=3600, stream=out)
@@ -189,14 +189,14 @@ def test_batch_size_memory_is_per_length_bucket_and_only_shrinks():
 def test_docstring_examples_hold():
     import doctest
 
-    import pipeline.batching
+    import pipeline.core.batching
 
-    result = doctest.testmod(pipeline.batching)
+    result = doctest.testmod(pipeline.core.batching)
     assert result.attempted >= 4 and result.failed == 0
 
 
 def test_small_chunk_budget_only_for_a_chunk_smaller_than_a_batch():
-    from pipeline.batching import small_chunk_budget
+    from pipeline.core.batching import small_chunk_budget
 
     lengths = [10] * 40 + [12] * 9 + [256]
     budget = small_chunk_budget(lengths, batch_size=64, multiple=8, cap=256)

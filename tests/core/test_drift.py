@@ -1,4 +1,4 @@
-"""Drift statistics (pipeline.drift): quiet on samples of one population, loud on the shifts that matter."""
+"""Drift statistics (pipeline.core.drift): quiet on samples of one population, loud on the shifts that matter."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline.drift import Limits, Verdict, chi2_sf, compare, kolmogorov_sf, pooled, psi
-from pipeline.sketches import Profile
+from pipeline.core.drift import Limits, Verdict, chi2_sf, compare, kolmogorov_sf, pooled, psi
+from pipeline.core.sketches import Profile
 
 
 def _night(rng: np.random.Generator, n: int, *, shift: float = 0.0, empty: float = 0.0, turn: float = 0.0) -> dict:

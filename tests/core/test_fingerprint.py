@@ -13,8 +13,8 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from pipeline.config import build_config
-from pipeline.fingerprint import (check_declarations, fingerprint_settings, fingerprint_task_keys,
-                                  task_fingerprint)
+from pipeline.config.fingerprint import (check_declarations, fingerprint_settings, fingerprint_task_keys,
+                                         task_fingerprint)
 from pipeline.registry import register_task, task_kinds
 from pipeline.runner import JobError, run_job
 from pipeline.stages.inputs import prepare_inputs
@@ -105,7 +105,7 @@ def test_generate_template_changes_it_slots_and_mode_do_not():
 
 def test_the_hash_is_stable_across_processes():
     """No Python ``hash()`` or set order in it: another interpreter with another hash seed agrees."""
-    code = ("from tests.core.test_fingerprint import _job, REV; from pipeline.fingerprint import task_fingerprint; "
+    code = ("from tests.core.test_fingerprint import _job, REV; from pipeline.config.fingerprint import task_fingerprint; "
             "print(task_fingerprint(_job(), revision=REV))")
     env = {**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": str(REPO)}
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True,

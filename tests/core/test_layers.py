@@ -23,22 +23,22 @@ PACKAGE = Path(__file__).resolve().parents[2] / "pipeline"
 # ground floor first; a module's floor is that of its longest matching prefix (a prefix covers itself and
 # the modules below it: "pipeline.io" covers pipeline.io.delta.sink)
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("core", ("pipeline.errors", "pipeline.error_text", "pipeline.compat", "pipeline.extras", "pipeline.sessions",
-              "pipeline.locations", "pipeline.rows", "pipeline.batching", "pipeline.metrics", "pipeline.run_summary",
-              "pipeline.run_counts", "pipeline.faults", "pipeline.logs", "pipeline.sketches", "pipeline.drift",
-              "pipeline.host")),
-    ("config", ("pipeline.config", "pipeline.fingerprint", "pipeline.identity")),
+    ("core", ("pipeline.errors", "pipeline.core.error_text", "pipeline.core.compat", "pipeline.core.extras", "pipeline.core.sessions",
+              "pipeline.core.locations", "pipeline.core.rows", "pipeline.core.batching", "pipeline.core.metrics", "pipeline.core.run_summary",
+              "pipeline.core.run_counts", "pipeline.core.faults", "pipeline.core.logs", "pipeline.core.sketches", "pipeline.core.drift",
+              "pipeline.core.host")),
+    ("config", ("pipeline.config", "pipeline.config.fingerprint", "pipeline.config.identity")),
     ("registry", ("pipeline.registry",)),
     # engines and platform share a floor: each may use the other, never in a circle (checked below)
     ("engines and platform", ("pipeline.models", "pipeline.generation", "pipeline.endpoint", "pipeline.images",
                               "pipeline.recs", "pipeline.spark", "pipeline.io", "pipeline.journal",
                               "pipeline.arrow_types")),
     ("tasks", ("pipeline.tasks",)),
-    ("run stages", ("pipeline.stages", "pipeline.runs", "pipeline.recorder", "pipeline.tracking", "pipeline.report",
-                    "pipeline.small_jobs")),
+    ("run stages", ("pipeline.stages", "pipeline.records.runs", "pipeline.records.recorder", "pipeline.records.tracking", "pipeline.report",
+                    "pipeline.stages.small_jobs")),
     ("run", ("pipeline.runner",)),
     ("faces", ("pipeline.__main__", "pipeline.cli", "pipeline.notebook", "pipeline.docs", "pipeline.demo",
-               "pipeline.dataframe", "pipeline._scoring")),
+               "pipeline.dataframe", "pipeline.dataframe.checks")),
 ]
 # the package's own __init__ is on the top floor by itself: as a prefix, "pipeline" would cover every module,
 # and a module added to no floor would sit, unnoticed, where no import of it can run up a floor
@@ -240,12 +240,12 @@ def between(graph: dict[str, set[str]], one: str, other: str) -> list[str]:
 
 def test_spark_and_io_never_import_each_other():
     """The Spark glue (sessions, UDFs, progress) and the tables (sources, Delta, stores) meet in the stages
-    above them; staging (pipeline.journal) and the session settings (pipeline.sessions) are what both use."""
+    above them; staging (pipeline.journal) and the session settings (pipeline.core.sessions) are what both use."""
     assert between(import_graph(), "pipeline.spark", "pipeline.io") == []
 
 
 def test_the_independence_check_sees_both_directions():
     graph = {"pipeline.spark.udf": {"pipeline.io.paths"}, "pipeline.io.delta.sink": {"pipeline.spark.session"},
-             "pipeline.io.stores": {"pipeline.io.paths"}, "pipeline.spark.session": {"pipeline.sessions"}}
+             "pipeline.io.stores": {"pipeline.io.paths"}, "pipeline.spark.session": {"pipeline.core.sessions"}}
     assert between(graph, "pipeline.spark", "pipeline.io") == [
         "pipeline.io.delta.sink imports pipeline.spark.session", "pipeline.spark.udf imports pipeline.io.paths"]

@@ -16,7 +16,7 @@ from pipeline import run_job
 from pipeline.config import ConfigError, TaskConfig, build_config
 from pipeline.errors import PipelineError
 from pipeline.registry import ModelInfo, get_task_kind, register_task, task_kinds, unregister_task
-from pipeline.rows import STATUS_FIELDS
+from pipeline.core.rows import STATUS_FIELDS
 from pipeline.tasks.job import TaskJob
 from tests.support.data import make_documents, read_delta, write_delta
 
@@ -154,9 +154,9 @@ def test_the_config_reference_page_is_generated_from_the_models(tmp_path):
 
 
 def test_fault_hooks_stay_out_of_the_batch_loop(tiny_embed_model, monkeypatch):
-    from pipeline import faults
+    from pipeline.core import faults
     from pipeline.config import BatchingConfig, ModelConfig
-    from pipeline.metrics import WorkerCounts
+    from pipeline.core.metrics import WorkerCounts
     from pipeline.tasks.embed import EmbedTask, EmbedTaskConfig
 
     def boom(*args: Any, **kwargs: Any) -> None:
@@ -172,7 +172,7 @@ def test_fault_hooks_stay_out_of_the_batch_loop(tiny_embed_model, monkeypatch):
 
 
 def test_pure_layers_import_no_spark_or_torch():
-    code = ("import sys, pipeline.config, pipeline.registry, pipeline.batching, pipeline.metrics, pipeline.docs\n"
+    code = ("import sys, pipeline.config, pipeline.registry, pipeline.core.batching, pipeline.core.metrics, pipeline.docs\n"
             "from pipeline.registry import task_kinds; task_kinds()\n"
             "bad = sorted(m for m in ('pyspark', 'torch', 'transformers') if m in sys.modules)\n"
             "assert not bad, bad")

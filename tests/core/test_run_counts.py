@@ -1,4 +1,4 @@
-"""Typed run counts (pipeline.run_counts): merged worker counts read once, unknown counters refused by name."""
+"""Typed run counts (pipeline.core.run_counts): merged worker counts read once, unknown counters refused by name."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from pipeline.metrics import WorkerCounts, merge_counts, reused_counts
-from pipeline.run_counts import RunCounts, TaskCounts
+from pipeline.core.metrics import WorkerCounts, merge_counts, reused_counts
+from pipeline.core.run_counts import RunCounts, TaskCounts
 from pipeline.tasks._ocr_job import STAGES, OcrCounts
 from pipeline.tasks.classify_image import ImageClassifyCounts, ImageClassifyJob
 from pipeline.tasks.recommend import RecommendCounts, RecommendJob

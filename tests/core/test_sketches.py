@@ -1,4 +1,4 @@
-"""The output profile's sketches (pipeline.sketches): they add up whatever the split, travel as JSON, read back."""
+"""The output profile's sketches (pipeline.core.sketches): they add up whatever the split, travel as JSON, read back."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline.metrics import merge_counts
-from pipeline.sketches import BINS, Histogram, Profile, Vectors, item_buckets
+from pipeline.core.metrics import merge_counts
+from pipeline.core.sketches import BINS, Histogram, Profile, Vectors, item_buckets
 
 
 def _profile(lengths: np.ndarray, scores: np.ndarray, labels: list[str], vectors: np.ndarray) -> Profile:

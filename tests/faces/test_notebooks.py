@@ -114,7 +114,7 @@ def test_a_notebook_in_notebooks_runs_the_repositorys_config_with_the_repository
     from deltalake import DeltaTable
 
     from pipeline.notebook import declare_widgets, read_widgets, run_notebook
-    from pipeline.runs import read_runs
+    from pipeline.records.runs import read_runs
 
     repo = _project(tmp_path)
     monkeypatch.chdir(repo / "notebooks")

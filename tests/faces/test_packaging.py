@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import compat, extras
+from pipeline.core import compat, extras
 from pipeline.errors import MissingExtraError, UnsupportedSparkError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,7 +98,7 @@ def test_every_third_party_import_is_declared_by_the_base_or_an_extra():
 def test_the_extras_the_runtime_checks_are_the_extras_pyproject_declares():
     declared = _declared()
     for extra, modules in extras.EXTRAS.items():
-        assert extra in declared, f"pipeline.extras names {extra!r}, which pyproject.toml does not declare"
+        assert extra in declared, f"pipeline.core.extras names {extra!r}, which pyproject.toml does not declare"
         for module in modules:
             dists = _distributions(module)
             assert dists & declared[extra], f"extra {extra!r}: module {module} ({sorted(dists)}) is not in its list"
@@ -117,8 +117,8 @@ def test_pyspark_is_the_platforms_not_a_dependency():
 
 
 def test_requires_python_matches_the_code():
-    uses_strenum = "StrEnum" in (REPO / "pipeline" / "rows.py").read_text()
-    assert uses_strenum, "pipeline.rows no longer uses enum.StrEnum: requires-python may go back below 3.11"
+    uses_strenum = "StrEnum" in (REPO / "pipeline" / "core" / "rows.py").read_text()
+    assert uses_strenum, "pipeline.core.rows no longer uses enum.StrEnum: requires-python may go back below 3.11"
     assert PYPROJECT["requires-python"] == ">=3.11"
 
 
@@ -194,7 +194,7 @@ def test_an_unsupported_spark_can_be_tried_on_purpose(monkeypatch, capsys):
 
 
 def test_the_installed_pyspark_is_read_without_importing_it():
-    probe = "import sys\nfrom pipeline.compat import installed_pyspark\nprint(installed_pyspark(), 'pyspark' in sys.modules)"
+    probe = "import sys\nfrom pipeline.core.compat import installed_pyspark\nprint(installed_pyspark(), 'pyspark' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.stdout.split() == [version("pyspark"), "False"]

@@ -182,8 +182,8 @@ def test_every_name_the_docs_use_is_exported_from_pipeline():
 @pytest.mark.parametrize("code, why", [
     ("from pipeline.io.stores import StoreError", "StoreError is not exported from pipeline"),
     ("import pipeline.io.stores", "the module pipeline.io.stores is not exported"),
-    ("import pipeline\npipeline.runs.read_runs(p).count", None),
-    ("import pipeline\npipeline.runs.run_row(p)", "run_row is not exported from pipeline"),
+    ("import pipeline\npipeline.records.runs.read_runs(p).count", None),
+    ("import pipeline\npipeline.records.runs.run_row(p)", "run_row is not exported from pipeline"),
     ("from pipeline import nothing_here", "there is no nothing_here in pipeline"),
     ("from pipeline.notebook import run_notebook, WIDGETS", "WIDGETS is not in pipeline.notebook.__all__"),
     ("x = 1  # the hooks: a pipeline.tasks.job.TaskJob", None),

@@ -12,7 +12,7 @@ from tests.support.generation_models import (  # noqa: E402
 )
 from pipeline.config import ConfigError, ModelConfig, BatchingConfig, build_config  # noqa: E402
 from pipeline.tasks.generate import GenerateTaskConfig  # noqa: E402
-from pipeline.metrics import WorkerCounts  # noqa: E402
+from pipeline.core.metrics import WorkerCounts  # noqa: E402
 from pipeline.tasks import build_task  # noqa: E402
 from pipeline.tasks.generate import GenerateTask  # noqa: E402
 
@@ -95,7 +95,7 @@ def test_process_end_to_end(model_dir, mode):
 def test_progress_lines_as_rows_finish(model_dir):
     import io
 
-    from pipeline.metrics import WorkerProgress
+    from pipeline.core.metrics import WorkerProgress
 
     task = _task(model_dir)
     stream = io.StringIO()
@@ -179,7 +179,7 @@ def test_a_tokenizer_that_does_not_match_the_model_flags_its_rows(tmp_path):
     ({"oom_above_rows": 1}, ["ok", "ok", "ok"]),  # a batch too big for memory: each row alone fits
 ])
 def test_a_failing_batch_is_retried_row_by_row(model_dir, fault, status):
-    from pipeline import faults
+    from pipeline.core import faults
 
     task = _task(model_dir)
     loaded = task.load(model_dir, "cpu")

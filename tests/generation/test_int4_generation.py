@@ -30,7 +30,7 @@ from pipeline.generation.engine import BatchGenerator, GenerationRequest
 from pipeline.generation.gguf import DEMO_GGUF, convert_gguf, packaged_gguf
 from pipeline.generation.llama_cpp_backend import LlamaSlotBatch, find_gguf, load_llama_cpp
 from pipeline.generation.prompts import PromptBuilder
-from pipeline.metrics import WorkerCounts
+from pipeline.core.metrics import WorkerCounts
 from pipeline.models.loading import ModelError
 from pipeline.tasks import build_task
 from pipeline.tasks._generate_load import choose_backend

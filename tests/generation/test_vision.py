@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 
 from pipeline.config import BatchingConfig, ConfigError, ModelConfig, build_config  # noqa: E402
 from pipeline.generation import BatchGenerator, GenerationRequest  # noqa: E402
-from pipeline.metrics import WorkerCounts  # noqa: E402
+from pipeline.core.metrics import WorkerCounts  # noqa: E402
 from pipeline.tasks.extract import ExtractTask, ExtractTaskConfig  # noqa: E402
 from pipeline.tasks.generate import GenerateTask, GenerateTaskConfig  # noqa: E402
 from tests.support import image_samples as samples  # noqa: E402

@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 
 from pipeline.config import BatchingConfig, ModelConfig  # noqa: E402
 from pipeline.generation.config import VllmConfig  # noqa: E402
-from pipeline.metrics import WorkerCounts  # noqa: E402
+from pipeline.core.metrics import WorkerCounts  # noqa: E402
 from pipeline.tasks import build_task  # noqa: E402
 from pipeline.tasks.extract import ExtractTaskConfig  # noqa: E402
 from pipeline.tasks.generate import GenerateTaskConfig  # noqa: E402

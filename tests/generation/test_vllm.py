@@ -31,7 +31,7 @@ from pipeline.config import BatchingConfig, ModelConfig  # noqa: E402
 from pipeline.tasks.generate import GenerateTaskConfig  # noqa: E402
 from pipeline.generation.config import VllmConfig  # noqa: E402
 from pipeline.generation import GenerationRequest, SamplingParams  # noqa: E402
-from pipeline.metrics import WorkerCounts  # noqa: E402
+from pipeline.core.metrics import WorkerCounts  # noqa: E402
 from pipeline.tasks import build_task  # noqa: E402
 
 SHAPE = VLLM_SHAPE  # the model_dir of tests/generation/conftest.py
@@ -100,7 +100,7 @@ def test_task_process_flags_bad_rows_and_counts(task, loaded, reference):
 
 
 def test_a_failing_batch_is_retried_row_by_row(task, loaded):
-    from pipeline import faults
+    from pipeline.core import faults
 
     chunk = pa.RecordBatch.from_pydict({"text": [PROMPTS[0], "XPOISONX row", PROMPTS[1]], "budget": [4, 4, 4]})
     clean = task.process(loaded, chunk, WorkerCounts()).to_pydict()

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from pipeline.config import BatchingConfig, ModelConfig
-from pipeline.metrics import WorkerCounts
+from pipeline.core.metrics import WorkerCounts
 from pipeline.tasks.classify_image import ImageClassifyConfig, ImageClassifyTask
 from tests.support import image_samples as samples
 
@@ -85,7 +85,7 @@ def test_embedding_and_paths(tiny_image_model, tmp_path):
 
 
 def test_poison_image_isolated_by_bisection(tiny_image_model):
-    from pipeline import faults
+    from pipeline.core import faults
 
     task = make_task(tiny_image_model, batch_size=4)
     loaded = task.load(tiny_image_model, "cpu")

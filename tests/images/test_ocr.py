@@ -8,14 +8,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline.batching import padding_efficiency
+from pipeline.core.batching import padding_efficiency
 from pipeline.config import BatchingConfig, ModelConfig
 from pipeline.images import ocr_steps
 from pipeline.images.ocr_layout import LineBox
 from pipeline.images.ocr_lines import collate_lines, plan_line_batches
 from pipeline.images.ocr_steps import boxes_from_probability
 from pipeline.images.ocr_text import char_error_rate, ctc_decode
-from pipeline.metrics import WorkerCounts
+from pipeline.core.metrics import WorkerCounts
 from pipeline.tasks.ocr import OcrConfig, OcrTask, find_ocr_models
 from tests.support import image_samples as samples
 

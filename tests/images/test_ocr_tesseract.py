@@ -26,7 +26,7 @@ from pipeline.images import ocr_tesseract
 from pipeline.images.decode import decode_image
 from pipeline.images.ocr_tesseract import find_tessdata
 from pipeline.images.ocr_text import char_error_rate, normalize_text
-from pipeline.metrics import WorkerCounts
+from pipeline.core.metrics import WorkerCounts
 from pipeline.tasks.ocr import OcrConfig, OcrTask
 from tests.support import image_samples as samples
 

@@ -14,7 +14,7 @@ from deltalake import DeltaTable
 
 from pipeline.config import build_config
 from pipeline.runner import run_job
-from pipeline.small_jobs import small_job
+from pipeline.stages.small_jobs import small_job
 from tests.support.data import make_documents
 
 pytestmark = pytest.mark.connector

@@ -25,7 +25,7 @@ from pipeline.errors import SinkError
 from pipeline.io.delta.sink import write_sink
 from pipeline.report import report_main
 from pipeline.runner import run_job
-from pipeline.runs import read_runs
+from pipeline.records.runs import read_runs
 
 from tests.support.data import DELTA_TEST_CONFS, REPO, make_documents, sink_config, write_delta
 from tests.support.drills import kill_driver_at_its_commit, vacuum_now, write_with_a_worker_killed
@@ -339,7 +339,7 @@ def test_the_runs_table_of_an_s3a_output_is_recorded_there_and_reported_from_the
     final row, in s3a://lake/rec_runs with the storage: settings the runner applies (keys only as ${VAR}, no
     AWS_* in the environment), and `pipeline report` reads them back from there."""
     from pipeline.config import build_config
-    from pipeline.recorder import RunRecorder
+    from pipeline.records.recorder import RunRecorder
 
     from tests.support.runs import summary
 

@@ -240,7 +240,7 @@ def test_sigterm_stops_the_run_records_it_and_the_same_command_resumes(tmp_path,
 
     import yaml
 
-    from pipeline.runs import read_runs
+    from pipeline.records.runs import read_runs
     from pipeline.journal.plans import staged_tasks
 
     from tests.support.drivers import REPO, below_of, kill_below

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import locations
+from pipeline.core import locations
 from pipeline.config import SinkConfig, SourceConfig
 from pipeline.errors import SinkError
 from pipeline.io.delta.plan import WritePlan, plan_write
 from pipeline.io.delta.target import check_sink
 from pipeline.io.sources import SourceError, check_source
-from pipeline.locations import is_local, local_path, resolve_location, uri_scheme
-from pipeline.sessions import delta_package
+from pipeline.core.locations import is_local, local_path, resolve_location, uri_scheme
+from pipeline.core.sessions import delta_package
 
 REPO = Path(__file__).resolve().parents[2]
 DS = dt.date(2026, 11, 29)

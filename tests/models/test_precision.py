@@ -11,7 +11,7 @@ import pytest
 from pipeline.config import BatchingConfig, ConfigError, ModelConfig, build_config
 from pipeline.tasks.classify import ClassifyTaskConfig
 from pipeline.tasks.embed import EmbedTaskConfig
-from pipeline.metrics import WorkerCounts
+from pipeline.core.metrics import WorkerCounts
 from pipeline.models import precision as precision_mod
 from pipeline.models.precision import PrecisionGateError, agreement, fallback_chain
 from pipeline.tasks import build_task

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from pipeline.config import BatchingConfig, ModelConfig
-from pipeline.metrics import WorkerCounts
+from pipeline.core.metrics import WorkerCounts
 from pipeline.models import onnx_int8
 from pipeline.models.onnx_int8 import CACHE_FOLDER, OnnxEncoder, matmul_module_names
 from pipeline.tasks import build_task

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 from pipeline.config import BatchingConfig, ModelConfig
-from pipeline.metrics import WorkerCounts
+from pipeline.core.metrics import WorkerCounts
 from pipeline.models.onnx_int8 import CACHE_FOLDER
 from pipeline.models.verdicts import VERDICT_FOLDER, MachineIdentity, VerdictMemory, VerdictMissing
 from pipeline.tasks.embed import EmbedTask, EmbedTaskConfig

@@ -16,7 +16,7 @@ from deltalake import DeltaTable
 
 from pipeline import run_job
 from pipeline.config import build_config
-from pipeline.drift import Verdict
+from pipeline.core.drift import Verdict
 from pipeline.errors import DriftRefused
 from pipeline.recs.config import TrainConfig
 from pipeline.recs.data import RecsData, write_recs_tables

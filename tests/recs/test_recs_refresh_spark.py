@@ -13,7 +13,7 @@ from deltalake import DeltaTable
 from pipeline import run_job
 from pipeline.config import ConfigError, JobConfig, ModelConfig, build_config, load_config
 from pipeline.errors import ModelError
-from pipeline.metrics import WorkerCounts
+from pipeline.core.metrics import WorkerCounts
 from pipeline.recs.config import TrainConfig
 from pipeline.recs.data import write_recs_tables
 from pipeline.recs.evaluate import seen_lists

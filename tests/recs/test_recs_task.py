@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from pipeline.config import ModelConfig
-from pipeline.metrics import WorkerCounts
+from pipeline.core.metrics import WorkerCounts
 from pipeline.recs.config import TrainConfig
 from pipeline.recs.evaluate import seen_lists
 from pipeline.recs.registry import save_two_tower

@@ -48,7 +48,7 @@ def _with_poison(n: int, at: int) -> pa.Table:
 def test_the_key_tally_spark_computes_is_the_one_a_writer_computes(spark):
     """The scoring pass tallies keys in Spark, the deltalake writer in Python: the same keys, the same tally
     (string, integer and null ids); one key more, less or changed, another."""
-    from pipeline.rows import KeyTally
+    from pipeline.core.rows import KeyTally
     from pipeline.spark.checks import observe_input_tally
 
     ids, hashes = ["d1", None, "d3", "d3", "ä"], ["h1", "h2", "h3", "h3", "h5"]

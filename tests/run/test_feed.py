@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from pipeline.config import BatchingConfig, ModelConfig
-from pipeline.metrics import WorkerCounts
+from pipeline.core.metrics import WorkerCounts
 from pipeline.models.loading import resolve_model_path
 from pipeline.tasks import build_task
 from pipeline.tasks._feed import overlapped

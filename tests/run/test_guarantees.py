@@ -161,7 +161,7 @@ def test_a_crash_between_the_quarantine_and_the_output_commit_is_repaired_by_a_r
 
 def test_read_back_is_at_this_runs_version_and_says_who_replaced_it(spark, tmp_path, tiny_embed_model, writer):
     """Run a's rows, replaced by run b's in the same partition: a's commit still checks out at its version."""
-    from pipeline.run_summary import RunSummary
+    from pipeline.core.run_summary import RunSummary
     from pipeline.stages.inputs import prepare_inputs
     from pipeline.stages.verify import check_written, rows_written
     from pipeline.io.delta.tables import replaced_by

@@ -1,4 +1,4 @@
-"""A run's lines and events through logging (pipeline.logs), and its Spark jobs named after it
+"""A run's lines and events through logging (pipeline.core.logs), and its Spark jobs named after it
 (pipeline.spark.job_labels): JSON lines parsed one by one, an application's own handler, where the records go
 when nothing handles them, a failed run's event, and every Spark job of a run read back from Spark's event log."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from pipeline.logs import RunLog
+from pipeline.core.logs import RunLog
 from pipeline.runner import run_job
 
 from tests.support.data import make_documents, write_delta
@@ -141,7 +141,7 @@ def test_records_go_to_stdout_when_nothing_handles_them_and_only_to_the_applicat
 
 def test_log_json_on_the_command_line_is_run_log_format_json(tmp_path):
     from pipeline.cli import build_parser, config_from_args
-    from pipeline.identity import config_hash
+    from pipeline.config.identity import config_hash
 
     path = tmp_path / "job.yaml"
     path.write_text("job: t\nsource: {path: /d}\nmodel: {path: /m}\ntask: {kind: embed}\nsink: {path: /out}\n")

@@ -52,7 +52,7 @@ def test_two_runs_overwriting_a_new_day_at_once_one_stands_the_other_says_who(sp
     """The nightly run and a backfill of the same new day (with a smaller batch: another logical run): one run's
     rows stand; the other fails naming it, its runs-table row says `failed` with the conflict, and its staged
     tasks stay for a rerun."""
-    from pipeline.runs import read_runs
+    from pipeline.records.runs import read_runs
     from pipeline.journal.plans import staged_tasks
 
     write_delta(tmp_path / "docs", make_documents(40))

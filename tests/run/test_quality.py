@@ -21,9 +21,9 @@ import yaml
 from deltalake import DeltaTable
 
 from pipeline.cli import main
-from pipeline.drift import Verdict
+from pipeline.core.drift import Verdict
 from pipeline.runner import run_job
-from pipeline.runs import read_runs
+from pipeline.records.runs import read_runs
 from pipeline.journal.plans import staged_tasks
 
 from tests.support.data import make_corpus, shuffle_weights, write_delta

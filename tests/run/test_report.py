@@ -14,7 +14,7 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.report import Thresholds, find_deviations, render_report
-from pipeline.runs import read_runs, run_row, write_run_row
+from pipeline.records.runs import read_runs, run_row, write_run_row
 
 from tests.support.data import make_documents, write_delta
 from tests.support.runs import job_config, quality_record, summary

@@ -49,7 +49,7 @@ def _ids_once(tmp_path: Path, rows: int) -> None:
 
 def _runs(tmp_path: Path) -> list[tuple[str, str]]:
     """``(run id, outcome)`` of each run in the runs table, oldest first (one row per run id)."""
-    from pipeline.runs import read_runs
+    from pipeline.records.runs import read_runs
 
     return [(r["run_id"], r["outcome"]) for r in read_runs(str(tmp_path / "scores_runs"))]
 

@@ -106,7 +106,7 @@ def test_spark_errors_become_one_line_on_either_session(any_spark, capsys):
     from pyspark.sql.functions import udf
 
     from pipeline.cli import _print_error
-    from pipeline.error_text import error_line, is_spark_error
+    from pipeline.core.error_text import error_line, is_spark_error
 
     @udf("long")
     def explode_on_13(i):
@@ -127,7 +127,7 @@ def test_spark_errors_become_one_line_on_either_session(any_spark, capsys):
 
 
 def test_error_line_reads_the_last_python_exception():
-    from pipeline.error_text import error_line, python_error_line
+    from pipeline.core.error_text import error_line, python_error_line
 
     chained = (
         "An error occurred while calling o164.save.\n"

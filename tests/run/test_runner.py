@@ -124,7 +124,7 @@ def test_classify_job(spark, tmp_path, tiny_classify_model):
     table = read_scores(tmp_path)
     assert set(table.filter(pc.equal(table["status"], "ok"))["label"].to_pylist()) <= {"negative", "neutral", "positive"}
     # what the run ran with, in the summary, its JSON and its printed end
-    from pipeline.compat import runtime_versions
+    from pipeline.core.compat import runtime_versions
 
     assert summary.versions == runtime_versions() and summary.versions["pyspark"] == pyspark.__version__
     assert json.loads((tmp_path / "summary.json").read_text())["versions"] == runtime_versions()

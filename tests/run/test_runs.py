@@ -1,4 +1,4 @@
-"""The runs table (pipeline.runs): rows written and replaced through deltalake, read back; no Spark."""
+"""The runs table (pipeline.records.runs): rows written and replaced through deltalake, read back; no Spark."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pyarrow as pa
 import pytest
 
 from pipeline.config import load_config
-from pipeline.metrics import WorkerCounts, batch_metrics
-from pipeline.recorder import RunRecorder
-from pipeline.runs import RUNS_SCHEMA, read_runs, redact_config, run_row, write_run_row
+from pipeline.core.metrics import WorkerCounts, batch_metrics
+from pipeline.records.recorder import RunRecorder
+from pipeline.records.runs import RUNS_SCHEMA, read_runs, redact_config, run_row, write_run_row
 from tests.support.runs import job_config, quality_record, summary
 
 
@@ -134,7 +134,7 @@ def test_write_run_row_matches_schema_and_appends(tmp_path: Path) -> None:
 
 def test_per_batch_metrics_stay_small_and_keep_totals() -> None:
     """A long task (20,000 batches over ~4 hours) and a second worker: bounded volume, exact totals."""
-    from pipeline.metrics import SLOWEST_PER_TASK, TIMELINE_POINTS, TIMELINE_TASK_POINTS, merge_counts
+    from pipeline.core.metrics import SLOWEST_PER_TASK, TIMELINE_POINTS, TIMELINE_TASK_POINTS, merge_counts
 
     clock = [1_700_000_000.0]
     merged: dict = {}
@@ -172,7 +172,7 @@ def test_run_job_failing_before_spark_leaves_a_failed_row(tmp_path: Path) -> Non
 
 def test_spark_identity_on_both_session_kinds(any_spark) -> None:
     """The runs table's application id and master, from a classic and a Spark Connect session alike."""
-    from pipeline.runs import spark_identity
+    from pipeline.records.runs import spark_identity
 
     app_id, master = spark_identity(any_spark)
     assert app_id and master and master.startswith("local")
@@ -217,10 +217,10 @@ def test_a_runs_table_the_deltalake_package_cannot_reach_waits_for_the_runs_spar
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A gs:// (abfss://, a Volume) runs table is written through the run's session and its Delta connector: the
     started row waits for the session; a run that ends before it has one is not recorded, and says why."""
-    import pipeline.recorder
+    import pipeline.records.recorder
     from pipeline.errors import RecordError
 
-    monkeypatch.setattr(pipeline.recorder, "_active_session", lambda: None)  # no other test's session in reach
+    monkeypatch.setattr(pipeline.records.recorder, "_active_session", lambda: None)  # no other test's session in reach
 
     config = job_config(tmp_path, runs_path="gs://bucket/runs")
     recorder = RunRecorder.begin(config, run_id="r1", ds=dt.date(2026, 11, 30), out=io.StringIO())
@@ -301,7 +301,7 @@ def test_every_row_records_what_the_run_ran_with_and_an_older_table_gains_the_co
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    from pipeline.compat import runtime_versions
+    from pipeline.core.compat import runtime_versions
 
     config = job_config(tmp_path)
     path = str(tmp_path / "scores_runs")
@@ -325,7 +325,7 @@ def test_the_runs_table_through_the_connector_on_both_session_kinds(any_spark, t
     """The connector's runs table (a Volume's, an abfss:// one): created by the first row, the started row replaced
     by the final one in one MERGE, an older table's missing columns added, and every row read back by deltalake
     (the report and the drift gate read it so), from a classic and a Spark Connect session alike."""
-    from pipeline.runs import write_run_row_through_spark
+    from pipeline.records.runs import write_run_row_through_spark
 
     config = job_config(tmp_path)
     path = str(tmp_path / "runs")

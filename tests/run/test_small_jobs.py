@@ -1,4 +1,4 @@
-"""Small jobs (pipeline.small_jobs): when a job runs light, and that a light job writes what any job writes.
+"""Small jobs (pipeline.stages.small_jobs): when a job runs light, and that a light job writes what any job writes.
 
 The decision is tested condition by condition without Spark; the driver-side commit against the
 Spark-side one on the suite's session (same rows, same types, same transaction, nothing left on
@@ -25,7 +25,7 @@ from pipeline.io.delta.markers import MARKER_DIR
 from pipeline.io.delta.history import commit_metadata
 from pipeline.io.delta.sink import write_sink
 from pipeline.runner import run_job
-from pipeline.small_jobs import small_job
+from pipeline.stages.small_jobs import small_job
 
 from tests.support.data import CONNECTOR_RUN, make_documents, sink_config, write_delta
 

@@ -19,7 +19,7 @@ from deltalake import DeltaTable
 from pipeline.config import JobConfig
 from pipeline.io.delta.history import commit_metadata, consistent_history
 from pipeline.runner import run_job
-from pipeline.runs import read_runs
+from pipeline.records.runs import read_runs
 
 from tests.support.data import make_documents, write_delta
 from tests.support.drivers import kill_when, start_driver

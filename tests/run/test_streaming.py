@@ -20,7 +20,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from pipeline.errors import DriftRefused, JobError, RunStopped, SourceError
 from pipeline.runner import run_job
-from pipeline.runs import read_runs
+from pipeline.records.runs import read_runs
 
 from tests.support.data import CONNECT_MODE, make_corpus, make_documents, write_delta
 from tests.support.drivers import Helper, wait_for
@@ -122,10 +122,10 @@ def test_below_spark_4_2_an_available_now_run_reads_in_limited_micro_batches_and
     micro-batch: the jar-free reader then applies the limit itself and the job runs the query on a processing-time
     trigger to the version the table had at the start (``OpenStream.until``), stopping it there. Taken here on
     the suite's Spark by moving the line that passes limits; the wheel's smoke set runs it on a real 4.0."""
-    import pipeline.compat
+    import pipeline.core.compat
     from pipeline.io.streams import open_stream
 
-    monkeypatch.setattr(pipeline.compat, "STREAM_READ_LIMITS_SINCE", (99, 0))
+    monkeypatch.setattr(pipeline.core.compat, "STREAM_READ_LIMITS_SINCE", (99, 0))
     write_delta(tmp_path / "docs", _docs(0, 4))
     for start in (4, 8):
         write_delta(tmp_path / "docs", _docs(start, 4), mode="append")

@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 
 from pipeline.config import build_config
-from pipeline.identity import RunIdentity
-from pipeline.metrics import WorkerCounts, merge_counts
+from pipeline.config.identity import RunIdentity
+from pipeline.core.metrics import WorkerCounts, merge_counts
 from pipeline.registry import ModelInfo, get_task_kind
-from pipeline.run_counts import BY_KEY, RunCounts
+from pipeline.core.run_counts import BY_KEY, RunCounts
 from pipeline.stages.micro_batch import BatchResult
 from pipeline.stages.outcomes import Committed, ReadBack, RunPlan
 from pipeline.stages.stream import _Watch, stream_summary
 from pipeline.stages.summary import build_summary, summarize
-from pipeline.run_summary import RunSummary
+from pipeline.core.run_summary import RunSummary
 
 # what a batch run knows that a stream's record does not: rows sampled before the commit, what replaced its
 # output since, why staged output was not reused, the source's snapshot; and the stream's own facts
@@ -147,7 +147,7 @@ def test_the_counts_fields_are_not_overridden_by_a_caller(tmp_path):
 
 
 def test_the_summary_declares_no_counter_field_itself():
-    from pipeline.run_summary import _counter_fields
+    from pipeline.core.run_summary import _counter_fields
 
     types = {f.name: f.type for f in dataclasses.fields(RunSummary)}
     assert {name: types[name] for name in RunCounts.summary_types()} == RunCounts.summary_types()

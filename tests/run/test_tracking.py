@@ -1,4 +1,4 @@
-"""MLflow (pipeline.tracking) against a real local SQLite tracking store and model registry."""
+"""MLflow (pipeline.records.tracking) against a real local SQLite tracking store and model registry."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ pytest.importorskip("alembic", reason="the SQLite MLflow store needs SQLAlchemy 
 
 from pipeline.config import MlflowConfig, build_config  # noqa: E402
 from pipeline.models.loading import ModelError, model_revision, resolve_model_path  # noqa: E402
-from pipeline.runs import run_row  # noqa: E402
-from pipeline.tracking import log_run, parse_registry_uri, pin_registry_model  # noqa: E402
+from pipeline.records.runs import run_row  # noqa: E402
+from pipeline.records.tracking import log_run, parse_registry_uri, pin_registry_model  # noqa: E402
 
 from tests.support.data import make_documents, write_delta  # noqa: E402
 from tests.support.runs import job_config, quality_record, summary  # noqa: E402
@@ -127,7 +127,7 @@ def test_run_job_from_an_alias_logs_to_mlflow(spark, store: str, tmp_path: Path,
     from mlflow import MlflowClient
 
     from pipeline.runner import run_job
-    from pipeline.runs import read_runs
+    from pipeline.records.runs import read_runs
 
     register(store, "tiny", tiny_embed_model, alias="prod")
     write_delta(tmp_path / "docs", make_documents(40))

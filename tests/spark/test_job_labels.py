@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from pipeline.sessions import is_connect
+from pipeline.core.sessions import is_connect
 from pipeline.spark.job_labels import JobLabels
 
 

@@ -193,8 +193,8 @@ def test_each_bundle_job_resolves_every_path_from_the_bundles_variables(name: st
     Databricks); none is a relative demo path, a path of a dev checkout or a demo filter. The runs table and
     staging are on the state Volume (run.state_path is used, not only set), the recorder writes the runs table
     there through the session's Delta connector, and the report task reads that table."""
-    from pipeline.locations import uri_scheme
-    from pipeline.recorder import RunRecorder
+    from pipeline.core.locations import uri_scheme
+    from pipeline.records.recorder import RunRecorder
 
     for conf in [REPO / "conf" / f"{name}.yaml", REPO / "conf" / "env" / "databricks.yaml"]:
         for env_name in re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", conf.read_text()):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pipeline.config import SparkConfig
-from pipeline.sessions import is_connect
+from pipeline.core.sessions import is_connect
 from pipeline.spark.session import apply_session_settings, remote_url
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.config import build_config
-from pipeline.drift import Verdict, compare
-from pipeline.metrics import WorkerCounts, batch_metrics
-from pipeline.sketches import Profile
-from pipeline.run_summary import RunSummary
+from pipeline.core.drift import Verdict, compare
+from pipeline.core.metrics import WorkerCounts, batch_metrics
+from pipeline.core.sketches import Profile
+from pipeline.core.run_summary import RunSummary
 
 __all__ = ["job_config", "quality_record", "summary"]
 

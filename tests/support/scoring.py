@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
-from pipeline.rows import QUARANTINED_STATUSES
+from pipeline.core.rows import QUARANTINED_STATUSES
 from pipeline.runner import run_job
 from tests.support.data import make_documents, write_delta
 from tests.support.jobs import job_config

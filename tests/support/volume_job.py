@@ -78,7 +78,7 @@ def jobs(spec: dict) -> dict:
     from pipeline.config import SparkConfig, build_config
     from pipeline.errors import PipelineError
     from pipeline.runner import run_job
-    from pipeline.runs import read_runs
+    from pipeline.records.runs import read_runs
     from pipeline.spark.session import get_session
 
     conf = {"spark.default.parallelism": "2", "spark.databricks.delta.snapshotPartitions": "2"}

@@ -204,7 +204,7 @@ def test_an_answer_without_a_result_is_retried_like_one_that_is_not_json(tmp_pat
     embeddings), are the same transient server fault: both are retried, and every row ends ok."""
     import numpy as np
 
-    from pipeline.metrics import WorkerCounts
+    from pipeline.core.metrics import WorkerCounts
     from pipeline.stages.outcomes import kind_and_task
     from pipeline.tasks._endpoint import embed_rows, generate_rows
 
@@ -259,7 +259,7 @@ def test_extract_job_through_faults_writes_typed_rows_once_with_their_usage(any_
     from jsonschema import Draft202012Validator
 
     from pipeline.runner import run_job
-    from pipeline.runs import read_runs
+    from pipeline.records.runs import read_runs
 
     monkeypatch.setenv("SBI_TEST_ENDPOINT_KEY", KEY)
     proxy.plan = FaultPlan(burst_429=(9, 2), every_500=7, every_drop=11, every_slow=13, slow_s=0.1)
@@ -344,7 +344,7 @@ def test_the_token_budget_stops_the_run_committing_nothing_and_the_rerun_pays_on
     from pipeline.errors import TokenBudgetReached
     from pipeline.io.sources import is_delta_table
     from pipeline.runner import run_job
-    from pipeline.runs import read_runs
+    from pipeline.records.runs import read_runs
 
     monkeypatch.setenv("SBI_TEST_ENDPOINT_KEY", KEY)
     texts = REVIEWS * 2
@@ -371,8 +371,8 @@ def test_the_token_budget_stops_the_run_committing_nothing_and_the_rerun_pays_on
 
 def test_the_key_from_the_environment_is_a_secret_in_every_dump_of_the_config(monkeypatch, tmp_path):
     from pipeline.config import build_config
-    from pipeline.identity import config_hash
-    from pipeline.runs import redact_config
+    from pipeline.config.identity import config_hash
+    from pipeline.records.runs import redact_config
 
     monkeypatch.setenv("SBI_TEST_ENDPOINT_KEY", KEY)
     config = build_config({
@@ -389,7 +389,7 @@ def test_the_key_from_the_environment_is_a_secret_in_every_dump_of_the_config(mo
     # the address, key and limits may change between tries without changing the run (resume still applies)
     endpoint = config.task.endpoint.model_copy(update={"base_url": "http://127.0.0.1:10/v1", "concurrency": 32})
     other = config.model_copy(update={"task": config.task.model_copy(update={"endpoint": endpoint})})
-    from pipeline.fingerprint import task_fingerprint
+    from pipeline.config.fingerprint import task_fingerprint
 
     assert task_fingerprint(config, revision="r") == task_fingerprint(other, revision="r")
     assert config_hash(config.model_dump(mode="json")) != config_hash(other.model_dump(mode="json"))

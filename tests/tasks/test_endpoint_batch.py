@@ -126,7 +126,7 @@ def test_failed_lines_are_quarantined_exactly_with_the_providers_error(spark, tm
     """Lines the provider answered with an error (HTTP 400 in the error file) quarantine exactly their rows, with
     its message; they are not submitted again (the request's fault), and every other row is written once."""
     from pipeline.runner import run_job
-    from pipeline.runs import read_runs
+    from pipeline.records.runs import read_runs
 
     texts = [*reviews(f"failed lines {writer}", 6), "<<refuse>> this one", *reviews(f"more failed lines {writer}", 3),
              "<<refuse>> and this", ""]
@@ -168,7 +168,7 @@ def test_submit_only_then_a_second_run_commits_every_row_once(spark, tmp_path, s
     run id later collects the batch it submitted (created once) and commits every row once."""
     from pipeline.io.sources import is_delta_table
     from pipeline.runner import run_job
-    from pipeline.runs import read_runs
+    from pipeline.records.runs import read_runs
 
     server.hold.clear()  # the night: the batch is still running when the submitting run ends
     settings = dict(kind="embed", texts=[*reviews(f"submit only {writer}", 8), None, "good movie"])
@@ -194,7 +194,7 @@ def test_a_submission_that_would_pass_the_token_budget_is_refused(spark, tmp_pat
     without the budget submits the file once and commits."""
     from pipeline.errors import TokenBudgetReached
     from pipeline.runner import run_job
-    from pipeline.runs import read_runs
+    from pipeline.records.runs import read_runs
 
     settings = dict(kind="generate", texts=reviews("budget"), task={"template": "Summarise: {text}",
                                                                      "max_new_tokens": 8})
@@ -359,7 +359,7 @@ def test_a_run_past_max_wait_ends_submitted_a_sigterm_stops_the_wait_and_the_nex
 
     from pipeline.errors import RunStopped
     from pipeline.runner import run_job
-    from pipeline.runs import read_runs
+    from pipeline.records.runs import read_runs
 
     settings = dict(kind="generate", texts=reviews("waits", 5), task={"template": "Summarise: {text}",
                                                                    "max_new_tokens": 8})
@@ -398,8 +398,8 @@ def test_mode_changes_the_run_key_not_the_fingerprint_and_batch_settings_change_
     """A run switched to the other mode is another logical run (its own staging and journal), and its rows the
     same output for incremental runs; the batch API's limits and waits may change between tries of one run."""
     from pipeline.config import build_config
-    from pipeline.fingerprint import task_fingerprint
-    from pipeline.identity import run_identity
+    from pipeline.config.fingerprint import task_fingerprint
+    from pipeline.config.identity import run_identity
 
     def ident(**settings):
         config = build_config(raw_job(tmp_path, server, kind="generate", texts=["a"], **settings))

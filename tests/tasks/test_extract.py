@@ -16,7 +16,7 @@ from tests.support.generation_models import (  # noqa: E402
     EXTRACT_FULL_SCHEMA, EXTRACT_SHORT_SCHEMA, generate_job, save_model_folder)
 from pipeline.config import BatchingConfig, ConfigError, ModelConfig, build_config  # noqa: E402
 from pipeline.generation.schema import SchemaError, arrow_type, check_schema, parse_completion  # noqa: E402
-from pipeline.metrics import WorkerCounts  # noqa: E402
+from pipeline.core.metrics import WorkerCounts  # noqa: E402
 from pipeline.tasks import build_task  # noqa: E402
 from pipeline.tasks.extract import ExtractTask, ExtractTaskConfig  # noqa: E402
 

@@ -7,8 +7,8 @@ import pyarrow as pa
 import pytest
 
 from pipeline.config import BatchingConfig, ModelConfig
-from pipeline.metrics import WorkerCounts, merge_counts
-from pipeline.sketches import Histogram, Profile, Vectors
+from pipeline.core.metrics import WorkerCounts, merge_counts
+from pipeline.core.sketches import Histogram, Profile, Vectors
 from pipeline.tasks import build_task
 from pipeline.tasks._profile import profile_generation, profile_ocr, profile_schema_valid
 from pipeline.tasks.classify import ClassifyTaskConfig

@@ -7,7 +7,7 @@ import pytest
 from pipeline.config import BatchingConfig, ModelConfig
 from pipeline.tasks.classify import ClassifyTaskConfig
 from pipeline.tasks.embed import EmbedTaskConfig
-from pipeline.metrics import WorkerCounts
+from pipeline.core.metrics import WorkerCounts
 from pipeline.models.loading import ModelError
 from pipeline.tasks import build_task
 
@@ -165,7 +165,7 @@ def test_rows_without_content_are_flagged_not_scored(embed):
         assert r["embedding"] is None and r["label"] is None and r["n_tokens"] == 0 and r["error"] is None
     assert all(r["embedding"] is not None for r in (out[0], out[-2], out[-1]))
     assert counts.counts["status"] == {"ok": 2, "truncated": 1, "skipped_no_content": len(CONTENT_FREE)}
-    # only the three readable rows ran (a chunk smaller than a batch: cut by pipeline.batching.small_chunk_budget)
+    # only the three readable rows ran (a chunk smaller than a batch: cut by pipeline.core.batching.small_chunk_budget)
     assert counts.counts["rows"] == len(texts)
     assert sum(int(size) * n for size, n in counts.counts["batch_sizes"].items()) == 3
 
@@ -226,7 +226,7 @@ def test_out_of_memory_splits_batches_without_losing_rows(embed, drill):
 
 
 def test_a_chunk_smaller_than_a_batch_pads_its_short_rows_to_their_own_longest(tiny_embed_model):
-    """One long row no longer pads the short ones (pipeline.batching.small_chunk_budget); same embeddings."""
+    """One long row no longer pads the short ones (pipeline.core.batching.small_chunk_budget); same embeddings."""
     texts = [" ".join(["good"] * k) for k in (1, 2, 3) * 3] + [" ".join(["great"] * 40)]  # 3-5 tokens and 42
     config = EmbedTaskConfig()
     small = _task(tiny_embed_model, config, batch_size=64, max_length=64)

@@ -82,7 +82,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     folder = os.environ.get(RESULTS_ENV)
     if not folder or not _marks:
         return
-    from pipeline.compat import installed_pyspark, spark_line
+    from pipeline.core.compat import installed_pyspark, spark_line
 
     pyspark = installed_pyspark() or "?"
     python = platform.python_version()
@@ -114,7 +114,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def _connector_line(pyspark: str) -> bool:
-    from pipeline.sessions import delta_package
+    from pipeline.core.sessions import delta_package
 
     try:
         return delta_package() is not None

@@ -8,7 +8,7 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 import pipeline
-from pipeline.compat import installed_pyspark
+from pipeline.core.compat import installed_pyspark
 from tests.support.data import make_documents
 
 ROWS = 40

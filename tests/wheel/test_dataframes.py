@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import register_function, score
-from pipeline.compat import installed_pyspark
+from pipeline.core.compat import installed_pyspark
 from tests.support.scoring import EMBED, SCORE_SETTINGS, assert_same_as_run_job, documents, run_job_rows
 
 pytestmark = pytest.mark.wheel

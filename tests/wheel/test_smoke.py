@@ -21,7 +21,7 @@ import pytest
 
 import pipeline
 from pipeline import ConfigError, JobConfig, JobError, JsonFormatter, RunSummary, load_config, read_runs, run_job
-from pipeline.compat import installed_pyspark
+from pipeline.core.compat import installed_pyspark
 from pipeline.config import build_config
 from tests.wheel.jobs import check_embed_rows, embed_job
 
@@ -81,7 +81,7 @@ def test_embed_job_on_the_delta_connector_from_a_yaml_file_on_spark_connect(on_c
     import yaml
 
     from pipeline.errors import SinkError
-    from pipeline.sessions import delta_package
+    from pipeline.core.sessions import delta_package
 
     path = tmp_path / "connect_job.yaml"
     path.write_text(yaml.safe_dump(embed_job(tmp_path, tiny_embed_model, writer="delta")))

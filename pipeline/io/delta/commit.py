@@ -68,7 +68,7 @@ class DeltaCommit:
             if self.lake.replace_where:
                 self._check_inside_partition(adds)
             if self.lake.faults:
-                from pipeline import faults
+                from pipeline.core import faults
 
                 faults.on_commit(self.write_id, self.lake.faults)
             if not self.overwrite and table is not None and self._holds_this_run(table):
@@ -312,7 +312,7 @@ class DeltaCommit:
 
 def _keys_of(adds: list[dict[str, Any]]) -> str | None:
     """The key tally of the files ``adds`` commit (``rows:hash``), when each file's writer tallied its rows."""
-    from pipeline.rows import KeyTally
+    from pipeline.core.rows import KeyTally
 
     total = KeyTally()
     for add in adds:

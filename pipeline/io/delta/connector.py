@@ -3,7 +3,7 @@ insert-only ``MERGE`` with its retries, and a failure told in the words the delt
 
 Both writers run in the tests (the connector from the jars ``make jars`` caches; see
 ``docs/object_stores.md`` for what the connector path does differently). The connector's write has
-no ``write()`` of ours, so the fault drills of :mod:`pipeline.faults` fire in a pass-through stage
+no ``write()`` of ours, so the fault drills of :mod:`pipeline.core.faults` fire in a pass-through stage
 inside its write tasks and right before its ``save``/``MERGE`` on the driver.
 """
 
@@ -144,7 +144,7 @@ def _connector_source(df: "DataFrame", plan: WritePlan) -> "DataFrame":
 
 
 def _drill_write_stage(batches: Any, *, drills: Mapping[str, Any]) -> Any:
-    """The write stage's rows, unchanged, in slices of 8 rows; the drill (:func:`pipeline.faults.on_write`)
+    """The write stage's rows, unchanged, in slices of 8 rows; the drill (:func:`pipeline.core.faults.on_write`)
     fires once half of a task's first chunk has gone on to the connector.
 
     Rows leave the worker in writes of ``spark.buffer.size`` (64 KiB): what it still buffers dies with it.
@@ -153,7 +153,7 @@ def _drill_write_stage(batches: Any, *, drills: Mapping[str, Any]) -> Any:
     """
     from pyspark import TaskContext
 
-    from pipeline import faults
+    from pipeline.core import faults
 
     ctx = TaskContext.get()
     fired = False
@@ -169,7 +169,7 @@ def _before_connector_commit(plan: WritePlan) -> None:
     """The driver-side drill (``commit_barrier``) right before the connector's ``save``/``MERGE``: the closest
     point to its commit, which the connector makes inside that call, after its tasks wrote their files."""
     if plan.faults:
-        from pipeline import faults
+        from pipeline.core import faults
 
         faults.on_commit(plan.write_id, plan.faults)
 
@@ -257,6 +257,6 @@ def _connector_winner(spark: Any, plan: WritePlan) -> str | None:
 
 def _root_cause(exc: BaseException) -> str:
     """The Python error (``Class: message``) buried in a Spark exception, else its first real line."""
-    from pipeline.error_text import error_line
+    from pipeline.core.error_text import error_line
 
     return error_line(exc)

@@ -64,7 +64,7 @@ class DeltaLakeDataSource(DataSource):
 def write_from_driver(df: Any, options: dict[str, str], *, overwrite: bool) -> None:
     """What ``df.write.format("sbi_delta").options(**options).save()`` does, with its one task run here.
 
-    For small jobs on a local master (``pipeline.small_jobs``): the rows come to this process as
+    For small jobs on a local master (``pipeline.stages.small_jobs``): the rows come to this process as
     Arrow, one :meth:`DeltaLakeArrowWriter.write` writes their files and :meth:`~DeltaLakeArrowWriter.commit`
     commits them, the same two phases, markers and transaction as through Spark, without the three
     Python processes Spark starts for a data source write (its planning, the task, the commit: about

@@ -33,7 +33,7 @@ TALLY_KEY = "sbi_keys"
 
 class PartFile:
     """One Parquet data file for one partition value set, written by one task attempt; with ``tally`` (the id
-    and content hash columns) it tallies its rows' keys (:class:`pipeline.rows.KeyTally`) as it writes them."""
+    and content hash columns) it tallies its rows' keys (:class:`pipeline.core.rows.KeyTally`) as it writes them."""
 
     def __init__(self, store: Any, partition_by: list[str], key: tuple, write_id: str, tag: str,
                  tally: tuple[str, ...] = ()) -> None:
@@ -88,7 +88,7 @@ class PartFile:
 
 
 def _new_tally() -> Any:
-    from pipeline.rows import KeyTally
+    from pipeline.core.rows import KeyTally
 
     return KeyTally()
 
@@ -96,7 +96,7 @@ def _new_tally() -> Any:
 def _add_tally(tally: Any, table: pa.Table, columns: tuple[str, ...]) -> Any:
     """``tally`` plus the keys of ``table``'s rows; None once a part cannot be tallied (a column missing, an id
     type with no agreed string form): the file then records no tally."""
-    from pipeline.rows import KeyTally
+    from pipeline.core.rows import KeyTally
 
     if any(c not in table.column_names for c in columns):
         return None

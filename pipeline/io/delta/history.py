@@ -1,5 +1,5 @@
 """A Delta table's history, read the same way for both writers: which commit a write made, and whether a
-run already committed (its transaction id, the run key of :func:`pipeline.identity.run_key`).
+run already committed (its transaction id, the run key of :func:`pipeline.config.identity.run_key`).
 
 Local tables and S3 are read through deltalake (:func:`consistent_history`, whose versions stay right
 while other jobs commit); a catalog table or a location only the session reaches is read through the
@@ -18,7 +18,7 @@ from pipeline.io.delta.log import log_entry
 from pipeline.io.delta.options import APP_ID_KEY, KEYS_KEY, WRITE_ID_KEY
 from pipeline.io.sources import has_delta_connector
 from pipeline.io.stores import open_table
-from pipeline.locations import Location
+from pipeline.core.locations import Location
 
 __all__ = [
     "CommitEntry", "commit_entry", "commit_metadata", "committed_run", "committed_run_via", "connector_commit", "connector_commits",
@@ -57,7 +57,7 @@ class CommitEntry:
 
 def entry_facts(version: int, actions: list[dict[str, Any]]) -> CommitEntry:
     """:class:`CommitEntry` of a log entry's ``actions``."""
-    from pipeline.rows import KeyTally
+    from pipeline.core.rows import KeyTally
 
     rows: int | None = 0
     for action in actions:

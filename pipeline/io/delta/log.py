@@ -14,7 +14,7 @@ import json
 from typing import Any, Mapping
 from urllib.parse import unquote
 
-from pipeline.locations import DELTA_LOG
+from pipeline.core.locations import DELTA_LOG
 
 __all__ = ["LOG_DIR", "action_path", "entry_name", "log_entry", "parse_entry"]
 

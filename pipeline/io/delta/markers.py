@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from pipeline.host import pid_alive
+from pipeline.core.host import pid_alive
 
 __all__ = ["MARKER_DIR", "MARKER_RETENTION_S", "STATES", "claim_for_commit", "finish_marker", "finished_facts",
            "is_given_up", "is_our_marker", "local_root", "marker_path", "owner_fields", "owner_gone", "read_marker",

@@ -66,7 +66,7 @@ class DeltaLakeOptions:
     key_columns: tuple[str, ...] = ()
     read_version: int | None = None
     storage_options: Mapping[str, str] | None = None
-    # (id column, content hash column): each file's writer tallies their keys (pipeline.rows.KeyTally) and the
+    # (id column, content hash column): each file's writer tallies their keys (pipeline.core.rows.KeyTally) and the
     # commit records the sum, which the run's read-back compares with what it sent; (): no tally
     tally_columns: tuple[str, ...] = ()
 

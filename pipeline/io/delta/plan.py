@@ -4,7 +4,7 @@ partitioning, table or path); :func:`pipeline.io.delta.sink.execute_write` carri
 
 Either way one job makes one Delta commit, and ``overwrite_partition`` replaces only the run's
 partition (a rerun of the same day replaces its rows). A write made for a run carries a Delta
-transaction id derived from the LOGICAL run (its run key, :func:`pipeline.identity.run_key`): an
+transaction id derived from the LOGICAL run (its run key, :func:`pipeline.config.identity.run_key`): an
 append of a run that already committed (its driver died after the commit, and the scheduler retried
 it) adds nothing. The deltalake writer's plan is typed (:class:`~pipeline.io.delta.options.DeltaLakeOptions`);
 its Spark options are that object's one translation to strings.
@@ -39,7 +39,7 @@ class WriteResult:
     # a keyed write: rows left out because an overlapping run committed the same keys first
     overlapped: int = 0
     # what the commit added, from its own log entry: the rows of its add actions (the connector's: its operation
-    # metrics; None: not recorded) and the key tally (pipeline.rows.KeyTally) its writer recorded there (the
+    # metrics; None: not recorded) and the key tally (pipeline.core.rows.KeyTally) its writer recorded there (the
     # deltalake writer; None: not tallied; the stages put the tally of the rows handed to the connector here)
     rows_added: int | None = None
     keys_added: Any = None
@@ -67,11 +67,11 @@ class WritePlan:
     key_columns: tuple[str, ...] = ()
     # the key's partition values, for the MERGE's partition pruning: {"ds": date}
     key_scope: Mapping[str, Any] = field(default_factory=dict)
-    # fault drills (tests only, :mod:`pipeline.faults`) the connector's write fires; the deltalake
+    # fault drills (tests only, :mod:`pipeline.core.faults`) the connector's write fires; the deltalake
     # writer carries its own in ``lake``
     faults: Mapping[str, Any] = field(default_factory=dict)
     # the deltalake writer's one task run in the driver (:func:`pipeline.io.delta.datasource.write_from_driver`):
-    # small jobs on a local master (pipeline.small_jobs)
+    # small jobs on a local master (pipeline.stages.small_jobs)
     in_driver: bool = False
     # the deltalake writer's write, typed; ``options`` is its ``to_options()`` (the S3 settings join at execution)
     lake: DeltaLakeOptions | None = None
@@ -114,7 +114,7 @@ def plan_write(
 
     ``connector``: whether the session has the Delta Spark connector
     (:func:`~pipeline.io.sources.has_delta_connector`); ``tally_columns`` (id, content hash): the deltalake
-    writer's commit records the :class:`~pipeline.rows.KeyTally` of its files' keys. Raises :class:`SinkError`
+    writer's commit records the :class:`~pipeline.core.rows.KeyTally` of its files' keys. Raises :class:`SinkError`
     for what cannot be written: a catalog table or a remote URI without the connector, ``sink.writer:
     delta`` without it, an ``overwrite_partition`` without the partition's values.
 
@@ -123,7 +123,7 @@ def plan_write(
     >>> p.writer, p.format, p.mode, p.path, p.partition_by, p.options["replaceWhere"]
     ('delta', 'delta', 'overwrite', 's3://lake/scores', ('ds',), "ds = '2026-11-29'")
 
-    ``txn_app_id`` (the run key, :func:`pipeline.identity.run_key`) makes an append idempotent: the connector gets
+    ``txn_app_id`` (the run key, :func:`pipeline.config.identity.run_key`) makes an append idempotent: the connector gets
     Delta's ``txnAppId``/``txnVersion`` options (it skips a write whose app id the table already holds), the
     deltalake writer records the same transaction and skips such an append itself:
 

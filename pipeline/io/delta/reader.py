@@ -21,7 +21,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from pipeline.errors import SourceError
-from pipeline.locations import Location
+from pipeline.core.locations import Location
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -111,7 +111,7 @@ def read_snapshot(spark: "SparkSession", store: Any, files: list[dict[str, Any]]
 
 
 def _register(spark: "SparkSession") -> None:
-    from pipeline.sessions import register_data_source
+    from pipeline.core.sessions import register_data_source
 
     register_data_source(spark, DeltaFilesDataSource)
 

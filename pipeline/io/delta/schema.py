@@ -101,7 +101,7 @@ def delta_schema_of(spark_schema: Any) -> Any:
 
 def existing_schema(spark: Any, *, path: str | None, table: str | None) -> Any:
     """The Delta schema of the output table at ``path`` (or catalog ``table``); None when there is none yet."""
-    from pipeline.locations import resolve_location
+    from pipeline.core.locations import resolve_location
     from pipeline.io.sources import has_delta_connector
     from pipeline.io.stores import is_table, open_table, reachable
 

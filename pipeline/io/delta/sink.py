@@ -4,7 +4,7 @@ Either way one job makes one Delta commit, and ``overwrite_partition``
 replaces only the run's partition (a rerun of the same day replaces its rows).
 
 A write made for a run carries a Delta transaction id derived from the
-LOGICAL run (its run key, :func:`pipeline.identity.run_key`): an append of a run that already committed
+LOGICAL run (its run key, :func:`pipeline.config.identity.run_key`): an append of a run that already committed
 (its driver died after the commit, and the scheduler retried it) adds nothing.
 
 What a write does is decided apart from doing it: :func:`~pipeline.io.delta.plan.plan_write` is pure
@@ -50,7 +50,7 @@ def execute_write(df: "DataFrame", plan: WritePlan) -> WriteResult:
 
 def _write_with_deltalake(df: "DataFrame", plan: WritePlan) -> WriteResult:
     """A ``deltalake`` plan through the ``sbi_delta`` data source, under the running marker a sweep reads."""
-    from pipeline.error_text import error_line
+    from pipeline.core.error_text import error_line
     from pipeline.io.delta import markers
     from pipeline.io.delta.datasource import DeltaLakeDataSource, write_from_driver
 
@@ -114,7 +114,7 @@ def write_sink(
     ``partition_values`` names the partition this run writes (e.g. ``{"ds": date}``);
     with ``mode: overwrite_partition`` exactly that partition is replaced.
     ``path`` writes to another folder with the same settings (the quarantine table).
-    ``txn_app_id`` (the run key, :func:`pipeline.identity.run_key`): an append of a run the table already holds adds nothing
+    ``txn_app_id`` (the run key, :func:`pipeline.config.identity.run_key`): an append of a run the table already holds adds nothing
     and returns ``already_committed``; ``txn_version`` counts a stream's micro-batches under one app id (the
     write is skipped when the table holds the app id at that version or a later one). ``key_columns`` and ``read_version``: a keyed append
     (:func:`~pipeline.io.delta.plan.plan_write`); ``overlapped`` in the result counts the rows another run wrote first.
@@ -136,8 +136,8 @@ def write_sink(
 
 
 def _register_once(spark: Any, source: type) -> None:
-    """Register the data source once per session (:func:`pipeline.sessions.register_data_source`)."""
-    from pipeline.sessions import register_data_source
+    """Register the data source once per session (:func:`pipeline.core.sessions.register_data_source`)."""
+    from pipeline.core.sessions import register_data_source
 
     register_data_source(spark, source)
 

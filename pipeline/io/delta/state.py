@@ -25,7 +25,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from pipeline.locations import Location
+from pipeline.core.locations import Location
 
 __all__ = ["TableState", "UNSUPPORTED_READER_FEATURES", "read_state", "unreadable_features"]
 

@@ -26,7 +26,7 @@ from pipeline.io.delta.markers import (MARKER_DIR, MARKER_RETENTION_S, STATES, f
                                        marker_path, owner_gone, read_marker, remote_store, write_id_of)
 
 from pipeline.io.delta.options import WRITE_ID_KEY
-from pipeline.locations import has_delta_log
+from pipeline.core.locations import has_delta_log
 
 __all__ = ["REMOTE_SWEEP", "SWEPT_STAMP", "SweepReport", "sweep_due", "sweep_leftovers", "table_data_files"]
 

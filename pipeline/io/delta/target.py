@@ -16,7 +16,7 @@ from pipeline.errors import SinkError
 from pipeline.io.paths import connector_hint, remote_refusal
 from pipeline.io.sources import has_delta_connector
 from pipeline.io.stores import StoreError, storage_options
-from pipeline.locations import Location
+from pipeline.core.locations import Location
 
 __all__ = ["Writer", "check_folder", "check_sink", "choose_writer", "resolve_writer", "target_location"]
 

@@ -84,7 +84,7 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
                     current.write(part)
                     message.rows += part.num_rows
                     if self.lake.faults and ctx is not None and message.rows == part.num_rows:  # the first part: once
-                        from pipeline import faults
+                        from pipeline.core import faults
 
                         faults.on_write(ctx.partitionId(), ctx.attemptNumber(), self.lake.faults)
             for current in writers.values():

@@ -1,6 +1,6 @@
 """The merged worker counts of a run, typed: one attribute per counter, so a misspelt name fails loudly.
 
-Executors count into plain dicts keyed by name (:class:`pipeline.metrics.WorkerCounts`),
+Executors count into plain dicts keyed by name (:class:`pipeline.core.metrics.WorkerCounts`),
 because those travel as JSON with the data and merge by adding up. On the
 driver a string key read with ``counts.get("tokns", 0)`` would quietly read 0;
 :meth:`RunCounts.from_merged` instead reads every key once, into a frozen
@@ -10,7 +10,7 @@ The counters every kind's workers emit (the worker loop, batching, model
 loads, retries, generation and the endpoint client) are fields of
 :class:`RunCounts`, each declared once, in one line, with :func:`counter`: how it
 merges, whether it counts the work of scoring (what a task reused from staged
-output did not do: :data:`WORK_KEYS`, which :func:`pipeline.metrics.reused_counts`
+output did not do: :data:`WORK_KEYS`, which :func:`pipeline.core.metrics.reused_counts`
 drops) and which field of the end-of-run summary it fills
 (:meth:`RunCounts.summary_fields`, read by the one summary builder of batch runs
 and streams alike). A kind with counters of its own declares them as a
@@ -35,7 +35,7 @@ from typing import Any, ClassVar, Literal, Mapping
 
 __all__ = ["BY_KEY", "SUM", "WORK_KEYS", "RunCounts", "TaskCounts", "counter"]
 
-# how the tasks' values of a counter add up (pipeline.metrics.merge_counts): a number summed, or a mapping
+# how the tasks' values of a counter add up (pipeline.core.metrics.merge_counts): a number summed, or a mapping
 # summed key by key (its leaves numbers, or mappings summed the same way, or lists of numbers summed as vectors)
 SUM = "sum"
 BY_KEY = "by-key"
@@ -45,7 +45,7 @@ Merge = Literal["sum", "by-key"]
 def counter(merge: Merge = SUM, *, work: bool = False, summary: str | None = None, default: float = 0) -> Any:
     """A counter field of :class:`RunCounts` (or of a :class:`TaskCounts` subclass): the whole declaration.
 
-    The field's name is the key the workers count under (:class:`pipeline.metrics.WorkerCounts`). ``work`` and
+    The field's name is the key the workers count under (:class:`pipeline.core.metrics.WorkerCounts`). ``work`` and
     ``summary`` are read on :class:`RunCounts`' own counters; a kind's counters reach the summary through its
     job's ``summary_lines``, and are kept for a reused task.
 
@@ -53,8 +53,8 @@ def counter(merge: Merge = SUM, *, work: bool = False, summary: str | None = Non
         merge: :data:`SUM` (a number; ``default`` when nothing counted) or :data:`BY_KEY` (a mapping; empty).
         work: it counts the work of scoring, which a task reused from staged output did not do in this run
             (:data:`WORK_KEYS`); the counts of rows and what they say are not work.
-        summary: the :class:`~pipeline.run_summary.RunSummary` field it fills, None: none (read otherwise, e.g. by
-            :func:`pipeline.metrics.batch_metrics`); several counters naming one field fill it as a mapping of
+        summary: the :class:`~pipeline.core.run_summary.RunSummary` field it fills, None: none (read otherwise, e.g. by
+            :func:`pipeline.core.metrics.batch_metrics`); several counters naming one field fill it as a mapping of
             those that counted, by counter name, in the order declared. The summary declares its field from
             this (:meth:`RunCounts.summary_types`): a new ``summary=`` is a new summary field.
         default: a number counter's zero (``0.0`` for seconds).
@@ -92,7 +92,7 @@ class RunCounts:
 
     Each field is one counter, declared once with :func:`counter`: its name is the workers' key, its ``merge``
     how the tasks' values add up, ``work`` whether it counts the work of scoring (:data:`WORK_KEYS`), and
-    ``summary`` the :class:`~pipeline.run_summary.RunSummary` field it fills (:meth:`summary_fields`), so a batch
+    ``summary`` the :class:`~pipeline.core.run_summary.RunSummary` field it fills (:meth:`summary_fields`), so a batch
     run's summary and a stream's get the same fields.
     """
 
@@ -101,7 +101,7 @@ class RunCounts:
     chunks: int = counter()
     status: dict[str, int] = counter(BY_KEY, summary="status")
     row_errors: int = counter()
-    # batches: totals, histogram of sizes, per-batch metrics (pipeline.metrics.batch_metrics reads those)
+    # batches: totals, histogram of sizes, per-batch metrics (pipeline.core.metrics.batch_metrics reads those)
     batches: int = counter(work=True, summary="batches")
     batch_rows: int = counter(work=True)
     tokens: int = counter(work=True, summary="tokens")
@@ -121,7 +121,7 @@ class RunCounts:
     model_loads: dict[str, int] = counter(BY_KEY, work=True, summary="model_loads")
     load_seconds: float = counter(work=True, summary="load_seconds", default=0.0)
     infer_seconds: float = counter(work=True, summary="infer_seconds", default=0.0)
-    # sketching the output as it was scored (pipeline.sketches), summed over tasks: what the profile costs
+    # sketching the output as it was scored (pipeline.core.sketches), summed over tasks: what the profile costs
     profile_seconds: float = counter(work=True, summary="profile_seconds", default=0.0)
     # model loads per precision actually used, accuracy-gate fallbacks with their reason, the gate's measured
     # figures per check ("int8: mean cosine ..., on 256 run rows (pass)": loads), what model.precision auto chose
@@ -149,7 +149,7 @@ class RunCounts:
     generate_batch_failures: int = counter()
     finish_reasons: dict[str, int] = counter(BY_KEY)
     endpoint: dict[str, float] = counter(BY_KEY, work=True, summary="endpoint")
-    # the output's profile: mergeable sketches of what the rows say (pipeline.sketches), compared before the commit
+    # the output's profile: mergeable sketches of what the rows say (pipeline.core.sketches), compared before the commit
     profile: dict[str, Any] = counter(BY_KEY)
     # the kind's own counters (a TaskCounts subclass; the base has none)
     task: TaskCounts = field(default_factory=TaskCounts)
@@ -186,7 +186,7 @@ class RunCounts:
     @classmethod
     def summary_types(cls) -> dict[str, str]:
         """``{RunSummary field: its type}`` as :meth:`summary_fields` fills it: a counter's own type, or for a field
-        that several counters fill, a mapping of theirs by name. :class:`~pipeline.run_summary.RunSummary` declares
+        that several counters fill, a mapping of theirs by name. :class:`~pipeline.core.run_summary.RunSummary` declares
         these fields from here, so a counter's summary field is declared once, on the counter.
 
         >>> types = RunCounts.summary_types()
@@ -198,7 +198,7 @@ class RunCounts:
                 for target, names in cls.summary_targets().items()}
 
     def summary_fields(self) -> dict[str, Any]:
-        """The :class:`~pipeline.run_summary.RunSummary` fields these counts fill (each counter's ``summary``), as
+        """The :class:`~pipeline.core.run_summary.RunSummary` fields these counts fill (each counter's ``summary``), as
         the summary keeps them: a number as its field declares it, a mapping of counts with int values; a field
         that several counters fill is the mapping of those that counted, by name, in the order declared.
 
@@ -222,7 +222,7 @@ class RunCounts:
 
     @classmethod
     def from_merged(cls, merged: Mapping[str, Any], *, task: type[TaskCounts] = TaskCounts) -> "RunCounts":
-        """The typed counts of ``merged`` (:func:`pipeline.metrics.merge_counts` of the tasks' counts).
+        """The typed counts of ``merged`` (:func:`pipeline.core.metrics.merge_counts` of the tasks' counts).
 
         Raises ``ValueError`` for a key that is neither a field here nor one of ``task``'s, or that
         holds the wrong shape (a number where a mapping belongs, or the other way round).
@@ -247,7 +247,7 @@ class RunCounts:
 
 
 # what a task's counts say about the work of scoring (not about its output rows): a task reused from
-# staged output did none of it in this run (pipeline.metrics.reused_counts drops them)
+# staged output did none of it in this run (pipeline.core.metrics.reused_counts drops them)
 WORK_KEYS = RunCounts.work_keys()
 
 

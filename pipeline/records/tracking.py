@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from pipeline.errors import RegistryError
 from pipeline.io.outputs import read_output
-from pipeline.locations import is_local, local_path
+from pipeline.core.locations import is_local, local_path
 from pipeline.models.mlflow_registry import (
     REGISTRY_PREFIX, _mlflow, parse_registry_uri, pin_registry_model, resolve_registry_model,
 )

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from pipeline.config import JobConfig
-from pipeline.locations import Location
+from pipeline.core.locations import Location
 from pipeline.spark.session import USER_CLASSPATH_CONFS
 
 __all__ = ["SmallJob", "small_job"]
@@ -87,7 +87,7 @@ def small_job(config: JobConfig, *, spark: Any = None, environ: Mapping[str, str
 
 def _refusal(config: JobConfig, *, spark: Any, env: Mapping[str, str], active_session: bool | None) -> str | None:
     """Why ``config`` cannot run light whatever its size, else None."""
-    from pipeline.faults import ENV as FAULTS_ENV
+    from pipeline.core.faults import ENV as FAULTS_ENV
 
     if config.spark.small_job_rows == 0:
         return "spark.small_job_rows is 0"

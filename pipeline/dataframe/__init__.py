@@ -29,10 +29,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Sequence
 
-from pipeline._scoring import (Scoring, check_columns, check_function_name, checked, input_columns,
-                               prepare_scoring)
+from pipeline.dataframe.checks import (Scoring, check_columns, check_function_name, checked, input_columns,
+                                       prepare_scoring)
 from pipeline.errors import ConfigError
-from pipeline.rows import MODEL_LINEAGE_COLUMNS
+from pipeline.core.rows import MODEL_LINEAGE_COLUMNS
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -114,7 +114,7 @@ def _column_function(scoring: Scoring, spark: "SparkSession", *, with_id: bool, 
     """The column function and whether it is the Arrow one (Spark 4.1 and later; else a pandas UDF over the same
     worker, given the Arrow types of ``df``'s ``inputs``: the SQL function's come with each call). A task that
     sends rows to a server gets its share of the request rates."""
-    from pipeline.compat import ARROW_UDF_SINCE, arrow_column_function, session_spark
+    from pipeline.core.compat import ARROW_UDF_SINCE, arrow_column_function, session_spark
     from pipeline.endpoint.attempt import journals_requests
     from pipeline.spark.column_udf import inference_udf
 

@@ -100,7 +100,7 @@ STATUS_FIELDS = [
 row's tokens, whether its input was cut, its :class:`Status` and, for a failed row, the error."""
 
 # The lineage every scored row carries, whichever path scored it (run_job adds the run's own: run id, scored at):
-# the model's name and revision and the task fingerprint (pipeline.fingerprint).
+# the model's name and revision and the task fingerprint (pipeline.config.fingerprint).
 MODEL_LINEAGE_COLUMNS = ("model_name", "model_revision", "task_fingerprint")
 
 

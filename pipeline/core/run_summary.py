@@ -1,7 +1,7 @@
 """The end-of-run summary: what a run did, as the caller gets it, the console prints it and the runs table stores it.
 
 :class:`RunSummary` is built on the driver (``pipeline.stages.summary``) from
-the merged worker counts (:mod:`pipeline.metrics`) and the tables read back;
+the merged worker counts (:mod:`pipeline.core.metrics`) and the tables read back;
 ``render()`` is the text printed at the end of a run, ``to_dict()`` /
 ``to_json()`` what ``run.summary_path`` and the runs table keep. Pure Python:
 no pyspark import.
@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-from pipeline.run_counts import RunCounts
+from pipeline.core.run_counts import RunCounts
 
 __all__ = ["RunSummary", "batch_api_line"]
 
@@ -38,8 +38,8 @@ class RunSummary:
     """What a run did, printed at the end and returned to the caller.
 
     The fields below are the run's facts; after them come the fields its counters fill (``status``, ``tokens``,
-    ``model_loads``, ``retries``, ...), declared by :class:`~pipeline.run_counts.RunCounts`' ``summary=`` and
-    filled by :meth:`~pipeline.run_counts.RunCounts.summary_fields`.
+    ``model_loads``, ``retries``, ...), declared by :class:`~pipeline.core.run_counts.RunCounts`' ``summary=`` and
+    filled by :meth:`~pipeline.core.run_counts.RunCounts.summary_fields`.
     """
 
     job: str
@@ -79,13 +79,13 @@ class RunSummary:
     # is a new input although its version looks the same (a table dropped and rebuilt)
     source_snapshot: str | None = None
     source_note: str | None = None
-    # what the run ran with: this library, Python, pyspark, torch, transformers (pipeline.compat.runtime_versions)
+    # what the run ran with: this library, Python, pyspark, torch, transformers (pipeline.core.compat.runtime_versions)
     versions: dict[str, str] = field(default_factory=dict)
     # a streaming job's run: the trigger, the checkpoint, the query id, its micro-batches (how many, the first
     # and last batch id, those an earlier try had committed) and the source offsets it read (start, end)
     stream: dict[str, Any] = field(default_factory=dict)
     # the output's profile and its drift verdict against the job's recent runs ({"profile": ..., "drift": ...},
-    # pipeline.sketches and pipeline.drift); empty when run.quality is off
+    # pipeline.core.sketches and pipeline.core.drift); empty when run.quality is off
     quality: dict[str, Any] = field(default_factory=dict)
     # a served model in batch mode: the batches (file, id, state, round, requests, answered, failed, tokens), their
     # states, the requests (first submitted and submitted again), the tokens this try collected, how long it
@@ -235,7 +235,7 @@ def _quality_lines(quality: Mapping[str, Any]) -> list[str]:
     """
     if not quality.get("drift"):
         return []
-    from pipeline.drift import Verdict
+    from pipeline.core.drift import Verdict
 
     verdict = Verdict.from_dict(quality["drift"])
     action = {"warned": " (warned: published)", "accepted": " (accepted with --accept-drift: published)",

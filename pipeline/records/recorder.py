@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from pipeline.config.redaction import scrub
 from pipeline.errors import RecordError
-from pipeline.logs import RunLog
+from pipeline.core.logs import RunLog
 from pipeline.report import write_report
-from pipeline.runs import (refused_by_mount, run_row, spark_identity, through_spark, write_run_row,
-                           write_run_row_through_spark)
-from pipeline.tracking import log_run
+from pipeline.records.runs import (refused_by_mount, run_row, spark_identity, through_spark, write_run_row,
+                                   write_run_row_through_spark)
+from pipeline.records.tracking import log_run
 
 if TYPE_CHECKING:
     from pipeline.config import JobConfig
-    from pipeline.run_summary import RunSummary
+    from pipeline.core.run_summary import RunSummary
 
 __all__ = ["RunRecorder"]
 
@@ -37,11 +37,11 @@ class RunRecorder:
     """Records one run: a ``started`` row at :meth:`begin`, the final row, report and MLflow at :meth:`end`.
 
     The rows go with deltalake from the driver, or through the run's Spark session and its Delta connector where
-    deltalake cannot commit (:func:`pipeline.runs.through_spark`: ``abfss://``, a Unity Catalog Volume, or a mount
+    deltalake cannot commit (:func:`pipeline.records.runs.through_spark`: ``abfss://``, a Unity Catalog Volume, or a mount
     that refused deltalake's commit): such a ``started`` row waits for the session and the pre-flight
     (:meth:`flush`), before any Spark work. Under ``run.record: required`` a row that cannot be written raises
     :class:`RecordError` (never while the run already fails: that row's failure is a line), else it logs one
-    warning line (to the run's ``log``, else to ``out``: :class:`pipeline.logs.RunLog`) and the run goes on.
+    warning line (to the run's ``log``, else to ``out``: :class:`pipeline.core.logs.RunLog`) and the run goes on.
     """
 
     def __init__(self, config: "JobConfig", *, run_id: str, ds: dt.date, out: TextIO | None = None,

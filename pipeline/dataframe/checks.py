@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from pipeline.config import BatchingConfig, ConfigError, JobConfig, ModelConfig, TaskConfig, build_config
 from pipeline.errors import SourceError
-from pipeline.fingerprint import task_fingerprint
+from pipeline.config.fingerprint import task_fingerprint
 from pipeline.registry import ModelInfo, TaskKind, get_task_kind, kind_and_task
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ class Scoring:
     def column_plan(self, *, with_id: bool, rate_share: float = 1.0) -> "ColumnPlan":
         """The column function's plan: ``run_job``'s inference plan for this config (no staging, progress
         or metrics column: the caller's query owns the run), fault drills from ``SBI_FAULTS``."""
-        from pipeline import faults
+        from pipeline.core import faults
         from pipeline.spark.column_udf import ColumnPlan
         from pipeline.spark.udf import InferencePlan
 
@@ -94,8 +94,8 @@ def checked(config: JobConfig, kind: TaskKind, task: Any, spark: Any = None) -> 
     """Before any Spark work, as ``run_job`` checks them: the Spark (the installed pyspark, and ``spark``'s
     server when it is a Spark Connect session), the extras the task needs (the ``pip install`` line when one
     is missing), then the model, checked and fingerprinted (a registry alias pinned to its version)."""
-    from pipeline.compat import check_spark
-    from pipeline.sessions import is_connect
+    from pipeline.core.compat import check_spark
+    from pipeline.core.sessions import is_connect
     from pipeline.tasks.job import checked_model
 
     check_spark()

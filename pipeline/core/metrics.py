@@ -12,8 +12,8 @@ task's timeline grows past ``TIMELINE_TASK_POINTS``), and competes for one of
 the task's ``SLOWEST_PER_TASK`` slowest-batch slots. Every leaf is a number, so
 the counts stay a plain JSON-able dict that :func:`merge_counts` adds up;
 :func:`batch_metrics` turns them into what the runs table and the report keep.
-The end-of-run summary built from the merged counts is :mod:`pipeline.run_summary`;
-their typed reading on the driver is :mod:`pipeline.run_counts`.
+The end-of-run summary built from the merged counts is :mod:`pipeline.core.run_summary`;
+their typed reading on the driver is :mod:`pipeline.core.run_counts`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 import uuid
 from typing import Any, Callable, Mapping
 
-from pipeline.run_counts import WORK_KEYS
+from pipeline.core.run_counts import WORK_KEYS
 
 __all__ = ["StageClock", "WorkerCounts", "WorkerProgress", "batch_metrics", "merge_counts", "reused_counts"]
 
@@ -136,7 +136,7 @@ def reused_counts(stored: Mapping[str, Any], *, rows: int) -> Counts:
 
     What its stored counts say about the rows (statuses, a kind's own output counts) stays, so the
     run's totals and completeness checks add up; the work of scoring (the counters declared ``work``,
-    :data:`pipeline.run_counts.WORK_KEYS`) is dropped,
+    :data:`pipeline.core.run_counts.WORK_KEYS`) is dropped,
     and ``resumed_tasks`` / ``rows_reused`` count the reuse.
 
     >>> reused_counts({"status": {"ok": 3}, "tokens": 40, "model_loads": {"w": 1}}, rows=3)

@@ -5,11 +5,11 @@ upstream job sending empty texts, commits a full night of rows that are all ther
 inference task also sketches what its output looked like, while it scores (no second pass over the
 data): row statuses, input lengths and tokens, and per task kind the output's own shape (labels and
 scores, the embedding centroid, completion lengths, OCR confidence, top-K overlap with the night
-before). :mod:`pipeline.drift` compares the merged sketch with the job's recent runs.
+before). :mod:`pipeline.core.drift` compares the merged sketch with the job's recent runs.
 
 Every sketch adds up, so a task's profile travels as one more key of its counts
-(:class:`~pipeline.metrics.WorkerCounts`, ``counts["profile"]``) and the driver merges the tasks' with
-:func:`~pipeline.metrics.merge_counts`, whatever the order or the number of tasks:
+(:class:`~pipeline.core.metrics.WorkerCounts`, ``counts["profile"]``) and the driver merges the tasks' with
+:func:`~pipeline.core.metrics.merge_counts`, whatever the order or the number of tasks:
 
 - ``cat``: counts per value (``status``, ``label``, ``finish_reason``, hashed item ids);
 - ``hist``: counts per bin of a fixed **bin family**, named in the sketch so any reader can read it back
@@ -44,8 +44,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.metrics import merge_counts
-from pipeline.rows import Status
+from pipeline.core.metrics import merge_counts
+from pipeline.core.rows import Status
 
 __all__ = ["BINS", "Histogram", "Profile", "Vectors", "item_buckets", "overlap_at_k", "shares"]
 

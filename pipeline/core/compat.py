@@ -102,7 +102,7 @@ def check_spark(version: str | None = None, *, where: str = "the installed pyspa
     """
     found = version if version is not None else installed_pyspark()
     if found is None:
-        from pipeline.extras import install_line
+        from pipeline.core.extras import install_line
 
         raise UnsupportedSparkError(
             "pyspark is not installed. On a cluster (Databricks, EMR, spark-submit) the platform provides it: run "

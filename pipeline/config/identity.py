@@ -7,7 +7,7 @@ and changed (a new model). Each of the names below answers one question about th
 - the **run key** (:func:`run_key`): which *logical run* this is: the same for every retry of it (the
   Delta transaction id of its commits, the name of its staged output), different for another day,
   another source version, another model revision or another result-changing setting;
-- the **task fingerprint** (:func:`pipeline.fingerprint.task_fingerprint`): what a *row's output*
+- the **task fingerprint** (:func:`pipeline.config.fingerprint.task_fingerprint`): what a *row's output*
   depends on (model revision and result-changing settings, not the run date);
 - the **config hash** (:func:`config_hash`): which *settings* a run used, for the runs table;
 - the **plan key** (:func:`plan_key`): which *staged plan* a rerun may resume (the run key, the
@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from pipeline.config import JobConfig
-from pipeline.fingerprint import drop_keys, task_fingerprint
+from pipeline.config.fingerprint import drop_keys, task_fingerprint
 
 __all__ = [
     "CONFIG_HASH_IGNORES", "RUN_KEY_IGNORES", "RunIdentity", "config_hash", "new_id", "plan_key", "run_identity",

@@ -30,7 +30,7 @@ def python_error_line(text: str) -> str | None:
 
     >>> python_error_line('''org.apache.spark.api.python.PythonException: [PYTHON_EXCEPTION] An exception was \\
     ... thrown from the Python worker: Traceback (most recent call last):
-    ...   File "/w/pipeline/faults.py", line 92, in on_task_start
+    ...   File "/w/pipeline/core/faults.py", line 92, in on_task_start
     ...     raise InjectedFaultError(f"injected inference failure")
     ... pipeline.errors.InjectedFaultError: injected inference failure in partition 1
     ...  SQLSTATE: 38000

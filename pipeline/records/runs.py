@@ -19,10 +19,10 @@ still leaves a trace, then replaced in one MERGE by its final row. Two ways, by 
   Volume or DBFS (:data:`SPARK_MOUNTS`), which Spark reaches through the cloud store instead.
 
 :func:`through_spark` says which. Whether a row that cannot be written fails the run is ``run.record``
-(:class:`pipeline.recorder.RunRecorder`). The report (:mod:`pipeline.report`) and MLflow logging
-(:mod:`pipeline.tracking`) read what is recorded here.
+(:class:`pipeline.records.recorder.RunRecorder`). The report (:mod:`pipeline.report`) and MLflow logging
+(:mod:`pipeline.records.tracking`) read what is recorded here.
 
-The runner records through :class:`pipeline.recorder.RunRecorder`, which
+The runner records through :class:`pipeline.records.recorder.RunRecorder`, which
 writes these rows and then the report and MLflow; this module knows neither.
 """
 
@@ -37,15 +37,15 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import pyarrow as pa
 
-from pipeline.compat import runtime_versions
+from pipeline.core.compat import runtime_versions
 from pipeline.config.redaction import redact_config, scrub
-from pipeline.identity import config_hash
+from pipeline.config.identity import config_hash
 from pipeline.io.stores import delta_uri, is_table, open_table, storage_options, unreachable_reason
-from pipeline.locations import is_local, local_path, resolve_location
+from pipeline.core.locations import is_local, local_path, resolve_location
 
 if TYPE_CHECKING:
     from pipeline.config import JobConfig
-    from pipeline.run_summary import RunSummary
+    from pipeline.core.run_summary import RunSummary
 
 __all__ = [
     "RUNS_SCHEMA", "SPARK_MOUNTS", "read_runs", "redact_config", "refused_by_mount", "run_row", "spark_identity",
@@ -79,12 +79,12 @@ RUNS_SCHEMA = pa.schema([
     ("model_loads", pa.int64()), ("workers", pa.int64()),
     ("spark_app_id", pa.string()), ("spark_master", pa.string()),
     ("output", pa.string()), ("delta_version", pa.int64()), ("writer", pa.string()),
-    ("batch_metrics", pa.string()),  # JSON: see pipeline.metrics.batch_metrics
+    ("batch_metrics", pa.string()),  # JSON: see pipeline.core.metrics.batch_metrics
     ("summary_json", pa.string()),  # JSON: the rest of the RunSummary (retries, fallbacks, backend, ...)
-    # JSON: what the driver ran with (pipeline.compat.runtime_versions); a table from before gains the column
+    # JSON: what the driver ran with (pipeline.core.compat.runtime_versions); a table from before gains the column
     ("versions", pa.string()),
-    # JSON: the output's profile (pipeline.sketches) and its drift verdict against the job's history
-    # (pipeline.drift); a table from before gains the columns on its next write
+    # JSON: the output's profile (pipeline.core.sketches) and its drift verdict against the job's history
+    # (pipeline.core.drift); a table from before gains the columns on its next write
     ("profile", pa.string()), ("drift", pa.string()),
     # JSON: a served model in batch mode: its batches, their states, tokens and the wait (RunSummary.batch_api)
     ("batch_api", pa.string()),

@@ -1,6 +1,6 @@
 """Drift: a run's output profile against its job's recent runs, measure by measure, before anything is published.
 
-The current run's sketch (:mod:`pipeline.sketches`) is compared with the pooled sketches of the history
+The current run's sketch (:mod:`pipeline.core.sketches`) is compared with the pooled sketches of the history
 runs, each measure with the test that fits its shape:
 
 - a **categorical** measure (row statuses, labels, finish reasons, hashed item ids): the population
@@ -22,7 +22,7 @@ nights of the test corpus reached 0.24), so a PSI is flagged when it passes its 
 its noise; at a million rows the noise is nil and the limit is the usual 0.25.
 Pure: numpy and the standard library.
 
->>> from pipeline.sketches import Profile
+>>> from pipeline.core.sketches import Profile
 >>> night = lambda statuses: {"cat": {"status": statuses}}
 >>> history = [night({"ok": 990, "skipped_empty": 10}), night({"ok": 985, "skipped_empty": 15})]
 >>> [f.flagged for f in compare(night({"ok": 992, "skipped_empty": 8}), history)]
@@ -39,8 +39,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from pipeline.metrics import merge_counts
-from pipeline.sketches import Histogram, Vectors, shares
+from pipeline.core.metrics import merge_counts
+from pipeline.core.sketches import Histogram, Vectors, shares
 
 __all__ = ["Finding", "Limits", "Verdict", "chi2_sf", "compare", "kolmogorov_sf", "ks", "pooled", "psi", "psi_noise"]
 
