@@ -4,6 +4,10 @@ pyspark's own helpers changed their keywords between lines (Spark 4.0's ``to_arr
 became ``timezone="UTC"`` later), so both Spark glue (``pipeline.spark``) and the table code (``pipeline.io``)
 convert through here: a timestamp is UTC on every line. On the platform floor beside them (they never import
 each other); pyspark is imported inside the functions, on the driver or an executor that has it.
+
+Why it sits at the package's top level, the one floor module there that is neither a face nor public: inside
+``spark/`` or ``io/`` the other would have to import it (the two never meet), and ``core/`` may import no pyspark,
+not even inside a function (a forbidden contract).
 """
 
 from __future__ import annotations

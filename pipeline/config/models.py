@@ -54,8 +54,8 @@ class SparkConfig(ConfigSection):
     small_job_rows: int = Field(
         10_000, ge=0, description="a job of at most this many source rows (`source.limit`, else the Delta log's "
         "counts) with local paths only, `sink.writer` auto or deltalake and no session of its own runs light on a "
-        "local master: no Delta jars, a quick-start JVM, the commit written from the driver (pipeline.stages.small_jobs); "
-        "0: never")
+        "local master: no Delta jars, a quick-start JVM, the commit written from the driver "
+        "(pipeline.stages.small_jobs); 0: never")
     class_archive: bool = Field(
         True, description="a session started here maps its JVM's classes from an archive (Java's class-data "
         "sharing), written by the first such session at its exit (~150 MB under $SBI_CACHE_DIR/jvm): starts "

@@ -60,7 +60,8 @@ def activate_for_this_thread(spark: Any) -> None:
 
 def delta_package() -> str | None:
     """The Maven coordinate of the Delta connector matching the installed pyspark (and delta-spark, when
-    installed); None on a Spark line no Delta release is built for (:func:`pipeline.core.compat.delta_connector_package`)."""
+    installed); None on a Spark line no Delta release is built for
+    (:func:`pipeline.core.compat.delta_connector_package`)."""
     from pipeline.core.compat import delta_connector_package
 
     return delta_connector_package()

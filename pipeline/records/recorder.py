@@ -37,8 +37,8 @@ class RunRecorder:
     """Records one run: a ``started`` row at :meth:`begin`, the final row, report and MLflow at :meth:`end`.
 
     The rows go with deltalake from the driver, or through the run's Spark session and its Delta connector where
-    deltalake cannot commit (:func:`pipeline.records.runs.through_spark`: ``abfss://``, a Unity Catalog Volume, or a mount
-    that refused deltalake's commit): such a ``started`` row waits for the session and the pre-flight
+    deltalake cannot commit (:func:`pipeline.records.runs.through_spark`: ``abfss://``, a Unity Catalog Volume, or a
+    mount that refused deltalake's commit): such a ``started`` row waits for the session and the pre-flight
     (:meth:`flush`), before any Spark work. Under ``run.record: required`` a row that cannot be written raises
     :class:`RecordError` (never while the run already fails: that row's failure is a line), else it logs one
     warning line (to the run's ``log``, else to ``out``: :class:`pipeline.core.logs.RunLog`) and the run goes on.

@@ -201,7 +201,8 @@ def hashed_inputs(inputs: "DataFrame", config: JobConfig, task: Any) -> "DataFra
 
 def prepare_inputs(spark: "SparkSession", config: JobConfig, *, revision: str, task: Any = None) -> "DataFrame":
     """:func:`read_new_inputs`' rows, for the model ``revision`` (another revision or result-changing settings
-    give another task fingerprint, see :mod:`pipeline.config.fingerprint`: an incremental run scores those rows again)."""
+    give another task fingerprint, see :mod:`pipeline.config.fingerprint`: an incremental run scores those rows
+    again)."""
     return read_new_inputs(spark, config, fingerprint=task_fingerprint(config, revision=revision), task=task).rows
 
 

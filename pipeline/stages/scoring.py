@@ -62,7 +62,8 @@ def score_inputs(
     ``METRICS_COLUMN`` (see ``pipeline.spark.run_metrics``); drop it before writing. With ``staging_dir``
     (a plan folder of :mod:`pipeline.journal.plans`) each finished task stages its rows there, and a task
     a finished earlier try staged for the same input rows reuses them. ``fingerprint``: the run's task
-    fingerprint (:attr:`pipeline.config.identity.RunIdentity.task_fingerprint`; computed from the config when not given).
+    fingerprint (:attr:`pipeline.config.identity.RunIdentity.task_fingerprint`; computed from the config when not
+    given).
     ``carry_failed``: a quarantined row carries its task inputs out (``_sbi_input_<c>``, see
     :func:`pipeline.spark.udf.internal_columns`) for the quarantine table.
     """

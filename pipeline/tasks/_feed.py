@@ -67,7 +67,8 @@ def overlapped(
 
 
 class LockedCounts:
-    """A :class:`~pipeline.core.metrics.WorkerCounts` shared by the device thread and the caller's, one update at a time."""
+    """A :class:`~pipeline.core.metrics.WorkerCounts` shared by the device thread and the caller's, one update at a
+    time."""
 
     def __init__(self, counts: Any) -> None:
         self._counts = counts

@@ -105,7 +105,8 @@ def test_generate_template_changes_it_slots_and_mode_do_not():
 
 def test_the_hash_is_stable_across_processes():
     """No Python ``hash()`` or set order in it: another interpreter with another hash seed agrees."""
-    code = ("from tests.core.test_fingerprint import _job, REV; from pipeline.config.fingerprint import task_fingerprint; "
+    code = ("from tests.core.test_fingerprint import _job, REV\n"
+            "from pipeline.config.fingerprint import task_fingerprint\n"
             "print(task_fingerprint(_job(), revision=REV))")
     env = {**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": str(REPO)}
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True,

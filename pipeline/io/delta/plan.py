@@ -123,8 +123,8 @@ def plan_write(
     >>> p.writer, p.format, p.mode, p.path, p.partition_by, p.options["replaceWhere"]
     ('delta', 'delta', 'overwrite', 's3://lake/scores', ('ds',), "ds = '2026-11-29'")
 
-    ``txn_app_id`` (the run key, :func:`pipeline.config.identity.run_key`) makes an append idempotent: the connector gets
-    Delta's ``txnAppId``/``txnVersion`` options (it skips a write whose app id the table already holds), the
+    ``txn_app_id`` (the run key, :func:`pipeline.config.identity.run_key`) makes an append idempotent: the connector
+    gets Delta's ``txnAppId``/``txnVersion`` options (it skips a write whose app id the table already holds), the
     deltalake writer records the same transaction and skips such an append itself:
 
     >>> p = plan_write(SinkConfig(path="s3://lake/scores", mode="append"), partition_values=None,
