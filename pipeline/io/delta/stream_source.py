@@ -97,23 +97,28 @@ def commit_files(store: Any, version: int, *, schema_string: str, path: str) -> 
     for action in actions:
         if "commitInfo" in action:
             operation = action["commitInfo"].get("operation", operation)
-        elif "metaData" in action and (change := schema_change(schema_string, action["metaData"]["schemaString"])):
-            raise SourceError(
-                f"the schema of the stream's source {path} changed at version {version}: {change}. The query "
-                "stopped before reading it; if the job can score the new rows (its source.id_column, text column "
-                "and keep_columns are still there), run the same command again: the stream reads on from version "
-                f"{version} with the new schema")
-        elif "remove" in action and action["remove"].get("dataChange", True):
-            raise SourceError(
-                f"version {version} of the stream's source {path} removes or rewrites rows ({operation}); a stream "
-                "reads appended rows only, so it stopped before that version. Score the table as a batch "
-                "(drop source.stream; run.incremental scores only changed rows), or start a new stream with "
-                f"stream.starting_version {version + 1} and a new stream.checkpoint_path")
+        elif refusal := _refusal(action, version, path=path, schema_string=schema_string, operation=operation):
+            raise SourceError(refusal)
         elif "add" in action and action["add"].get("dataChange", True):
             add = action["add"]
             files.append({"path": action_path(add), "partition_values": dict(add.get("partitionValues") or {}),
                           "size": int(add.get("size") or 0)})
     return CommitFiles(version, files)
+
+
+def _refusal(action: dict[str, Any], version: int, *, path: str, schema_string: str, operation: str) -> str | None:
+    """Why a stream cannot follow ``action`` of commit ``version`` (the schema changed, rows removed); None: it can."""
+    if "metaData" in action and (change := schema_change(schema_string, action["metaData"]["schemaString"])):
+        return (f"the schema of the stream's source {path} changed at version {version}: {change}. The query "
+                "stopped before reading it; if the job can score the new rows (its source.id_column, text column "
+                "and keep_columns are still there), run the same command again: the stream reads on from version "
+                f"{version} with the new schema")
+    if "remove" in action and action["remove"].get("dataChange", True):
+        return (f"version {version} of the stream's source {path} removes or rewrites rows ({operation}); a stream "
+                "reads appended rows only, so it stopped before that version. Score the table as a batch "
+                "(drop source.stream; run.incremental scores only changed rows), or start a new stream with "
+                f"stream.starting_version {version + 1} and a new stream.checkpoint_path")
+    return None
 
 
 def stream_options(store: Any, *, arrow_schema: pa.Schema, schema_string: str, starting_version: int | None,
