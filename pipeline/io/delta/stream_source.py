@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader
+from pyspark.sql.datasource import DataSourceStreamReader
 
 from pipeline.errors import SourceError
 from pipeline.io.delta.log import action_path, log_entry
-from pipeline.io.delta.reader import FilePartition, file_batches, log_string
+from pipeline.io.delta.reader import FilePartition, NamedDataSource, file_batches, log_string
 
 __all__ = ["STREAM_FORMAT", "CommitFiles", "DeltaStreamDataSource", "commit_files", "schema_change",
            "stream_options"]
@@ -143,12 +143,10 @@ def stream_options(store: Any, *, arrow_schema: pa.Schema, schema_string: str, s
     return options
 
 
-class DeltaStreamDataSource(DataSource):
+class DeltaStreamDataSource(NamedDataSource):
     """``format("sbi_delta_stream")``: the rows appended to a Delta table, micro-batch by micro-batch."""
 
-    @classmethod
-    def name(cls) -> str:
-        return STREAM_FORMAT
+    format_name = STREAM_FORMAT
 
     def streamReader(self, schema: Any) -> "DeltaStreamReader":
         return DeltaStreamReader(dict(self.options))
