@@ -39,20 +39,15 @@ class LineBox:
         return cls(((x0, y0), (x1, y0), (x1, y1), (x0, y1)), score)
 
     @property
-    def x0(self) -> int:
-        return int(math.floor(min(p[0] for p in self.points)))
+    def bounds(self) -> tuple[int, int, int, int]:
+        """``(x0, y0, x1, y1)``: the upright box around the corners in whole pixels (its edges rounded outward)."""
+        xs, ys = [p[0] for p in self.points], [p[1] for p in self.points]
+        return int(math.floor(min(xs))), int(math.floor(min(ys))), int(math.ceil(max(xs))), int(math.ceil(max(ys)))
 
-    @property
-    def y0(self) -> int:
-        return int(math.floor(min(p[1] for p in self.points)))
-
-    @property
-    def x1(self) -> int:
-        return int(math.ceil(max(p[0] for p in self.points)))
-
-    @property
-    def y1(self) -> int:
-        return int(math.ceil(max(p[1] for p in self.points)))
+    x0 = property(lambda self: self.bounds[0], doc="The upright box's left edge (an int).")
+    y0 = property(lambda self: self.bounds[1], doc="The upright box's top edge (an int).")
+    x1 = property(lambda self: self.bounds[2], doc="The upright box's right edge (an int).")
+    y1 = property(lambda self: self.bounds[3], doc="The upright box's bottom edge (an int).")
 
     @property
     def width(self) -> int:

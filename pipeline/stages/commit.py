@@ -211,6 +211,7 @@ def _commit_output(prep: Prepared, plan: RunPlan, scored: "DataFrame", *, metada
     from pipeline.core import faults as fault_hooks
     from pyspark.sql import functions as F
 
+    from pipeline.io.delta.plan import CommitOptions
     from pipeline.spark.udf import internal_columns
 
     config, ident = prep.config, plan.identity
@@ -221,12 +222,11 @@ def _commit_output(prep: Prepared, plan: RunPlan, scored: "DataFrame", *, metada
         to_write = to_write.where(~ids.eqNullSafe(F.lit(lost)))
     if (swap := fault_hooks.swapped_at_output_commit(prep.faults)) is not None:  # a drill: one lost, one twice
         to_write = to_write.where(~ids.eqNullSafe(F.lit(swap[0]))).unionByName(to_write.where(ids == F.lit(swap[1])))
-    result = write_tallied(
-        prep, prep.kind.job.shape_output(to_write, config), plan.sink,
-        partition_values={"ds": ident.ds}, commit_metadata=metadata, faults=prep.faults, txn_app_id=ident.app_id,
-        txn_version=ident.txn_version, key_columns=plan.key_columns, read_version=plan.read_version, in_driver=prep.small,
-        base_version=_version_read(plan.sink_state),
-    )
+    commit = CommitOptions(txn_app_id=ident.app_id, txn_version=ident.txn_version, key_columns=plan.key_columns,
+                           read_version=plan.read_version, base_version=_version_read(plan.sink_state))
+    result = write_tallied(prep, prep.kind.job.shape_output(to_write, config), plan.sink, commit=commit,
+                           partition_values={"ds": ident.ds}, commit_metadata=metadata, faults=prep.faults,
+                           in_driver=prep.small)
     prep.clock.lap("commit", version=result.version)
     if result.already_committed:  # a concurrent try of this very run committed first
         return AlreadyCommitted(version=result.version, by=None, writer=result.writer,

@@ -65,6 +65,7 @@ def commit_quarantine(prep: Prepared, plan: RunPlan, scored: "DataFrame", *, err
     version and result None when there is nothing to commit and no quarantine table yet."""
     from pipeline.core import faults as fault_hooks
     from pipeline.io.delta.history import committed_run_via
+    from pipeline.io.delta.plan import CommitOptions
 
     config, spark, sink, ident = prep.config, prep.spark, plan.sink, plan.identity
     quarantine_path = plan.quarantine_path
@@ -75,9 +76,9 @@ def commit_quarantine(prep: Prepared, plan: RunPlan, scored: "DataFrame", *, err
         # a run's is written even when empty once it exists, so a rerun replaces that day's failures too (a
         # micro-batch appends, and a replay of it finds its transaction: it commits only failed rows)
         q = write_tallied(prep, _quarantine_rows(scored, config, tuple(prep.task.input_columns)), sink,
+                          commit=CommitOptions(txn_app_id=ident.app_id, txn_version=ident.txn_version),
                           partition_values={"ds": ident.ds}, commit_metadata=metadata, path=quarantine_path,
-                          txn_app_id=ident.app_id, txn_version=ident.txn_version, in_driver=prep.small,
-                          faults=fault_hooks.quarantine_write_faults(prep.faults))
+                          in_driver=prep.small, faults=fault_hooks.quarantine_write_faults(prep.faults))
         say_swept(prep, q)
         quarantine_version = q.version
         if q.already_committed:  # an earlier try of this run committed them: read back its rows

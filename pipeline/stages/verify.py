@@ -22,6 +22,8 @@ from pipeline.stages.outcomes import Committed, Prepared, ReadBack, RunPlan
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from pipeline.io.delta.plan import CommitOptions
+
 __all__ = ["check_written", "day_rows", "read_back", "rows_written", "write_tallied"]
 
 
@@ -88,10 +90,11 @@ def check_written(in_keys: "DataFrame", written: "DataFrame", quarantined: "Data
     return identity_check(in_keys, key_counts(held, id_column=id_column, status_column="status"))
 
 
-def write_tallied(prep: Prepared, df: "DataFrame", sink: Any, **options: Any) -> Any:
-    """:func:`pipeline.io.delta.sink.write_sink` of ``df``, keyed rows tallied on the way: the deltalake writer
-    tallies what each file holds and its commit records it; for a writer that records none (the connector)
-    the tally of the rows handed to its write, observed in that write's own job, stands in (``keys_added``)."""
+def write_tallied(prep: Prepared, df: "DataFrame", sink: Any, *, commit: "CommitOptions", **options: Any) -> Any:
+    """:func:`pipeline.io.delta.sink.write_sink` of ``df`` with ``commit``, keyed rows tallied on the way: the
+    deltalake writer tallies what each file holds and its commit records it; for a writer that records none (the
+    connector) the tally of the rows handed to its write, observed in that write's own job, stands in
+    (``keys_added``)."""
     import dataclasses
 
     from pipeline.io.delta.sink import write_sink
@@ -100,7 +103,8 @@ def write_tallied(prep: Prepared, df: "DataFrame", sink: Any, **options: Any) ->
     id_column = prep.config.source.id_column
     keyed = {id_column, "content_hash"} <= set(df.columns)
     observed, handed = observe_input_tally(df, id_column=id_column) if keyed else (df, None)
-    result = write_sink(observed, sink, tally_columns=(id_column, "content_hash") if keyed else (), **options)
+    tally = (id_column, "content_hash") if keyed else ()
+    result = write_sink(observed, sink, commit=dataclasses.replace(commit, tally_columns=tally), **options)
     if handed is not None and result.keys_added is None and result.rows_added is not None:
         result = dataclasses.replace(result, keys_added=handed.get())
     return result

@@ -22,6 +22,7 @@ from pipeline.config import StorageConfig
 from pipeline.io.local_s3 import local_s3
 from pipeline.io.stores import storage_options, using_settings
 from pipeline.errors import SinkError
+from pipeline.io.delta.plan import CommitOptions
 from pipeline.io.delta.sink import write_sink
 from pipeline.report import report_main
 from pipeline.runner import run_job
@@ -65,8 +66,8 @@ def test_the_connector_writes_and_reads_delta_on_s3a(spark, s3):
     path = "s3a://lake/tables/t"
     sink = sink_config(path=path, mode="append", partition_by=["ds"], writer="delta")
     frame = spark.range(10).withColumn("ds", F.lit(D1))
-    first = write_sink(frame, sink, txn_app_id="sbi-run-1")
-    retry = write_sink(frame, sink, txn_app_id="sbi-run-1")
+    first = write_sink(frame, sink, commit=CommitOptions(txn_app_id="sbi-run-1"))
+    retry = write_sink(frame, sink, commit=CommitOptions(txn_app_id="sbi-run-1"))
     assert (first.writer, first.version, first.output) == ("delta", 0, path)
     assert retry.already_committed and retry.version == 0, "the retried append adds nothing on S3 too"
     replace = sink_config(path=path, mode="overwrite_partition", partition_by=["ds"], writer="delta")

@@ -24,6 +24,7 @@ from pipeline.config import SinkConfig
 from pipeline.errors import SinkError
 from pipeline.io.delta.history import commit_metadata, consistent_history
 from pipeline.io.delta.markers import MARKER_DIR, claim_for_commit, running_marker, write_id_of
+from pipeline.io.delta.plan import CommitOptions
 from pipeline.io.delta.sink import write_sink
 from pipeline.io.delta.sweep import sweep_leftovers
 from pipeline.runner import run_job
@@ -66,11 +67,11 @@ def live(path: Path) -> set[str]:
 def test_append_with_the_same_run_key_adds_nothing_and_overwrite_records_it(spark, tmp_path, writer):
     path = tmp_path / "t"
     append = sink_config(path=str(path), mode="append", partition_by=["ds"])
-    first = write_sink(ids_frame(spark, range(10), D1), append, txn_app_id="sbi-run-1")
-    retry = write_sink(ids_frame(spark, range(10), D1), append, txn_app_id="sbi-run-1")
+    first = write_sink(ids_frame(spark, range(10), D1), append, commit=CommitOptions(txn_app_id="sbi-run-1"))
+    retry = write_sink(ids_frame(spark, range(10), D1), append, commit=CommitOptions(txn_app_id="sbi-run-1"))
     assert (first.version, first.already_committed) == (0, False)
     assert (retry.version, retry.already_committed) == (0, True), "the retry points at the commit that landed"
-    other = write_sink(ids_frame(spark, range(10, 12), D2), append, txn_app_id="sbi-run-2")
+    other = write_sink(ids_frame(spark, range(10, 12), D2), append, commit=CommitOptions(txn_app_id="sbi-run-2"))
     assert other.version == 1 and not other.already_committed
     table = DeltaTable(str(path))
     ids = table.to_pyarrow_table()["id"].to_pylist()
@@ -81,7 +82,7 @@ def test_append_with_the_same_run_key_adds_nothing_and_overwrite_records_it(spar
     # overwrite_partition stays a clean replace (a deliberate rerun replaces), and records the transaction
     replace = sink_config(path=str(path), mode="overwrite_partition", partition_by=["ds"])
     again = write_sink(ids_frame(spark, range(3), D1, writer="y"), replace, partition_values={"ds": D1},
-                       txn_app_id="sbi-run-1")
+                       commit=CommitOptions(txn_app_id="sbi-run-1"))
     assert again.version == 2 and not again.already_committed
     table = DeltaTable(str(path))
     rows = table.to_pyarrow_table().to_pylist()
@@ -321,8 +322,8 @@ def test_two_first_writes_that_both_create_the_table_write_each_row_once(spark, 
     keys = {"key_columns": ("id", "ds"), "read_version": None} if keyed else {}
     outcomes = _concurrently({
         name: (lambda name=name: write_sink(ids_frame(spark, ranges[name], D1, writer=name), sink,
-                                            partition_values={"ds": D1}, faults=faults, txn_app_id=f"sbi-{name}",
-                                            **keys))
+                                            partition_values={"ds": D1}, faults=faults,
+                                            commit=CommitOptions(txn_app_id=f"sbi-{name}", **keys)))
         for name in ranges
     })
     assert len(list(barrier.glob("*.ready"))) == 2, "both had found no table before either committed"
@@ -365,7 +366,7 @@ def test_two_appends_to_different_days_at_once_both_land(spark, tmp_path):
     faults = {"commit_barrier": {"dir": str(barrier), "parties": 2, "timeout_s": 120}}
     outcomes = _concurrently({
         str(day): (lambda day=day: write_sink(ids_frame(spark, range(10), day, writer=str(day)), sink,
-                                              txn_app_id=f"sbi-{day}", faults=faults))
+                                              commit=CommitOptions(txn_app_id=f"sbi-{day}"), faults=faults))
         for day in (D1, D2)
     })
     assert not [o for o in outcomes.values() if isinstance(o, SinkError)], outcomes
@@ -385,15 +386,15 @@ def test_two_overlapping_keyed_appends_write_each_key_once(spark, tmp_path, writ
     path = tmp_path / "t"
     sink = sink_config(path=str(path), mode="append", partition_by=["ds"])
     write_sink(ids_frame(spark, range(3), D1, writer="seed"), sink, partition_values={"ds": D1},
-               key_columns=("id", "ds"), read_version=None)
+               commit=CommitOptions(key_columns=("id", "ds"), read_version=None))
     read_at = table_version(spark, str(path))
     first = write_sink(ids_frame(spark, range(3, 12), D1, writer="a"), sink, partition_values={"ds": D1},
-                       key_columns=("id", "ds"), read_version=read_at)
+                       commit=CommitOptions(key_columns=("id", "ds"), read_version=read_at))
     second = write_sink(ids_frame(spark, range(8, 20), D1, writer="b"), sink, partition_values={"ds": D1},
-                        key_columns=("id", "ds"), read_version=read_at)
+                        commit=CommitOptions(key_columns=("id", "ds"), read_version=read_at))
     # the other day's same ids are other keys
     other_day = write_sink(ids_frame(spark, range(5), D2, writer="c"), sink, partition_values={"ds": D2},
-                           key_columns=("id", "ds"), read_version=read_at)
+                           commit=CommitOptions(key_columns=("id", "ds"), read_version=read_at))
     assert (first.overlapped, second.overlapped, other_day.overlapped) == (0, 4, 0)
     rows = table_rows(spark, path)
     keys = sorted((r["ds"], r["id"]) for r in rows)
@@ -415,7 +416,7 @@ def test_overlapping_keyed_appends_that_commit_at_once_write_each_key_once(spark
     outcomes = _concurrently({
         name: (lambda name=name, ids=ids: write_sink(
             ids_frame(spark, ids, D1, writer=name), sink, partition_values={"ds": D1}, faults=faults,
-            key_columns=("id", "ds"), read_version=0))
+            commit=CommitOptions(key_columns=("id", "ds"), read_version=0)))
         for name, ids in (("a", range(0, 30)), ("b", range(20, 45)))
     })
     assert not [o for o in outcomes.values() if isinstance(o, SinkError)], outcomes

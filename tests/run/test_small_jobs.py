@@ -23,6 +23,7 @@ from pipeline.config import DELTA_CONNECTOR_CONF, build_config
 from pipeline.errors import SinkError
 from pipeline.io.delta.markers import MARKER_DIR
 from pipeline.io.delta.history import commit_metadata
+from pipeline.io.delta.plan import CommitOptions
 from pipeline.io.delta.sink import write_sink
 from pipeline.runner import run_job
 from pipeline.stages.small_jobs import small_job
@@ -167,10 +168,9 @@ def test_a_commit_from_the_driver_writes_what_spark_writes(spark, tmp_path):
 
 def test_a_retry_of_a_committed_append_from_the_driver_adds_nothing(spark, tmp_path):
     sink = sink_config(path=str(tmp_path / "out"), mode="append", writer="deltalake")
-    first = write_sink(_rows(spark), sink, partition_values=None, commit_metadata={}, txn_app_id="sbi-run-1",
-                       in_driver=True)
-    again = write_sink(_rows(spark), sink, partition_values=None, commit_metadata={}, txn_app_id="sbi-run-1",
-                       in_driver=True)
+    txn = CommitOptions(txn_app_id="sbi-run-1")
+    first = write_sink(_rows(spark), sink, partition_values=None, commit_metadata={}, commit=txn, in_driver=True)
+    again = write_sink(_rows(spark), sink, partition_values=None, commit_metadata={}, commit=txn, in_driver=True)
     assert not first.already_committed and again.already_committed and again.version == first.version == 0
     assert DeltaTable(str(tmp_path / "out")).to_pyarrow_table().num_rows == 30
     assert len(list((tmp_path / "out").rglob("*.parquet"))) == 1  # the retry's own file was deleted

@@ -23,7 +23,34 @@ from pipeline.errors import SinkError
 from pipeline.io.delta.options import APP_ID_KEY, FORMAT_NAME, WRITE_ID_KEY, DeltaLakeOptions
 from pipeline.io.delta.target import Writer, choose_writer, target_location
 
-__all__ = ["WritePlan", "WriteResult", "plan_write", "sql_literal"]
+__all__ = ["CommitOptions", "WritePlan", "WriteResult", "plan_write", "sql_literal"]
+
+
+@dataclass(frozen=True)
+class CommitOptions:
+    """What a run says about its commit beyond the sink's settings, typed once: the stages build it, and
+    :func:`~pipeline.io.delta.sink.write_sink` hands it to :func:`plan_write` as it is.
+
+    The defaults are a plain write: no transaction, not keyed, no tally.
+
+    >>> CommitOptions(txn_app_id="sbi-run-1", key_columns=("id", "ds"), read_version=3).txn_version
+    0
+    """
+
+    # the run key (pipeline.config.identity.run_key): an append of a run the table already holds adds nothing
+    txn_app_id: str | None = None
+    # a stream's micro-batches under one app id: the write is skipped when the table holds the app id at this
+    # version or a later one
+    txn_version: int = 0
+    # a keyed append: only keys the table lacks at commit time are written (the connector: an insert-only MERGE)
+    key_columns: tuple[str, ...] = ()
+    # the table version the run left out the keys it already held at (None: there was no table)
+    read_version: int | None = None
+    # (id, content hash): the deltalake writer's commit records the KeyTally of its files' keys; (): none
+    tally_columns: tuple[str, ...] = ()
+    # the table's version the run read (-1: none yet; None: unknown), from which the connector finds its
+    # commit's log entry
+    base_version: int | None = None
 
 
 @dataclass(frozen=True)
@@ -103,18 +130,14 @@ def plan_write(
     connector: bool,
     faults: Mapping[str, Any] | None = None,
     write_id: str | None = None,
-    txn_app_id: str | None = None,
-    txn_version: int = 0,
-    key_columns: tuple[str, ...] = (),
-    read_version: int | None = None,
-    tally_columns: tuple[str, ...] = (),
-    base_version: int | None = None,  # the connector's: where its commit's log entry is looked for from
+    commit: CommitOptions = CommitOptions(),
 ) -> WritePlan:
     """What writing to ``config`` (or to ``path`` with its settings) does; pure, no Spark.
 
     ``connector``: whether the session has the Delta Spark connector
-    (:func:`~pipeline.io.sources.has_delta_connector`); ``tally_columns`` (id, content hash): the deltalake
-    writer's commit records the :class:`~pipeline.core.rows.KeyTally` of its files' keys. Raises :class:`SinkError`
+    (:func:`~pipeline.io.sources.has_delta_connector`); ``commit``: the run's transaction, keys and tally
+    (:class:`CommitOptions`; ``tally_columns``: the deltalake writer's commit records the
+    :class:`~pipeline.core.rows.KeyTally` of its files' keys). Raises :class:`SinkError`
     for what cannot be written: a catalog table or a remote URI without the connector, ``sink.writer:
     delta`` without it, an ``overwrite_partition`` without the partition's values.
 
@@ -123,34 +146,37 @@ def plan_write(
     >>> p.writer, p.format, p.mode, p.path, p.partition_by, p.options["replaceWhere"]
     ('delta', 'delta', 'overwrite', 's3://lake/scores', ('ds',), "ds = '2026-11-29'")
 
-    ``txn_app_id`` (the run key, :func:`pipeline.config.identity.run_key`) makes an append idempotent: the connector
-    gets Delta's ``txnAppId``/``txnVersion`` options (it skips a write whose app id the table already holds), the
-    deltalake writer records the same transaction and skips such an append itself:
+    ``commit.txn_app_id`` (the run key, :func:`pipeline.config.identity.run_key`) makes an append idempotent: the
+    connector gets Delta's ``txnAppId``/``txnVersion`` options (it skips a write whose app id the table already
+    holds), the deltalake writer records the same transaction and skips such an append itself:
 
     >>> p = plan_write(SinkConfig(path="s3://lake/scores", mode="append"), partition_values=None,
-    ...                commit_metadata=None, connector=True, write_id="w1", txn_app_id="sbi-run-1")
+    ...                commit_metadata=None, connector=True, write_id="w1",
+    ...                commit=CommitOptions(txn_app_id="sbi-run-1"))
     >>> p.options["txnAppId"], p.options["txnVersion"]  # a stream's micro-batch: the batch id as txn_version
     ('sbi-run-1', '0')
 
-    ``key_columns`` keys an append on its rows (``("id", "ds")``; an incremental run's
+    ``commit.key_columns`` keys an append on its rows (``("id", "ds")``; an incremental run's
     ``("id", "content_hash", "task_fingerprint")``): only the keys the table lacks at commit time are
-    written, so two overlapping runs write each key once. ``read_version`` is the table version the
+    written, so two overlapping runs write each key once. ``commit.read_version`` is the table version the
     run left out the keys it already held at (None: there was no table). The connector runs an
-    insert-only ``MERGE``; the deltalake writer drops the keys committed since ``read_version`` and
+    insert-only ``MERGE``; the deltalake writer drops the keys committed since that version and
     commits with a conflict token (:mod:`pipeline.io.delta.keys`):
 
     >>> p = plan_write(SinkConfig(path="s3://lake/scores", mode="append"), partition_values={"ds": "2026-11-29"},
-    ...                commit_metadata=None, connector=True, write_id="w1", key_columns=("id", "ds"))
+    ...                commit_metadata=None, connector=True, write_id="w1",
+    ...                commit=CommitOptions(key_columns=("id", "ds")))
     >>> p.key_columns, dict(p.key_scope), "txnAppId" in p.options
     (('id', 'ds'), {'ds': '2026-11-29'}, False)
 
     The deltalake writer's plan is typed, and its options are that object's strings:
     >>> p = plan_write(SinkConfig(path="/data/scores", mode="append"), partition_values=None,
-    ...                commit_metadata=None, connector=False, write_id="w1", txn_app_id="sbi-run-1")
+    ...                commit_metadata=None, connector=False, write_id="w1",
+    ...                commit=CommitOptions(txn_app_id="sbi-run-1"))
     >>> p.lake.txn_app_id, p.lake.require_marker, p.options == p.lake.to_options()
     ('sbi-run-1', True, True)
     """
-    keyed = tuple(key_columns) if config.mode == "append" else ()
+    keyed = tuple(commit.key_columns) if config.mode == "append" else ()
     writer = choose_writer(config, connector=connector)
     table, location = target_location(config, path, writer)
     replace = dict(partition_values or {}) if config.mode == "overwrite_partition" else {}
@@ -162,25 +188,26 @@ def plan_write(
     metadata = {**(commit_metadata or {}), WRITE_ID_KEY: write_id}
     mode: Literal["append", "overwrite"] = "append" if config.mode == "append" else "overwrite"
     if writer == "delta":
-        plan = _connector_plan(config, mode=mode, metadata=metadata, txn_app_id=txn_app_id, txn_version=txn_version,
-                               keyed=keyed, replace=replace, partition_values=partition_values, table=table,
-                               location=location, write_id=write_id, faults=faults)
-        return dataclasses.replace(plan, base_version=base_version)
+        plan = _connector_plan(config, mode=mode, metadata=metadata, commit=commit, keyed=keyed, replace=replace,
+                               partition_values=partition_values, table=table, location=location,
+                               write_id=write_id, faults=faults)
+        return dataclasses.replace(plan, base_version=commit.base_version)
     lake = DeltaLakeOptions(
         path=str(location), write_id=write_id, partition_by=tuple(config.partition_by), commit_metadata=metadata,
         faults=dict(faults or {}), require_marker=True, leftover_grace_s=config.leftover_grace_s,
-        txn_app_id=txn_app_id, txn_version=txn_version, replace_where=replace, key_columns=keyed,
-        read_version=read_version if keyed else None, tally_columns=tuple(tally_columns),
+        txn_app_id=commit.txn_app_id, txn_version=commit.txn_version, replace_where=replace, key_columns=keyed,
+        read_version=commit.read_version if keyed else None, tally_columns=tuple(commit.tally_columns),
     )
     return WritePlan("deltalake", FORMAT_NAME, mode, lake.to_options(), tuple(config.partition_by), None, location,
                      write_id, lake=lake)
 
 
 def _connector_plan(config: SinkConfig, *, mode: Literal["append", "overwrite"], metadata: Mapping[str, Any],
-                    txn_app_id: str | None, txn_version: int, keyed: tuple[str, ...], replace: dict[str, Any],
+                    commit: CommitOptions, keyed: tuple[str, ...], replace: dict[str, Any],
                     partition_values: Mapping[str, Any] | None, table: str | None, location: str | None,
                     write_id: str, faults: Mapping[str, Any] | None) -> WritePlan:
     """:func:`plan_write` for the Delta connector: its write options, or a keyed MERGE's."""
+    txn_app_id = commit.txn_app_id
     if txn_app_id:  # the history names the logical run for both writers (committed_run reads it)
         metadata = {**metadata, APP_ID_KEY: txn_app_id}
     # a column this version adds (task_fingerprint, say) joins an older table, and a column someone else added
@@ -188,7 +215,7 @@ def _connector_plan(config: SinkConfig, *, mode: Literal["append", "overwrite"],
     options = {"userMetadata": json.dumps(dict(metadata), default=str), "mergeSchema": "true"}
     if txn_app_id and mode == "append" and not keyed:
         # overwrites stay clean replaces (as with the deltalake writer), so a deliberate rerun still replaces
-        options.update(txnAppId=txn_app_id, txnVersion=str(txn_version))
+        options.update(txnAppId=txn_app_id, txnVersion=str(commit.txn_version))
     if replace:
         options["replaceWhere"] = " AND ".join(f"{c} = {sql_literal(v)}" for c, v in replace.items())
     scope = {c: v for c, v in (partition_values or {}).items() if c in keyed}

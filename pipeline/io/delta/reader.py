@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = [
-    "DeltaFilesDataSource", "FilePartition", "READ_FORMAT", "file_batches", "log_string", "read_snapshot",
-    "read_with_deltalake",
+    "DeltaFilesDataSource", "FilePartition", "NamedDataSource", "READ_FORMAT", "file_batches", "log_string",
+    "read_snapshot", "read_with_deltalake",
 ]
 
 READ_FORMAT = "sbi_delta_files"
@@ -43,12 +43,20 @@ class FilePartition(InputPartition):
         self.partition_values = partition_values
 
 
-class DeltaFilesDataSource(DataSource):
-    """``format("sbi_delta_files")``: the given Parquet files of a snapshot, with their partition values."""
+class NamedDataSource(DataSource):
+    """A Python data source registered as its class's ``format_name``: Spark asks the class for ``name()``."""
+
+    format_name: ClassVar[str]
 
     @classmethod
     def name(cls) -> str:
-        return READ_FORMAT
+        return cls.format_name
+
+
+class DeltaFilesDataSource(NamedDataSource):
+    """``format("sbi_delta_files")``: the given Parquet files of a snapshot, with their partition values."""
+
+    format_name = READ_FORMAT
 
     def reader(self, schema: Any) -> "DeltaFilesReader":
         return DeltaFilesReader(dict(self.options))

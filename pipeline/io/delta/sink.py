@@ -31,7 +31,7 @@ from pipeline.config import SinkConfig
 from pipeline.errors import SinkError
 from pipeline.io.delta.connector import write_with_connector
 from pipeline.io.delta.history import commit_entry, committed_run, deltalake_version
-from pipeline.io.delta.plan import WritePlan, WriteResult, plan_write
+from pipeline.io.delta.plan import CommitOptions, WritePlan, WriteResult, plan_write
 from pipeline.io.sources import has_delta_connector
 from pipeline.io.stores import table_store
 
@@ -101,35 +101,25 @@ def write_sink(
     commit_metadata: Mapping[str, Any] | None = None,
     faults: Mapping[str, Any] | None = None,
     path: str | None = None,
-    txn_app_id: str | None = None,
-    txn_version: int = 0,
-    key_columns: tuple[str, ...] = (),
-    read_version: int | None = None,
+    commit: CommitOptions = CommitOptions(),
     in_driver: bool = False,
-    tally_columns: tuple[str, ...] = (),
-    base_version: int | None = None,
 ) -> WriteResult:
     """Write ``df`` as configured; returns where, with which writer, and the Delta version made.
 
     ``partition_values`` names the partition this run writes (e.g. ``{"ds": date}``);
     with ``mode: overwrite_partition`` exactly that partition is replaced.
     ``path`` writes to another folder with the same settings (the quarantine table).
-    ``txn_app_id`` (the run key, :func:`pipeline.config.identity.run_key`): an append of a run the table already holds adds nothing
-    and returns ``already_committed``; ``txn_version`` counts a stream's micro-batches under one app id (the
-    write is skipped when the table holds the app id at that version or a later one). ``key_columns`` and ``read_version``: a keyed append
-    (:func:`~pipeline.io.delta.plan.plan_write`); ``overlapped`` in the result counts the rows another run wrote first.
+    ``commit``: the run's transaction, keys and tally (:class:`~pipeline.io.delta.plan.CommitOptions`, handed
+    to :func:`~pipeline.io.delta.plan.plan_write` as it is). With ``commit.txn_app_id`` (the run key,
+    :func:`pipeline.config.identity.run_key`) an append of a run the table already holds adds nothing and returns
+    ``already_committed``; with ``commit.key_columns`` an append is keyed, and ``overlapped`` in the result
+    counts the rows another run wrote first; with ``commit.tally_columns`` (id, content hash) the deltalake
+    writer tallies the keys it writes (``keys_added`` in the result).
     ``in_driver``: the deltalake writer writes and commits from this process (a small job's few rows,
-    :func:`pipeline.io.delta.datasource.write_from_driver`); the connector ignores it. ``tally_columns``
-    (id, content hash): the deltalake writer tallies the keys it writes (``keys_added`` in the result).
-    ``base_version``: the table's version the run read (-1: none yet; None: unknown), from which the connector
-    finds its commit's log entry.
+    :func:`pipeline.io.delta.datasource.write_from_driver`); the connector ignores it.
     """
-    plan = plan_write(
-        config, partition_values=partition_values, commit_metadata=commit_metadata, path=path,
-        connector=has_delta_connector(df.sparkSession), faults=faults, txn_app_id=txn_app_id,
-        txn_version=txn_version, key_columns=key_columns, read_version=read_version, tally_columns=tally_columns,
-        base_version=base_version,
-    )
+    plan = plan_write(config, partition_values=partition_values, commit_metadata=commit_metadata, path=path,
+                      connector=has_delta_connector(df.sparkSession), faults=faults, commit=commit)
     if in_driver and plan.writer == "deltalake":
         plan = dataclasses.replace(plan, in_driver=True)
     return execute_write(df, plan)

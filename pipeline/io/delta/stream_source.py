@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader
+from pyspark.sql.datasource import DataSourceStreamReader
 
 from pipeline.errors import SourceError
 from pipeline.io.delta.log import action_path, log_entry
-from pipeline.io.delta.reader import FilePartition, file_batches, log_string
+from pipeline.io.delta.reader import FilePartition, NamedDataSource, file_batches, log_string
 
 __all__ = ["STREAM_FORMAT", "CommitFiles", "DeltaStreamDataSource", "commit_files", "schema_change",
            "stream_options"]
@@ -97,23 +97,28 @@ def commit_files(store: Any, version: int, *, schema_string: str, path: str) -> 
     for action in actions:
         if "commitInfo" in action:
             operation = action["commitInfo"].get("operation", operation)
-        elif "metaData" in action and (change := schema_change(schema_string, action["metaData"]["schemaString"])):
-            raise SourceError(
-                f"the schema of the stream's source {path} changed at version {version}: {change}. The query "
-                "stopped before reading it; if the job can score the new rows (its source.id_column, text column "
-                "and keep_columns are still there), run the same command again: the stream reads on from version "
-                f"{version} with the new schema")
-        elif "remove" in action and action["remove"].get("dataChange", True):
-            raise SourceError(
-                f"version {version} of the stream's source {path} removes or rewrites rows ({operation}); a stream "
-                "reads appended rows only, so it stopped before that version. Score the table as a batch "
-                "(drop source.stream; run.incremental scores only changed rows), or start a new stream with "
-                f"stream.starting_version {version + 1} and a new stream.checkpoint_path")
+        elif refusal := _refusal(action, version, path=path, schema_string=schema_string, operation=operation):
+            raise SourceError(refusal)
         elif "add" in action and action["add"].get("dataChange", True):
             add = action["add"]
             files.append({"path": action_path(add), "partition_values": dict(add.get("partitionValues") or {}),
                           "size": int(add.get("size") or 0)})
     return CommitFiles(version, files)
+
+
+def _refusal(action: dict[str, Any], version: int, *, path: str, schema_string: str, operation: str) -> str | None:
+    """Why a stream cannot follow ``action`` of commit ``version`` (the schema changed, rows removed); None: it can."""
+    if "metaData" in action and (change := schema_change(schema_string, action["metaData"]["schemaString"])):
+        return (f"the schema of the stream's source {path} changed at version {version}: {change}. The query "
+                "stopped before reading it; if the job can score the new rows (its source.id_column, text column "
+                "and keep_columns are still there), run the same command again: the stream reads on from version "
+                f"{version} with the new schema")
+    if "remove" in action and action["remove"].get("dataChange", True):
+        return (f"version {version} of the stream's source {path} removes or rewrites rows ({operation}); a stream "
+                "reads appended rows only, so it stopped before that version. Score the table as a batch "
+                "(drop source.stream; run.incremental scores only changed rows), or start a new stream with "
+                f"stream.starting_version {version + 1} and a new stream.checkpoint_path")
+    return None
 
 
 def stream_options(store: Any, *, arrow_schema: pa.Schema, schema_string: str, starting_version: int | None,
@@ -138,12 +143,10 @@ def stream_options(store: Any, *, arrow_schema: pa.Schema, schema_string: str, s
     return options
 
 
-class DeltaStreamDataSource(DataSource):
+class DeltaStreamDataSource(NamedDataSource):
     """``format("sbi_delta_stream")``: the rows appended to a Delta table, micro-batch by micro-batch."""
 
-    @classmethod
-    def name(cls) -> str:
-        return STREAM_FORMAT
+    format_name = STREAM_FORMAT
 
     def streamReader(self, schema: Any) -> "DeltaStreamReader":
         return DeltaStreamReader(dict(self.options))
