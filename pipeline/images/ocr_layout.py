@@ -11,6 +11,7 @@ full-width lines (titles) between column blocks. numpy only.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -38,9 +39,10 @@ class LineBox:
         """An axis-aligned box."""
         return cls(((x0, y0), (x1, y0), (x1, y1), (x0, y1)), score)
 
-    @property
+    @functools.cached_property
     def bounds(self) -> tuple[int, int, int, int]:
-        """``(x0, y0, x1, y1)``: the upright box around the corners in whole pixels (its edges rounded outward)."""
+        """``(x0, y0, x1, y1)``: the upright box around the corners in whole pixels (its edges rounded outward);
+        computed once per box, however many of its edges are read."""
         xs, ys = [p[0] for p in self.points], [p[1] for p in self.points]
         return int(math.floor(min(xs))), int(math.floor(min(ys))), int(math.ceil(max(xs))), int(math.ceil(max(ys)))
 
