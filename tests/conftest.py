@@ -151,7 +151,10 @@ def spark():
         master="local[2,3]", app_name="pipeline-tests", arrow_max_records_per_batch=1000, shuffle_partitions=4,
         conf={"spark.default.parallelism": "2", "spark.task.maxFailures": "2", **DELTA_TEST_CONFS,
               # running tasks' metrics reach the driver's status store every second (10 s by default)
-              "spark.executor.heartbeatInterval": "1s"},
+              "spark.executor.heartbeatInterval": "1s",
+              # a task killed with its failed job keeps its Python worker 10 s (2 s by default) before Spark
+              # kills it, so the late_close drill's task outlives the abort on a slow machine too
+              "spark.python.task.killTimeout": "10s"},
     ))
     if CONNECTOR_RUN:
         from pipeline.io.sources import has_delta_connector

@@ -32,6 +32,11 @@ executor's environment after Spark started would not). Keys:
                            acts while the write job runs: other tasks' files are in the table folder and the
                            driver waits inside the write (the connector: inside its ``save`` or ``MERGE``;
                            a partitioned write sorts its rows before it opens a file, so the held task has none)
+``late_close``             ``{"partitions": [n, ...], "dir": folder}``: these partitions' write task puts a probe
+                           named like the write's files in the table and waits until the driver's abort swept it,
+                           then closes its files (touching ``<dir>/<partition>.closed``) and its Python worker dies
+                           before it looks at the write's marker (first attempt): a file that lands after the
+                           abort's clean-up, as a worker Spark kills late leaves one
 ``commit_barrier``         ``{"dir": folder, "parties": n, "timeout_s": s}``: the ``sbi_delta`` commit touches
                            ``<dir>/<write id>.ready`` once it has read the table, then waits until ``n`` such
                            files exist (or ``<dir>/release`` does, or ``s`` seconds pass) before committing.
@@ -67,7 +72,7 @@ from pipeline.errors import InjectedFaultError, SimulatedOutOfMemoryError
 __all__ = ["InjectedFaultError", "SimulatedOutOfMemoryError", "activate", "after_output_commit", "at_batch_step",
            "after_quarantine_commit", "before_commits",
            "lost_at_output_commit", "quarantine_write_faults", "swapped_at_output_commit",
-           "check_batch", "from_env", "on_commit", "on_output", "on_task_start", "on_write"]
+           "check_batch", "closes_late", "from_env", "on_commit", "on_output", "on_task_start", "on_write"]
 
 ENV = "SBI_FAULTS"
 # drills that change what a task outputs (statuses, rows): staged output of a run under one of them is
@@ -150,6 +155,29 @@ def on_write(partition: int, attempt: int, faults: Mapping[str, Any]) -> None:
         os._exit(14)  # the Python worker dies with its Parquet file half written, its cleanup never runs
     if _first_attempt_of("fail_write_partitions", partition, attempt, faults):
         raise InjectedFaultError(f"injected write failure in partition {partition}, attempt {attempt}")
+
+
+def closes_late(partition: int, attempt: int, faults: Mapping[str, Any], plant: Any, planted: Any) -> Any:
+    """Write-side fault ``late_close``: when this attempt is listed, ``plant()`` a probe named like the
+    write's files and wait until it is gone (``planted()`` false: the driver's abort swept the write's
+    files); returns what the task calls once its own files are closed (it touches the witness and kills the
+    worker), else None."""
+    late = faults.get("late_close")
+    if not late or not _first_attempt_of("partitions", partition, attempt, late):
+        return None
+    import time
+
+    plant()
+    deadline = time.monotonic() + float(late.get("timeout_s", 120))
+    while planted() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+    def die() -> None:
+        if late.get("dir"):
+            Path(late["dir"], f"{partition}.closed").touch()
+        os._exit(15)  # the worker dies between its last upload and its look at the marker
+
+    return die
 
 
 def on_output(batch: Any, partition: int, chunk: int) -> Any:

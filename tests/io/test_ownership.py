@@ -188,12 +188,21 @@ def test_foreign_files_in_the_output_and_quarantine_folders_survive_every_sweep(
 
 
 # ----------------------------------------------------------------------------- a failed write's clean-up
-def _failing_write(spark, sink, *, fail: bool):
+def _failing_write(spark, sink, *, fail: bool, late: Path | None = None):
     """``write_sink`` of 30 rows in 3 tasks; with ``fail`` every attempt of one task raises mid-write (after
-    its first rows reached the writer), so the job aborts and cleans up."""
+    its first rows reached the writer), so the job aborts and cleans up. With ``late`` (a folder) another
+    task closes its file after the abort began and its worker dies before it can see that (the fault
+    ``late_close``, which touches ``<late>/<partition>.closed`` once its file is in the table)."""
     from pyspark.sql import functions as F
 
     from pipeline.io.delta.sink import write_sink
+
+    faults = None
+    if late is not None:
+        tasks = spark.range(30).repartition(3, "id").select("id", F.spark_partition_id().alias("task"))
+        failing = tasks.where("id = 25").first()["task"]
+        # one of the two tasks that start first (local[2]): a task queued behind the failing one never starts
+        faults = {"late_close": {"partitions": [1 if failing == 0 else 0], "dir": str(late)}}
 
     @F.udf("long")
     def boom(i):
@@ -202,7 +211,7 @@ def _failing_write(spark, sink, *, fail: bool):
         return i
 
     frame = spark.range(30).repartition(3, "id").withColumn("id", boom("id")).withColumn("ds", F.lit(D1))
-    return write_sink(frame, sink, partition_values={"ds": D1})
+    return write_sink(frame, sink, partition_values={"ds": D1}, faults=faults)
 
 
 def test_a_failed_write_removes_its_own_files_and_nothing_else(spark, tmp_path):
@@ -213,7 +222,8 @@ def test_a_failed_write_removes_its_own_files_and_nothing_else(spark, tmp_path):
     _plant(table)
     before = _planted(table)
     with pytest.raises(Exception, match="row 25 fails"):
-        _failing_write(spark, sink, fail=True)
+        _failing_write(spark, sink, fail=True, late=tmp_path)
+    assert list(tmp_path.glob("*.closed")), "a task closed its file after the abort began (the late_close fault)"
     assert _planted(table) == before
     data = [p for p in (table / "ds=2026-11-28").iterdir() if p.name.endswith(".parquet") and "f" * 32 not in p.name]
     from deltalake import DeltaTable
@@ -222,7 +232,7 @@ def test_a_failed_write_removes_its_own_files_and_nothing_else(spark, tmp_path):
         "the failed write's own files went; nothing else"
 
 
-def test_a_failed_write_on_s3_removes_its_own_objects_and_nothing_else(spark):
+def test_a_failed_write_on_s3_removes_its_own_objects_and_nothing_else(spark, tmp_path):
     from deltalake import DeltaTable
 
     from pipeline.io.local_s3 import local_s3
@@ -242,7 +252,8 @@ def test_a_failed_write_on_s3_removes_its_own_objects_and_nothing_else(spark):
             for key, body in foreign.items():
                 s3.put_object(Bucket="lake", Key=key, Body=body)
             with pytest.raises(Exception, match="row 25 fails"):
-                _failing_write(spark, sink, fail=True)
+                _failing_write(spark, sink, fail=True, late=tmp_path)
+            assert list(tmp_path.glob("*.closed")), "a task closed its file after the abort began"
             _failing_write(spark, sink, fail=False)  # a good night after it replaces the day
             for key, body in foreign.items():
                 assert s3.get_object(Bucket="lake", Key=key)["Body"].read() == body, key
@@ -259,6 +270,19 @@ def test_a_failed_write_on_s3_removes_its_own_objects_and_nothing_else(spark):
         finally:
             for key, value in saved.items():
                 os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+
+
+def test_after_a_failed_write_a_connect_client_waits_as_long_as_spark_takes_to_kill_its_tasks(spark_connect,
+                                                                                             monkeypatch):
+    """A Connect client cannot see the failed job's tasks: it waits the task monitor's look (2 s), the
+    server's ``spark.python.task.killTimeout`` (2 s there) and the settling time before it sweeps again."""
+    from pipeline.io.delta import stragglers
+
+    slept = []
+    monkeypatch.setattr(stragglers.time, "sleep", slept.append)
+    jobs = stragglers.WriteJobs(spark_connect)
+    assert jobs.sc is None and jobs.kill_timeout_s == 2.0
+    assert jobs.wait_until_ended() and slept == [4.5]
 
 
 def _files(table) -> set[str]:

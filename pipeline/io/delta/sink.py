@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from typing import TYPE_CHECKING, Any, Mapping
 
 from pipeline.config import SinkConfig
@@ -32,6 +32,7 @@ from pipeline.errors import SinkError
 from pipeline.io.delta.connector import write_with_connector
 from pipeline.io.delta.history import commit_entry, committed_run, deltalake_version
 from pipeline.io.delta.plan import CommitOptions, WritePlan, WriteResult, plan_write
+from pipeline.io.delta.stragglers import WriteJobs, take_back_after_failure
 from pipeline.io.sources import has_delta_connector
 from pipeline.io.stores import table_store
 
@@ -69,6 +70,7 @@ def _write_with_deltalake(df: "DataFrame", plan: WritePlan) -> WriteResult:
               if lake.require_marker else nullcontext())
     # the S3 settings travel with the write, not the plan (under the key Spark redacts)
     options = lake.with_storage(store.options if store.remote else None).to_options()
+    jobs = None if plan.in_driver else WriteJobs(df.sparkSession)
     try:
         with marker:
             if plan.in_driver:
@@ -76,6 +78,9 @@ def _write_with_deltalake(df: "DataFrame", plan: WritePlan) -> WriteResult:
             else:
                 df.write.format(plan.format).mode(plan.mode).options(**options).save()
     except Exception as exc:  # noqa: BLE001
+        if jobs is not None:  # a task killed late may have left a file after the abort deleted the others
+            with suppress(Exception):  # the write's own error is the one to report; a sweep retries this
+                take_back_after_failure(jobs, store, plan.write_id)
         raise SinkError(f"writing Delta table {plan.target} failed: {error_line(exc)}") from exc
     facts = markers.finished_facts(store, plan.write_id)
     swept = dict(facts.get("swept") or {})

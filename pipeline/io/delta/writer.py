@@ -69,10 +69,13 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
         tag = f"{ctx.partitionId():05d}-a{ctx.attemptNumber()}" if ctx else "00000-a0"
         writers: dict[tuple, PartFile] = {}
         message = DeltaWriteMessage()
+        late = None
         try:
             for batch in iterator:
                 if batch.num_rows == 0:
                     continue
+                if self.lake.faults and not writers:  # before its first file: a drill may hold the task here
+                    late = self._late_close(ctx)
                 table = to_delta_types(pa.Table.from_batches([batch]))
                 for key, part in split_partitions(table, self.partition_by):
                     current = writers.get(key)
@@ -89,6 +92,8 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
                         faults.on_write(ctx.partitionId(), ctx.attemptNumber(), self.lake.faults)
             for current in writers.values():
                 message.adds.append(current.close())
+            if late is not None:
+                late()
             if self._job_finished():
                 # a straggler (speculative or killed-late attempt) finishing after the driver's
                 # commit or abort: nobody will reference these files, so take them back
@@ -100,6 +105,17 @@ class DeltaLakeArrowWriter(DataSourceArrowWriter):
             delete_files(self.store, message.adds)
             raise
         return message
+
+    def _late_close(self, ctx: Any) -> Any:
+        """The ``late_close`` fault's hook for this task (:func:`pipeline.core.faults.closes_late`), or None."""
+        if not self.lake.faults or ctx is None:
+            return None
+        from pipeline.core import faults
+
+        probe = f"part-{ctx.partitionId():05d}-probe-{self.write_id}.parquet"  # the abort's sweep takes it
+        return faults.closes_late(ctx.partitionId(), ctx.attemptNumber(), self.lake.faults,
+                                  plant=lambda: self.store.write_json(probe, {}),
+                                  planted=lambda: self.store.exists(probe))
 
     # ---------------------------------------------------------------- driver
     def commit(self, messages: Sequence[DeltaWriteMessage | None]) -> None:
