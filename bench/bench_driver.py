@@ -102,12 +102,15 @@ def batch(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     sink = work / "document_scores"
     launcher = [sys.executable]
     if args.launcher == "spark-submit":
-        jars = subprocess.run([sys.executable, "-m", "pipeline.spark.jars", "submit-args"], capture_output=True,
-                              text=True, check=True).stdout
-        # the class archive, as make demo passes it (none under --set spark.class_archive=false)
+        # the Delta jars on the driver's class path and that class path's archive, as make demo passes them
+        # (--spark-jars: in spark.jars as before 2026-12-07; no archive under --set spark.class_archive=false)
+        jar_args = [] if args.spark_jars else ["--local", "delta"]  # before: every cached group, S3A's too
+        jars = subprocess.run([sys.executable, "-m", "pipeline.spark.jars", "submit-args", *jar_args],
+                              capture_output=True, text=True, check=True).stdout
         archive = "" if "spark.class_archive=false" in args.set else subprocess.run(
-            [sys.executable, "-m", "pipeline.spark.class_archive", "submit-args"], capture_output=True, text=True,
-            check=True).stdout
+            [sys.executable, "-m", "pipeline.spark.class_archive", "submit-args", *([] if args.spark_jars else
+                                                                                    ["delta"])],
+            capture_output=True, text=True, check=True).stdout
         launcher = [str(Path(sys.executable).parent / "spark-submit"), *shlex.split(jars), *shlex.split(archive),
                     "--master",
                     args.master or "local[*,4]", "--driver-memory", "2g", "--conf", "spark.ui.enabled=false",
@@ -209,6 +212,9 @@ def stream(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=("batch", "stream", "one"), help="one: a single run, what batch starts")
+    parser.add_argument("--spark-jars", action="store_true",
+                        help="spark-submit: the Delta jars in spark.jars (--jars) and the jar-free class archive, "
+                        "as make demo passed them before the jars went on the driver's class path")
     parser.add_argument("--launcher", choices=("python", "spark-submit"), default="python",
                         help="batch: each run as `python` or as `spark-submit` with the Delta jars (as make demo)")
     parser.add_argument("--source", help="one: the source table")

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     with local_s3(buckets=["demo"]) as s3:
         print(f"demo-s3: local S3 server at {s3.endpoint} (moto), bucket demo", flush=True)
         submit = Path(sys.executable).parent / "spark-submit"
-        cmd = [str(submit), *(spark_submit_args() if connector else []), "--master", "local[*,4]",
+        cmd = [str(submit), *(spark_submit_args(local=True) if connector else []), "--master", "local[*,4]",
                "--driver-memory", "2g", "--conf", "spark.ui.enabled=false",
                "--conf", "spark.ui.showConsoleProgress=false", "--conf", "spark.log.level=WARN"]
         for key, value in (s3.spark_confs() if connector else {}).items():

@@ -22,14 +22,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # interpreted; 256 MB holds a whole run (docs/benchmarks_small_jobs.md, "The suite's JVM code cache and its two runs
 # side by side"). Read by spark-submit's launcher (SPARK_SUBMIT_OPTS).
 FAST_START_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:ReservedCodeCacheSize=256m"
+from tests.support.data import CONNECT_MODE, CONNECTOR_RUN, DELTA_TEST_CONFS, REPO, writer_stack, build_tiny_bert  # noqa: E402
+
 # With the class archive (make jvm-archive, pipeline.spark.class_archive) these JVMs map Spark's classes instead of
-# loading them one by one; sessions the library builds map it themselves.
+# loading them one by one; sessions the library builds map the archive of their own class path themselves. In the
+# connector run the Delta jars are on most JVMs' class path, whose archive is another: none is named for all.
 if "SPARK_SUBMIT_OPTS" not in os.environ:
     from pipeline.spark.class_archive import mapped_options
 
-    os.environ["SPARK_SUBMIT_OPTS"] = " ".join(filter(None, [FAST_START_JVM, mapped_options()]))
-
-from tests.support.data import CONNECT_MODE, CONNECTOR_RUN, DELTA_TEST_CONFS, REPO, writer_stack, build_tiny_bert  # noqa: E402
+    os.environ["SPARK_SUBMIT_OPTS"] = " ".join(filter(None, [FAST_START_JVM,
+                                                             "" if CONNECTOR_RUN else mapped_options()]))
 
 # jar-free unless this is the connector run (tests/support/data.py, CONNECTOR_RUN)
 if not CONNECTOR_RUN:
@@ -197,7 +199,7 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory):
     if CONNECTOR_RUN:
         from pipeline.spark.jars import spark_submit_args
 
-        cmd += spark_submit_args()
+        cmd += spark_submit_args(local=True)  # a local master: the jars on the driver's class path
     for key, value in confs.items():
         cmd += ["--conf", f"{key}={value}"]
     with local_server(cmd, port=port, name="the Spark Connect server", env=env, cwd=REPO, log=log,

@@ -29,7 +29,8 @@ from pathlib import Path
 
 from pipeline.core.host import pid_alive, user_cache_folder
 
-__all__ = ["archive_folder", "archive_key", "archive_options", "build", "mapped_options", "submit_args"]
+__all__ = ["archive_folder", "archive_key", "archive_options", "build", "class_path", "mapped_options",
+           "submit_args"]
 
 # Java's magic number at the start of a dynamic CDS archive (CDS_DYNAMIC_ARCHIVE_MAGIC, little-endian)
 _DYNAMIC_MAGIC = (0xF00BABA8).to_bytes(4, "little")
@@ -174,25 +175,42 @@ def mapped_options(extra: str = "", *, folder: Path | None = None) -> str:
     return f"-XX:SharedArchiveFile={final} {_QUIET}" if final is not None and _whole(final) else ""
 
 
-def build(folder: Path | None = None) -> Path | None:
+def build(folder: Path | None = None, *, groups: tuple[str, ...] = ()) -> Path | None:
     """Write the archive now (``make jvm-archive``, CI before the tests): a session in a child process writes and
     reads Parquet, shuffles, joins and runs Arrow and Python UDFs, its JVM exits and dumps, the dump is renamed
-    into place; the archive's path (None when no Java is found). An archive already there is kept."""
+    into place; the archive's path (None when no Java is found, or ``groups`` names jars not cached). An archive
+    already there is kept. ``groups``: the cached jars (:mod:`pipeline.spark.jars`) on the class path of a local
+    session's JVM, as :func:`~pipeline.spark.session.get_session` puts them there; with ``delta`` the child also
+    writes a Delta table, replaces one of its partitions and reads its history."""
     import subprocess
     import sys
 
-    final = _archive(folder=folder)
+    extra = class_path(groups)
+    if groups and not extra:
+        return None
+    final = _archive(extra, folder)
     if final is None or _whole(final):
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     _prune(final)
     part = final.with_name(f"{final.stem}.build-{os.getpid()}.tmp")
-    subprocess.run([sys.executable, "-c", _BUILD, str(part)], check=True, env={**os.environ, "SBI_NO_JARS": "1"})
+    env = {**os.environ, "SBI_NO_JARS": "0" if groups else "1"}
+    subprocess.run([sys.executable, "-c", _BUILD, str(part), ",".join(groups)], check=True, env=env)
     if not _whole(part):
         part.unlink(missing_ok=True)
         raise RuntimeError(f"the JVM wrote no class archive at {part}")
     os.replace(part, final)
     return final
+
+
+def class_path(groups: tuple[str, ...] | list[str]) -> str:
+    """The driver class path a local session gets for the cached jars of ``groups`` (``""``: none, or none
+    cached): what keys that session's archive."""
+    if not groups:
+        return ""
+    from pipeline.spark.jars import session_jar_confs
+
+    return session_jar_confs(tuple(groups), local=True).get("spark.driver.extraClassPath", "")
 
 
 # the child of build(): its session's JVM dumps at exit, which this waits for
@@ -205,8 +223,9 @@ from pipeline.config import SparkConfig
 from pipeline.spark import class_archive
 from pipeline.spark.session import get_session
 
+groups = [g for g in sys.argv[2].split(",") if g]
 class_archive.archive_options = lambda *a, **k: class_archive._dump_options(Path(sys.argv[1]))
-spark = get_session(SparkConfig(master="local[2]", app_name="sbi-class-archive"), object_stores=False)
+spark = get_session(SparkConfig(master="local[2]", app_name="sbi-class-archive"), object_stores="s3" in groups)
 # what a job's JVM loads: Parquet written and read, a shuffle, a join, Arrow to Python workers and back
 folder = Path(sys.argv[1] + ".data")
 rows = spark.range(2000).selectExpr("id", "cast(id as string) as text", "current_date() as ds")
@@ -215,6 +234,13 @@ back = spark.read.parquet(str(folder))
 back.mapInArrow(lambda batches: batches, back.schema).groupBy((F.col("id") % 7).alias("k")).count().collect()
 back.join(back.select("id"), "id").select(F.udf(lambda x: x + 1, "long")("id").alias("x")).agg(F.sum("x")).collect()
 back.select(F.pandas_udf(lambda s: s.str.len(), "long")("text").alias("n")).agg(F.max("n")).collect()
+if "delta" in groups:  # and what a connector job loads: a Delta table made, a partition replaced, its history
+    table = str(folder / "delta")
+    rows.write.format("delta").partitionBy("ds").save(table)
+    (rows.where("id < 10").write.format("delta").mode("overwrite").option("replaceWhere", "ds = current_date()")
+     .option("userMetadata", "{}").save(table))
+    spark.read.format("delta").load(table).groupBy("ds").count().collect()
+    spark.sql(f"DESCRIBE HISTORY delta.`{table}`").collect()
 import shutil
 shutil.rmtree(folder, ignore_errors=True)
 proc = SparkContext._gateway.proc
@@ -229,12 +255,17 @@ def _dump_options(path: Path) -> str:
     return f"-XX:ArchiveClassesAtExit={path} {_QUIET}"
 
 
-def submit_args() -> str:
+def submit_args(groups: tuple[str, ...] = ()) -> str:
     """spark-submit's argument that maps the archive (``--driver-java-options=-XX:SharedArchiveFile=...``), one word
     with no quoting needed (``""`` without an archive, or where its path has a space). spark-submit starts the
     driver's JVM before the job's code runs, so a job launched that way passes it itself:
-    ``spark-submit $(python -m pipeline.spark.class_archive submit-args) ...`` (make demo does)."""
-    final = _archive()
+    ``spark-submit $(python -m pipeline.spark.class_archive submit-args) ...``. ``groups``: the cached jars on
+    its class path, as ``python -m pipeline.spark.jars submit-args --local GROUP ...`` puts them there (make
+    demo: ``submit-args delta`` beside ``--driver-class-path`` of the Delta jars)."""
+    extra = class_path(groups)
+    if groups and not extra:
+        return ""
+    final = _archive(extra)
     if final is None or not _whole(final) or any(c.isspace() for c in str(final)):
         return ""
     return f"--driver-java-options=-XX:SharedArchiveFile={final}"
@@ -243,10 +274,15 @@ def submit_args() -> str:
 if __name__ == "__main__":
     import sys
 
-    if sys.argv[1:] == ["submit-args"]:
-        print(submit_args())
+    if sys.argv[1:2] == ["submit-args"]:
+        print(submit_args(tuple(sys.argv[2:])))
     else:  # only a speed-up: a JVM that writes none (an older Java, say) leaves sessions to start as before
-        try:
-            print(build() or "no Java found: no class archive")
-        except Exception as exc:  # noqa: BLE001 - said, not raised: make test goes on without it
-            print(f"no class archive ({type(exc).__name__}: {exc}); sessions start without one", file=sys.stderr)
+        from pipeline.spark.jars import jars
+
+        # jar-free, and with the Delta jars on the class path when they are cached (a local connector session)
+        for chosen in [()] + ([("delta",)] if os.environ.get("SBI_NO_JARS") != "1" and jars("delta") else []):
+            try:
+                print(build(groups=chosen) or "no Java found: no class archive")
+            except Exception as exc:  # noqa: BLE001 - said, not raised: make test goes on without it
+                print(f"no class archive{' with ' + ', '.join(chosen) if chosen else ''} "
+                      f"({type(exc).__name__}: {exc}); sessions start without one", file=sys.stderr)

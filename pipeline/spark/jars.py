@@ -106,27 +106,37 @@ def jars(group: str) -> list[Path]:
     return sorted(folder.glob("*.jar"))
 
 
-def session_jar_confs(groups: Iterable[str] = GROUPS) -> dict[str, str]:
-    """Static confs for a session Python starts: the cached jars (``spark.jars``) and, with Delta, its two
-    session confs. Empty when nothing is cached. ``$SBI_NO_JARS=1`` turns this off (a jar-free session)."""
+def session_jar_confs(groups: Iterable[str] = GROUPS, *, local: bool = False) -> dict[str, str]:
+    """Static confs for a session Python starts: the cached jars and, with Delta, its two session confs. Empty
+    when nothing is cached. ``$SBI_NO_JARS=1`` turns this off (a jar-free session).
+
+    On a cluster the jars are ``spark.jars``: Spark ships them to the executors. On a ``local`` master, where the
+    executor is the driver's JVM, they go on that JVM's class path (``spark.driver.extraClassPath``) instead:
+    nothing is copied to an executor folder at start (``spark.jars`` copied the 690 MB of S3A to each new local
+    session), and the classes load through the application class loader, which the JVM's class archive
+    covers (:mod:`pipeline.spark.class_archive`; a connector session started in 3.2-3.5 s with it, 8 s before:
+    docs/benchmarks_small_jobs.md).
+    """
     if os.environ.get("SBI_NO_JARS") == "1":
         return {}
     found = {g: jars(g) for g in groups}
     paths = [str(p) for g in groups for p in found[g]]
     if not paths:
         return {}
-    confs = {"spark.jars": ",".join(paths)}
+    confs = {"spark.driver.extraClassPath": os.pathsep.join(paths)} if local else {"spark.jars": ",".join(paths)}
     if found.get("delta"):
         confs.update(DELTA_CONFS)
     return confs
 
 
-def spark_submit_args(groups: Iterable[str] = GROUPS) -> list[str]:
-    """``--jars ... --conf ...`` for spark-submit (the driver's JVM starts before our code runs)."""
-    confs = session_jar_confs(groups)
+def spark_submit_args(groups: Iterable[str] = GROUPS, *, local: bool = False) -> list[str]:
+    """``--jars ... --conf ...`` for spark-submit (the driver's JVM starts before our code runs); with ``local`` (a
+    local master) ``--driver-class-path ...`` in place of ``--jars`` (:func:`session_jar_confs`)."""
+    confs = session_jar_confs(groups, local=local)
     if not confs:
         return []
-    args = ["--jars", confs.pop("spark.jars")]
+    args = (["--driver-class-path", confs.pop("spark.driver.extraClassPath")] if local else
+            ["--jars", confs.pop("spark.jars")])
     for key, value in confs.items():
         args += ["--conf", f"{key}={value}"]
     return args
@@ -184,9 +194,11 @@ def fetch(group: str, *, out=sys.stderr) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m pipeline.spark.jars [fetch|submit-args|path] [GROUP ...]``."""
+    """``python -m pipeline.spark.jars [fetch|submit-args [--local]|path] [GROUP ...]``."""
     args = list(argv if argv is not None else sys.argv[1:])
     verb = args.pop(0) if args else "fetch"
+    local = "--local" in args
+    args = [a for a in args if a != "--local"]
     groups = args or list(GROUPS)
     unknown = [g for g in groups if g not in GROUPS]
     if unknown:
@@ -201,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
         return 0
     if verb == "submit-args":
-        print(" ".join(spark_submit_args(groups)))
+        print(" ".join(spark_submit_args(groups, local=local)))
         return 0
     if verb == "path":
         print(cache_dir())

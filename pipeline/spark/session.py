@@ -179,25 +179,20 @@ def get_session(config: SparkConfig, *, object_stores: bool = True,
     # spark-submit the driver's JVM and its class path exist already, so its own --jars and --conf decide
     # (naming Delta's catalog here without its classes on that path fails the session's first query)
     groups = () if small else GROUPS if object_stores else tuple(g for g in GROUPS if g != "s3")
-    jars = session_jar_confs(groups) if master is not None and groups else {}
+    local = master is not None and (master == "local" or master.startswith("local["))
+    jars = _jar_confs(config.conf, groups, local=local) if master is not None and groups else {}
     if master is not None and not any(k in config.conf for k in USER_CLASSPATH_CONFS):
         # what has_delta_connector answers for this session without probing it (a first query costs ~2 s)
         defaults[DELTA_CONNECTOR_CONF] = "true" if "spark.sql.extensions" in jars else "false"
     if small and master is not None:
         defaults["spark.driver.extraJavaOptions"] = QUICK_START_JVM_OPTIONS
-    if master is not None and config.class_archive and "spark.driver.extraJavaOptions" not in config.conf:
+    if master is not None and config.class_archive and (archive := _class_archive(config.conf, jars)):
         # the JVM maps the classes it loads at start from an archive (pipeline.spark.class_archive)
-        from pipeline.spark import class_archive
-
-        archive = class_archive.archive_options(config.conf.get("spark.driver.extraClassPath", ""))
-        if archive:
-            defaults["spark.driver.extraJavaOptions"] = " ".join(
-                filter(None, [defaults.get("spark.driver.extraJavaOptions"), archive]))
-    if jars and config.conf.get("spark.jars"):
-        jars["spark.jars"] = f"{config.conf['spark.jars']},{jars['spark.jars']}"
+        defaults["spark.driver.extraJavaOptions"] = " ".join(
+            filter(None, [defaults.get("spark.driver.extraJavaOptions"), archive]))
     if master is not None:
         defaults.update(_local_delta_defaults(master))
-    if master is not None and (master == "local" or master.startswith("local[")):
+    if local:
         # workers forked with torch and transformers imported (pipeline.spark.daemon); on a local master the
         # daemon runs where this process imported pipeline. Executors elsewhere may lack it: opt in there
         defaults["spark.python.daemon.module"] = "pipeline.spark.daemon"
@@ -209,6 +204,38 @@ def get_session(config: SparkConfig, *, object_stores: bool = True,
     quiet_task_failure_logs(spark)
     _warn_single_attempt(spark)
     return spark
+
+
+def _jar_confs(user: Mapping[str, str], groups: tuple[str, ...], *, local: bool) -> dict[str, str]:
+    """The cached jars' confs for a session built here (:func:`~pipeline.spark.jars.session_jar_confs`), after the
+    user's own ``spark.jars`` or ``spark.driver.extraClassPath`` (``spark.conf``), which they extend."""
+    jars = session_jar_confs(groups, local=local)
+    for key, sep in (("spark.jars", ","), ("spark.driver.extraClassPath", os.pathsep)):
+        if jars.get(key) and user.get(key):
+            jars[key] = f"{user[key]}{sep}{jars[key]}"
+    return jars
+
+
+def _class_archive(user: Mapping[str, str], jars: Mapping[str, str]) -> str:
+    """The JVM options that map (or write) the class archive of the session's class path
+    (:mod:`pipeline.spark.class_archive`: one for a jar-free JVM, one for each set of jars on it); ``""`` when the
+    user's ``spark.conf`` sets the driver's Java options or ``SPARK_SUBMIT_OPTS`` names an archive already."""
+    if "spark.driver.extraJavaOptions" in user or _archive_given(os.environ.get("SPARK_SUBMIT_OPTS", "")):
+        return ""
+    from pipeline.spark import class_archive
+
+    return class_archive.archive_options(
+        jars.get("spark.driver.extraClassPath") or user.get("spark.driver.extraClassPath", ""))
+
+
+def _archive_given(options: str) -> bool:
+    """Whether JVM ``options`` (``SPARK_SUBMIT_OPTS``, which the launcher puts first) name a class archive already:
+    a second one would be read as the base of the first, and the JVM would not start.
+
+    >>> _archive_given("-XX:SharedArchiveFile=/c/jvm/a.jsa -Xshare:auto"), _archive_given("-XX:+UseSerialGC")
+    (True, False)
+    """
+    return "SharedArchiveFile" in options or "ArchiveClassesAtExit" in options
 
 
 def _local_delta_defaults(master: str) -> dict[str, str]:

@@ -163,3 +163,13 @@ def test_spark_submit_gets_one_word_that_maps_the_archive(tmp_path: Path, monkey
     final.write_bytes(_DYNAMIC_MAGIC + b"...")
     assert class_archive.submit_args() == f"--driver-java-options=-XX:SharedArchiveFile={final}"
     assert len(class_archive.submit_args().split()) == 1
+
+
+def test_a_class_path_of_jars_not_cached_gets_no_archive(tmp_path, monkeypatch):
+    """The archive of a connector session's class path exists only for jars that are cached: with none, neither a
+    build nor spark-submit's argument names one (a JVM would map a jar-free archive against another class path)."""
+    monkeypatch.setenv("SBI_NO_JARS", "1")
+    assert class_archive.class_path(("delta",)) == "" and class_archive.class_path(()) == ""
+    assert class_archive.build(tmp_path, groups=("delta",)) is None and not list(tmp_path.iterdir())
+    assert class_archive.submit_args(("delta",)) == ""
+    assert archive_key("/jars/delta-spark.jar") != archive_key(""), "each class path has an archive of its own"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,12 @@ def test_a_session_gets_the_cached_jars_and_deltas_settings(cache):
     args = jars_mod.spark_submit_args()
     assert args[:2] == ["--jars", confs["spark.jars"]]
     assert "spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog" in args
+    # a local master: the same jars on the driver's class path, nothing in spark.jars
+    local = jars_mod.session_jar_confs(local=True)
+    assert "spark.jars" not in local and local["spark.sql.extensions"] == confs["spark.sql.extensions"]
+    assert local["spark.driver.extraClassPath"].split(os.pathsep) == confs["spark.jars"].split(",")
+    args = jars_mod.spark_submit_args(local=True)
+    assert args[:2] == ["--driver-class-path", local["spark.driver.extraClassPath"]] and "--jars" not in args
 
 
 def test_a_cache_for_other_versions_or_a_half_fetched_one_does_not_count(cache, monkeypatch):

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import pytest
+
 from pipeline.config import SparkConfig
 from pipeline.core.sessions import is_connect
 from pipeline.spark.session import apply_session_settings, remote_url
@@ -55,3 +60,19 @@ def test_storage_settings_become_the_s3a_settings_of_a_session_built_here():
     assert temporary["spark.hadoop.fs.s3a.aws.credentials.provider"].endswith(".TemporaryAWSCredentialsProvider")
     assert temporary["spark.hadoop.fs.s3a.session.token"] == "t"
     assert s3a_settings(StorageConfig().options()) == {}, "nothing given: S3A's own chain and settings"
+
+
+@pytest.mark.connector
+def test_a_local_session_has_the_cached_jars_on_its_drivers_class_path(spark, tmp_path):
+    """On a local master the connector's jars are on the driver JVM's class path, where the executor (the same JVM)
+    finds them and the class archive holds their classes, not in ``spark.jars``, which copied them (690 MB with
+    S3A) into every new session's scratch folder; the session writes and reads Delta through them."""
+    from pipeline.io.sources import has_delta_connector
+
+    conf = spark.sparkContext.getConf()
+    class_path = conf.get("spark.driver.extraClassPath", "").split(os.pathsep)
+    assert any("delta-spark" in Path(p).name for p in class_path), class_path
+    assert not conf.get("spark.jars", ""), "nothing in spark.jars: nothing copied at the session's start"
+    assert has_delta_connector(spark)
+    spark.range(3).selectExpr("id", "'x' as v").write.format("delta").save(str(tmp_path / "t"))
+    assert spark.read.format("delta").load(str(tmp_path / "t")).count() == 3
