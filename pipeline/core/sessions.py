@@ -11,9 +11,10 @@ platform package has to import the other.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Iterator
 
-__all__ = ["activate_for_this_thread", "delta_package", "is_connect", "register_data_source", "session_key"]
+__all__ = ["JobsSince", "activate_for_this_thread", "delta_package", "is_connect", "register_data_source",
+           "session_key"]
 
 def is_connect(spark: Any) -> bool:
     """Whether ``spark`` is a Spark Connect session (no ``sparkContext``, JVM or RDD API on the driver)."""
@@ -26,6 +27,25 @@ def session_key(spark: Any) -> Any:
     if is_connect(spark):
         return ("connect", spark.session_id)
     return id(spark._jsparkSession)
+
+
+class JobsSince:
+    """The Spark jobs this thread's job group starts from now on, on a classic session's ``SparkContext``
+    (its status tracker keeps finished jobs and stages too): the progress lines' stages, a failed write's tasks."""
+
+    def __init__(self, sc: Any) -> None:
+        self.tracker = sc.statusTracker()
+        self.group = sc.getLocalProperty("spark.jobGroup.id")  # the caller's thread; None when ungrouped
+        self.before = set(self.tracker.getJobIdsForGroup(self.group))
+
+    def stages(self) -> Iterator[Any]:
+        """The status tracker's stage info of each stage of those jobs, job by job in their order."""
+        for job in sorted(set(self.tracker.getJobIdsForGroup(self.group)) - self.before):
+            info = self.tracker.getJobInfo(job)
+            for stage_id in info.stageIds if info is not None else ():
+                stage = self.tracker.getStageInfo(stage_id)
+                if stage is not None:
+                    yield stage
 
 
 _data_sources: set[tuple[Any, str]] = set()

@@ -141,10 +141,9 @@ class _StatusTrackerSource:
     """
 
     def __init__(self, spark: Any, rows_dir: str | None = None) -> None:
-        sc = spark.sparkContext
-        self.tracker = sc.statusTracker()
-        self.group = sc.getLocalProperty("spark.jobGroup.id")  # the caller's thread; None when ungrouped
-        self.before = set(self.tracker.getJobIdsForGroup(self.group))
+        from pipeline.core.sessions import JobsSince
+
+        self.jobs = JobsSince(spark.sparkContext)
         self.rows_dir = rows_dir
         try:
             self.sql = spark._jsparkSession.sharedState().statusStore()
@@ -186,14 +185,7 @@ class _StatusTrackerSource:
         return max(self._output_rows(), from_workers or 0)
 
     def stages(self) -> list[StageProgress]:
-        out = []
-        for job in sorted(set(self.tracker.getJobIdsForGroup(self.group)) - self.before):
-            info = self.tracker.getJobInfo(job)
-            for stage_id in info.stageIds if info is not None else ():
-                stage = self.tracker.getStageInfo(stage_id)
-                if stage is not None:
-                    out.append(StageProgress(stage_id, stage.numTasks, stage.numCompletedTasks))
-        return out
+        return [StageProgress(stage.stageId, stage.numTasks, stage.numCompletedTasks) for stage in self.jobs.stages()]
 
     def close(self) -> None:
         pass

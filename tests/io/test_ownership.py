@@ -281,7 +281,7 @@ def test_after_a_failed_write_a_connect_client_waits_as_long_as_spark_takes_to_k
     slept = []
     monkeypatch.setattr(stragglers.time, "sleep", slept.append)
     jobs = stragglers.WriteJobs(spark_connect)
-    assert jobs.sc is None and jobs.kill_timeout_s == 2.0
+    assert jobs.jobs is None and jobs.kill_timeout_s == 2.0
     assert jobs.wait_until_ended() and slept == [4.5]
 
 

@@ -19,7 +19,7 @@ import re
 import time
 from typing import Any
 
-from pipeline.core.sessions import is_connect
+from pipeline.core.sessions import JobsSince, is_connect
 
 __all__ = ["WriteJobs", "spark_seconds", "take_back_after_failure"]
 
@@ -34,36 +34,22 @@ class WriteJobs:
 
     def __init__(self, spark: Any) -> None:
         self.kill_timeout_s = _kill_timeout_s(spark)
-        self.sc: Any = None
-        self.group: str | None = None
-        self.before: set[int] = set()
+        self.jobs: JobsSince | None = None
         if is_connect(spark):
             return
         try:
-            self.sc = spark.sparkContext
-            self.group = self.sc.getLocalProperty("spark.jobGroup.id")
-            self.before = set(self._job_ids())
+            self.jobs = JobsSince(spark.sparkContext)
         except Exception:  # noqa: BLE001 - no tracker to ask: the wait is the time Spark takes to kill a task
-            self.sc = None
-
-    def _job_ids(self) -> list[int]:
-        return list(self.sc.statusTracker().getJobIdsForGroup(self.group)) if self.sc is not None else []
+            self.jobs = None
 
     def active_tasks(self) -> int:
         """Tasks still running in the stages of the jobs started since this value was made."""
-        tracker = self.sc.statusTracker()
-        active = 0
-        for job_id in set(self._job_ids()) - self.before:
-            job = tracker.getJobInfo(job_id)
-            for stage_id in (job.stageIds if job is not None else ()):
-                stage = tracker.getStageInfo(stage_id)
-                active += stage.numActiveTasks if stage is not None else 0
-        return active
+        return sum(stage.numActiveTasks for stage in self.jobs.stages()) if self.jobs is not None else 0
 
     def wait_until_ended(self) -> bool:
         """Wait until the write's tasks have ended (the tracker), or until Spark has killed them (Connect);
         False when some task was still counted as running at the deadline."""
-        if self.sc is None:
+        if self.jobs is None:
             time.sleep(_MONITOR_POLL_S + self.kill_timeout_s + _SETTLE_S)
             return True
         deadline = time.monotonic() + _MONITOR_POLL_S + self.kill_timeout_s + _MAX_WAIT_S
