@@ -131,7 +131,14 @@ def test_no_torch_anywhere_fails_and_says_so(tmp_path):
 def _real_install(tmp_path: Path, lock: str, *, uv: Path | None, **env: str):
     """The script as make venv runs it (no --dry-run), into a fresh venv of its own: ``(process, .torch-source)``."""
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)  # ensurepip: pip from its bundled wheel
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    # the venv's pip is this interpreter's, seen through a folder that holds it alone (ensurepip took seconds a venv)
+    import pip
+
+    (tmp_path / "host-pip").mkdir()
+    (tmp_path / "host-pip" / "pip").symlink_to(Path(pip.__file__).parent)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    (site / "host-pip.pth").write_text(str(tmp_path / "host-pip") + "\n")
     if uv is not None:
         (venv / "bin" / "uv").symlink_to(uv)
     (tmp_path / "lock.txt").write_text(lock)
@@ -150,6 +157,7 @@ def _real_install(tmp_path: Path, lock: str, *, uv: Path | None, **env: str):
 UV = Path(sys.executable).parent / "uv"
 
 
+@pytest.mark.beside  # no Spark: evens the two runs of make test
 @pytest.mark.skipif(not UV.exists(), reason="no uv beside this interpreter (make venv installs it)")
 def test_the_lock_goes_in_with_uv_from_the_indexes_pip_is_configured_with(pytorch_index):
     """pip's find-links (here from PIP_FIND_LINKS) reach uv, which installs the lock; pip would have found the same."""
@@ -160,6 +168,7 @@ def test_the_lock_goes_in_with_uv_from_the_indexes_pip_is_configured_with(pytorc
     assert list((next((venv / "lib").glob("python3*/site-packages"))).glob("torch-2.13.0+cpu.dist-info"))
 
 
+@pytest.mark.beside
 @pytest.mark.skipif(not UV.exists(), reason="no uv beside this interpreter (make venv installs it)")
 def test_a_pip_setting_uv_cannot_honour_keeps_pip(pytorch_index):
     proc, source, _ = _real_install(pytorch_index, "torch==2.13.0+cpu\n", uv=UV,
@@ -169,6 +178,7 @@ def test_a_pip_setting_uv_cannot_honour_keeps_pip(pytorch_index):
     assert "(with pip)" in source, source
 
 
+@pytest.mark.beside
 def test_a_failed_uv_install_is_tried_again_with_pip(pytorch_index, tmp_path):
     broken = tmp_path / "broken-uv"
     broken.write_text("#!/bin/sh\necho 'uv: broken on purpose' >&2\nexit 2\n")
