@@ -21,7 +21,7 @@ export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 export HF_HUB_OFFLINE := 1
 
-.PHONY: venv jars jars-delta jvm-archive venv-vllm venv-int4 test-int4 test-wheel docs demo demo-s3 demo-data report demo-generate demo-generate-vllm demo-extract demo-extract-vllm demo-extract-endpoint \
+.PHONY: venv jars jars-delta jvm-archive venv-vllm venv-int4 int4-wheel test-int4 test-wheel docs demo demo-s3 demo-data report demo-generate demo-generate-vllm demo-extract demo-extract-vllm demo-extract-endpoint \
 	demo-extract-logs bench-extract bench-extract-vllm demo-recs demo-images demo-images-data lint test test-drills \
 	test-vllm bench bench-batching bench-gpu bench-generate bench-generate-width bench-scaling bench-row-keys \
 	bench-small-jobs bench-images bench-resume bench-precision bench-precision-nights bench-endpoint \
@@ -56,10 +56,19 @@ venv: $(STAMP) jars
 	@echo "venv: $(VENV) ($$(du -sh $(VENV) | cut -f1)); $$(cat $(VENV)/.torch-source 2>/dev/null || echo 'torch: ?'); jars in $$($(PY) -m pipeline.spark.jars path)"
 
 # int4 generation's llama.cpp bindings (the `int4` extra), apart from the venv: pip compiles them from the sdist
-# (about 8 minutes on 2 cores, once; pip's cache keeps the built wheel). make test-int4 and make bench-precision need it.
+# (about 8 minutes on 2 cores, once) into $(INT4_WHEELS), where the install takes them from. make test-int4 and
+# make bench-precision need it. make int4-wheel builds the wheels alone (nothing installed): CI builds them at the
+# lowest priority while the suites run (.ci/run), so the compile takes only the cycles the tests leave idle.
 INT4_STAMP := $(VENV)/.installed-int4
-$(INT4_STAMP): requirements-int4.lock | $(STAMP)
-	$(PY) -m pip install -q -r requirements-int4.lock
+INT4_WHEELS := .cache/int4-wheels
+$(INT4_WHEELS)/.built: requirements-int4.lock | $(STAMP)
+	$(PY) -m pip wheel -q --no-deps -w $(INT4_WHEELS) -r requirements-int4.lock
+	touch $@
+
+int4-wheel: $(INT4_WHEELS)/.built
+
+$(INT4_STAMP): $(INT4_WHEELS)/.built
+	$(PY) -m pip install -q --no-index --find-links $(INT4_WHEELS) -r requirements-int4.lock
 	touch $(INT4_STAMP)
 
 venv-int4: $(INT4_STAMP)

@@ -126,3 +126,65 @@ def test_no_torch_anywhere_fails_and_says_so(tmp_path):
     proc, versions = _install(tmp_path, "torch==2.13.0+cpu\n")
     assert proc.returncode == 1 and versions == {}
     assert "No matching distribution found for torch==2.13.0" in proc.stderr
+
+
+def _real_install(tmp_path: Path, lock: str, *, uv: Path | None, **env: str):
+    """The script as make venv runs it (no --dry-run), into a fresh venv of its own: ``(process, .torch-source)``."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    # the venv's pip is this interpreter's, seen through a folder that holds it alone (ensurepip took seconds a venv)
+    import pip
+
+    (tmp_path / "host-pip").mkdir()
+    (tmp_path / "host-pip" / "pip").symlink_to(Path(pip.__file__).parent)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    (site / "host-pip.pth").write_text(str(tmp_path / "host-pip") + "\n")
+    if uv is not None:
+        (venv / "bin" / "uv").symlink_to(uv)
+    (tmp_path / "lock.txt").write_text(lock)
+    run_env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))},
+        "PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": _index(tmp_path / "empty", None),
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1", "UV_CACHE_DIR": str(tmp_path / "uv-cache"), "UV_OFFLINE": "1",
+        "TORCH_INDEX_BASE": (tmp_path / "pytorch").as_uri(), **env,
+    }
+    proc = subprocess.run(["bash", str(SCRIPT), str(venv / "bin" / "python"), str(tmp_path / "lock.txt")],
+                          env=run_env, capture_output=True, text=True, timeout=120)
+    source = venv / ".torch-source"
+    return proc, source.read_text() if source.exists() else "", venv
+
+
+UV = Path(sys.executable).parent / "uv"
+
+
+@pytest.mark.beside  # no Spark: evens the two runs of make test
+@pytest.mark.skipif(not UV.exists(), reason="no uv beside this interpreter (make venv installs it)")
+def test_the_lock_goes_in_with_uv_from_the_indexes_pip_is_configured_with(pytorch_index):
+    """pip's find-links (here from PIP_FIND_LINKS) reach uv, which installs the lock; pip would have found the same."""
+    proc, source, venv = _real_install(pytorch_index, "torch==2.13.0+cpu\n", uv=UV,
+                                       PIP_FIND_LINKS=str(pytorch_index / "wheels" / "cpu"))
+    assert proc.returncode == 0, proc.stderr
+    assert "(with uv)" in source and "the configured package indexes (torch==2.13.0+cpu)" in source, source
+    assert list((next((venv / "lib").glob("python3*/site-packages"))).glob("torch-2.13.0+cpu.dist-info"))
+
+
+@pytest.mark.beside
+@pytest.mark.skipif(not UV.exists(), reason="no uv beside this interpreter (make venv installs it)")
+def test_a_pip_setting_uv_cannot_honour_keeps_pip(pytorch_index):
+    proc, source, _ = _real_install(pytorch_index, "torch==2.13.0+cpu\n", uv=UV,
+                                    PIP_FIND_LINKS=str(pytorch_index / "wheels" / "cpu"), PIP_TRUSTED_HOST="example.org")
+    assert proc.returncode == 0, proc.stderr
+    assert "installing with pip: pip setting :env:.trusted-host has no uv equivalent here" in proc.stderr
+    assert "(with pip)" in source, source
+
+
+@pytest.mark.beside
+def test_a_failed_uv_install_is_tried_again_with_pip(pytorch_index, tmp_path):
+    broken = tmp_path / "broken-uv"
+    broken.write_text("#!/bin/sh\necho 'uv: broken on purpose' >&2\nexit 2\n")
+    broken.chmod(0o755)
+    proc, source, _ = _real_install(pytorch_index, "torch==2.13.0+cpu\n", uv=broken,
+                                    PIP_FIND_LINKS=str(pytorch_index / "wheels" / "cpu"))
+    assert proc.returncode == 0, proc.stderr
+    assert "uv could not install" in proc.stderr and "installing it with pip instead" in proc.stderr
+    assert "(with pip)" in source, source

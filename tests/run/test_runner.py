@@ -145,6 +145,7 @@ def test_cli_check_and_config_errors():
 
 
 @pytest.mark.slow
+@pytest.mark.beside  # a spark-submit of its own: it evens the two runs of make test
 def test_spark_submit_entry(tmp_path, tiny_embed_model):
     """The job as users run it on a cluster: spark-submit jobs/score_documents.py --conf ... --set ...
 
