@@ -121,9 +121,7 @@ install_req() {  # one requirement (then pip arguments), the same way
   install "$req.one" "$@"; local rc=$?
   rm -f "$req.one"; return $rc
 }
-pip_args=("$@")
-[ "$uv_ok" = uv ] && pip_args=()  # only --no-deps, which uv gets below
-[ "$no_deps" = 1 ] && [ "$uv_ok" = uv ] && pip_args=(--no-deps)
+pip_args=("$@")  # where uv installs, at most --no-deps (any other argument keeps pip)
 
 if [ "$variant" != cpu ]; then
   [ -n "$torch_pin" ] || { echo "$lock pins no torch==...; nothing to swap for the $variant build" >&2; exit 1; }
