@@ -56,7 +56,7 @@ venv: $(STAMP) jars
 	@echo "venv: $(VENV) ($$(du -sh $(VENV) | cut -f1)); $$(cat $(VENV)/.torch-source 2>/dev/null || echo 'torch: ?'); jars in $$($(PY) -m pipeline.spark.jars path)"
 
 # int4 generation's llama.cpp bindings (the `int4` extra), apart from the venv: pip compiles them from the sdist
-# (about 8 minutes on 2 cores, once) into $(INT4_WHEELS), where the install takes them from. make test-int4 and
+# (354 s on 2 quiet cores, once) into $(INT4_WHEELS), where the install takes them from. make test-int4 and
 # make bench-precision need it. make int4-wheel builds the wheels alone (nothing installed): CI builds them at the
 # lowest priority while the suites run (.ci/run), so the compile takes only the cycles the tests leave idle.
 INT4_STAMP := $(VENV)/.installed-int4

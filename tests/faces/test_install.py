@@ -128,8 +128,9 @@ def test_no_torch_anywhere_fails_and_says_so(tmp_path):
     assert "No matching distribution found for torch==2.13.0" in proc.stderr
 
 
-def _real_install(tmp_path: Path, lock: str, *, uv: Path | None, **env: str):
-    """The script as make venv runs it (no --dry-run), into a fresh venv of its own: ``(process, .torch-source)``."""
+def _real_install(tmp_path: Path, lock: str, *, uv: Path, **env: str):
+    """The script as make venv runs it (no --dry-run), into a fresh venv of its own with ``uv`` beside its Python:
+    ``(process, .torch-source, the venv's site-packages)``."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     # the venv's pip is this interpreter's, seen through a folder that holds it alone (ensurepip took seconds a venv)
@@ -139,8 +140,7 @@ def _real_install(tmp_path: Path, lock: str, *, uv: Path | None, **env: str):
     (tmp_path / "host-pip" / "pip").symlink_to(Path(pip.__file__).parent)
     site = next((venv / "lib").glob("python3*/site-packages"))
     (site / "host-pip.pth").write_text(str(tmp_path / "host-pip") + "\n")
-    if uv is not None:
-        (venv / "bin" / "uv").symlink_to(uv)
+    (venv / "bin" / "uv").symlink_to(uv)
     (tmp_path / "lock.txt").write_text(lock)
     run_env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))},
@@ -151,7 +151,7 @@ def _real_install(tmp_path: Path, lock: str, *, uv: Path | None, **env: str):
     proc = subprocess.run(["bash", str(SCRIPT), str(venv / "bin" / "python"), str(tmp_path / "lock.txt")],
                           env=run_env, capture_output=True, text=True, timeout=120)
     source = venv / ".torch-source"
-    return proc, source.read_text() if source.exists() else "", venv
+    return proc, source.read_text() if source.exists() else "", site
 
 
 UV = Path(sys.executable).parent / "uv"
@@ -161,11 +161,11 @@ UV = Path(sys.executable).parent / "uv"
 @pytest.mark.skipif(not UV.exists(), reason="no uv beside this interpreter (make venv installs it)")
 def test_the_lock_goes_in_with_uv_from_the_indexes_pip_is_configured_with(pytorch_index):
     """pip's find-links (here from PIP_FIND_LINKS) reach uv, which installs the lock; pip would have found the same."""
-    proc, source, venv = _real_install(pytorch_index, "torch==2.13.0+cpu\n", uv=UV,
+    proc, source, site = _real_install(pytorch_index, "torch==2.13.0+cpu\n", uv=UV,
                                        PIP_FIND_LINKS=str(pytorch_index / "wheels" / "cpu"))
     assert proc.returncode == 0, proc.stderr
     assert "(with uv)" in source and "the configured package indexes (torch==2.13.0+cpu)" in source, source
-    assert list((next((venv / "lib").glob("python3*/site-packages"))).glob("torch-2.13.0+cpu.dist-info"))
+    assert list(site.glob("torch-2.13.0+cpu.dist-info"))
 
 
 @pytest.mark.beside
