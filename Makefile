@@ -44,7 +44,8 @@ jars: $(STAMP)
 	$(PY) -m pipeline.spark.jars fetch
 
 # The driver JVM's class archive (pipeline.spark.class_archive): sessions started after it start sooner; a no-op when
-# it is there. The tests' sessions and drivers map it (make test and make test-drills build it first).
+# it is there. The tests' sessions and drivers map it (make test and make test-drills build it first); the jar-free
+# one and the one with the Delta jars are built side by side (about 2 minutes on 2 cores, docs/development.md).
 jvm-archive: $(STAMP)
 	$(PY) -m pipeline.spark.class_archive
 
