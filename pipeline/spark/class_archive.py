@@ -29,9 +29,13 @@ from pathlib import Path
 
 from pipeline.core.host import pid_alive, user_cache_folder
 
-__all__ = ["archive_folder", "archive_key", "archive_options", "build", "class_path", "mapped_options",
+__all__ = ["QUICK_START_JVM_OPTIONS", "archive_folder", "archive_key", "archive_options", "build", "class_path", "mapped_options",
            "submit_args"]
 
+# A small job's driver JVM runs for seconds: compiled by C1 alone, a serial collector and a code cache that
+# needs no second tier. On 2 cores a 100-row job started about 3 s sooner (bench/small_jobs.py).
+# (pipeline.spark.session gives it to small jobs' JVMs; build() to the JVMs that write the archives)
+QUICK_START_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:ReservedCodeCacheSize=256m"
 # Java's magic number at the start of a dynamic CDS archive (CDS_DYNAMIC_ARCHIVE_MAGIC, little-endian)
 _DYNAMIC_MAGIC = (0xF00BABA8).to_bytes(4, "little")
 # a dump untouched this long, its claimant gone, is done: whole (adopted) or torn (removed)
@@ -194,8 +198,6 @@ def build(folder: Path | None = None, *, groups: tuple[str, ...] = ()) -> Path |
     final.parent.mkdir(parents=True, exist_ok=True)
     _prune(final)
     part = final.with_name(f"{final.stem}.build-{os.getpid()}.tmp")
-    from pipeline.spark.session import QUICK_START_JVM_OPTIONS
-
     # the classes a JVM loads do not depend on its JIT: C1 and the serial GC (a caller's own options after them,
     # so they win) spare the build C2's compiler threads, which took a third of its CPU
     env = {**os.environ, "SBI_NO_JARS": "0" if groups else "1",

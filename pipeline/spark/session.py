@@ -15,10 +15,12 @@ import sys
 from typing import TYPE_CHECKING, Any, Mapping
 
 from pipeline.config import DELTA_CONNECTOR_CONF, SparkConfig
+from pipeline.spark.class_archive import QUICK_START_JVM_OPTIONS
 from pipeline.spark.jars import GROUPS, session_jar_confs
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
 
 __all__ = ["QUICK_START_JVM_OPTIONS", "USER_CLASSPATH_CONFS", "apply_session_settings", "get_session",
            "quiet_task_failure_logs", "remote_url", "s3a_settings", "session_settings", "with_local_task_attempts"]
@@ -58,9 +60,6 @@ _TASK_FAILURE_LOGGERS = (
 )
 
 
-# A small job's driver JVM runs for seconds: compiled by C1 alone, a serial collector and a code cache that
-# needs no second tier. On 2 cores a 100-row job started about 3 s sooner (bench/small_jobs.py).
-QUICK_START_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:ReservedCodeCacheSize=256m"
 # settings through which a user's spark.conf may bring the Delta classes themselves
 USER_CLASSPATH_CONFS = ("spark.jars", "spark.jars.packages", "spark.driver.extraClassPath")
 
