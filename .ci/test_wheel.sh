@@ -89,7 +89,10 @@ line() {  # one Spark line (PYSPARK_VERSION[@PYTHON_X.Y]): its venv, the install
   if ! ls "$pyspark_wheels"/pyspark-"$spark"-*.whl >/dev/null 2>&1; then
     local built
     built=$(mktemp -d "$pyspark_wheels/.build-XXXXXX")
-    "$PYTHON" -m pip wheel -q --no-deps --no-cache-dir -w "$built" "pyspark==$spark"
+    # its files stored, not deflated: the 450 MB are jars, zipped already (pyspark 4.3.0: 23 s against 45 s, a
+    # 499 MB wheel against 457 MB)
+    "$PYTHON" -m pip wheel -q --no-deps --no-cache-dir --config-settings=--build-option=--compression=stored \
+      -w "$built" "pyspark==$spark"
     mv "$built"/pyspark-"$spark"-*.whl "$pyspark_wheels/"
     rm -rf "$built"
   fi
