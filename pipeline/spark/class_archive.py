@@ -29,8 +29,8 @@ from pathlib import Path
 
 from pipeline.core.host import pid_alive, user_cache_folder
 
-__all__ = ["QUICK_START_JVM_OPTIONS", "archive_folder", "archive_key", "archive_options", "build", "class_path", "mapped_options",
-           "submit_args"]
+__all__ = ["QUICK_START_JVM_OPTIONS", "archive_folder", "archive_key", "archive_options", "build", "class_path",
+           "mapped_options", "submit_args"]
 
 # A small job's driver JVM runs for seconds: compiled by C1 alone, a serial collector and a code cache that
 # needs no second tier. On 2 cores a 100-row job started about 3 s sooner (bench/small_jobs.py).
@@ -199,9 +199,9 @@ def build(folder: Path | None = None, *, groups: tuple[str, ...] = ()) -> Path |
     _prune(final)
     part = final.with_name(f"{final.stem}.build-{os.getpid()}.tmp")
     # the classes a JVM loads do not depend on its JIT: C1 and the serial GC (a caller's own options after them,
-    # so they win) spare the build C2's compiler threads, which took a third of its CPU
-    env = {**os.environ, "SBI_NO_JARS": "0" if groups else "1",
-           "SPARK_SUBMIT_OPTS": " ".join(filter(None, [QUICK_START_JVM_OPTIONS, os.environ.get("SPARK_SUBMIT_OPTS")]))}
+    # so they win); both archives one after the other took 190 and 175 s so, against 204 and 191 s with C2
+    jvm = " ".join(filter(None, [QUICK_START_JVM_OPTIONS, os.environ.get("SPARK_SUBMIT_OPTS")]))
+    env = {**os.environ, "SBI_NO_JARS": "0" if groups else "1", "SPARK_SUBMIT_OPTS": jvm}
     subprocess.run([sys.executable, "-c", _BUILD, str(part), ",".join(groups)], check=True, env=env)
     if not _whole(part):
         part.unlink(missing_ok=True)
@@ -296,7 +296,7 @@ if __name__ == "__main__":
                       f"({type(exc).__name__}: {exc}); sessions start without one", file=sys.stderr, flush=True)
 
         # jar-free, and with the Delta jars on the class path when they are cached (a local connector session):
-        # side by side, each JVM's start and its dump at exit mostly on one core
+        # side by side (on 2 cores 119 and 114 s against 190 and 175 s one after the other: docs/development.md)
         chosen = [()] + ([("delta",)] if os.environ.get("SBI_NO_JARS") != "1" and jars("delta") else [])
         with ThreadPoolExecutor(max_workers=len(chosen)) as pool:
             list(pool.map(_one, chosen))

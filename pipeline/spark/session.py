@@ -21,7 +21,6 @@ from pipeline.spark.jars import GROUPS, session_jar_confs
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-
 __all__ = ["QUICK_START_JVM_OPTIONS", "USER_CLASSPATH_CONFS", "apply_session_settings", "get_session",
            "quiet_task_failure_logs", "remote_url", "s3a_settings", "session_settings", "with_local_task_attempts"]
 
