@@ -20,8 +20,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # the time (median of 3, docs/benchmarks_small_jobs.md). C1 alone gets a 48 MB code cache, which a
 # session with the connector filled within a minute: the JVM then stops compiling and runs the rest
 # interpreted; 256 MB holds a whole run (docs/benchmarks_small_jobs.md, "The suite's JVM code cache and its two runs
-# side by side"). Read by spark-submit's launcher (SPARK_SUBMIT_OPTS).
-FAST_START_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:ReservedCodeCacheSize=256m"
+# side by side"). Read by spark-submit's launcher (SPARK_SUBMIT_OPTS). The library's small jobs start theirs so too.
+from pipeline.spark.class_archive import QUICK_START_JVM_OPTIONS as FAST_START_JVM  # noqa: E402
 from tests.support.data import CONNECT_MODE, CONNECTOR_RUN, DELTA_TEST_CONFS, REPO, writer_stack, build_tiny_bert  # noqa: E402
 
 # With the class archive (make jvm-archive, pipeline.spark.class_archive) these JVMs map Spark's classes instead of
