@@ -60,6 +60,34 @@ def test_cache_loads_once_per_key():
     assert cache.load_count(key) == 1
 
 
+def test_a_load_freezes_what_survives_and_a_dropped_model_can_be_collected():
+    """PySpark's worker runs gc.collect() after every task: a loaded model's objects are frozen, so no collection
+    walks them, and a dropped model's are thawed, so the collector can free them (a cycle only it frees)."""
+    import gc
+    import weakref
+
+    class Model:
+        pass
+
+    def load():
+        model = Model()
+        model.me = model
+        return model
+
+    key = ("test-freeze", id(Model))
+    try:
+        model, fresh = cache.get_or_load(key, load)
+        assert fresh and gc.get_freeze_count() > 0
+        assert not any(obj is model for obj in gc.get_objects())  # frozen: outside every generation
+        gone = weakref.ref(model)
+        del model
+        assert cache.discard_keys(lambda k: k == key) == 1
+        gc.collect()
+        assert gone() is None
+    finally:
+        gc.unfreeze()
+
+
 def test_device_follows_spark_gpu_assignment():
     assert pick_device({"gpu": _Gpu("3")}) == "cuda:3"
     assert pick_device({"gpu": _Gpu("1", "2")}) == "cuda:1"

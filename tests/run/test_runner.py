@@ -176,9 +176,11 @@ def test_spark_submit_entry(tmp_path, tiny_embed_model):
 
 def test_udf_workers_are_forked_from_the_daemon_that_imported_torch(spark):
     """The session's Python workers come from ``pipeline.spark.daemon``, which imported torch and transformers
-    before forking them; the daemons of the data source workers import neither."""
+    before forking them, and froze what they made (PySpark's gc.collect() after each task skips it); the daemons
+    of the data source workers import neither."""
 
     def parent(rows):
+        import gc
         import os
 
         import pandas as pd
@@ -187,10 +189,11 @@ def test_udf_workers_are_forked_from_the_daemon_that_imported_torch(spark):
         cmd = open(f"/proc/{ppid}/cmdline").read().replace("\0", " ")
         for _ in rows:
             pass
-        yield pd.DataFrame({"daemon": [cmd], "pid": [os.getpid()]})
+        yield pd.DataFrame({"daemon": [cmd], "pid": [os.getpid()], "frozen": [gc.get_freeze_count()]})
 
-    found = spark.range(4, numPartitions=2).mapInPandas(parent, "daemon string, pid long").collect()
+    found = spark.range(4, numPartitions=2).mapInPandas(parent, "daemon string, pid long, frozen long").collect()
     assert found and all("-m pipeline.spark.daemon pyspark.worker" in r["daemon"] for r in found), found
+    assert all(r["frozen"] > 50_000 for r in found), found  # torch and transformers alone make ~270,000 objects
     code = ("import sys; from pipeline.spark.daemon import preload; "
             "print(preload(sys.argv[1]), 'torch' in sys.modules, 'transformers' in sys.modules)")
     runs = {m: subprocess.run([sys.executable, "-c", code, m], capture_output=True, text=True, cwd=REPO, check=True)
