@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                for name, found in runs.items()}
     ratios = [statistics.median(j["wall_s"] for j in frozen) / statistics.median(j["wall_s"] for j in unfrozen)
               for frozen, unfrozen in zip(runs["frozen"], runs["unfrozen"])]
-    summary["frozen_over_unfrozen_wall"] = {**_spread([round(r, 3) for r in ratios])}
+    summary["frozen_over_unfrozen_wall"] = _spread([round(r, 3) for r in ratios])
     for name in DAEMONS:
         wall, cpu = summary[name]["wall_s"], summary[name]["cpu_s"]
         print(f"{name}: {wall['median']} s a job ({wall['min']}-{wall['max']}), daemon tree {cpu['median']} CPU-s "
