@@ -78,32 +78,27 @@ def load_count(key: Hashable | None = None) -> int:
 def discard(match: Callable[[Any], bool]) -> int:
     """Drop the cached objects for which ``match(obj)`` is true (a failed engine, one being replaced)."""
     with _lock:
-        keys = [k for k, obj in _models.items() if match(obj)]
-        for key in keys:
-            del _models[key]
-            _unreported.pop(key, None)
-        if keys:
-            _thaw()
-        return len(keys)
+        return _drop([k for k, obj in _models.items() if match(obj)])
 
 
 def discard_keys(match: Callable[[Hashable], bool]) -> int:
     """Drop the cached objects whose key ``match`` is true for (an older revision of a model being replaced)."""
     with _lock:
-        keys = [k for k in _models if match(k)]
-        for key in keys:
-            del _models[key]
-            _unreported.pop(key, None)
-        if keys:
-            _thaw()
-        return len(keys)
+        return _drop([k for k in _models if match(k)])
 
 
 def clear() -> None:
     """Drop every cached model (tests; freeing accelerator memory)."""
     with _lock:
-        dropped = bool(_models)
-        _models.clear()
+        _drop(list(_models))
         _unreported.clear()
-        if dropped:
-            _thaw()
+
+
+def _drop(keys: list[Hashable]) -> int:
+    """Drop ``keys`` (held under ``_lock``) and thaw what they held so it can be collected; how many."""
+    for key in keys:
+        del _models[key]
+        _unreported.pop(key, None)
+    if keys:
+        _thaw()
+    return len(keys)
